@@ -1,0 +1,136 @@
+//! Errors: one crate-level [`Error`] and a typed error per module.
+//!
+//! Every fallible operation returns its module's typed error (for example [`ArenaError`]);
+//! those convert into [`Error`] with `?`. The runtime-facing surface reports through
+//! [`Error::runtime_state`], which names the operation, the phase, and what went wrong.
+
+use std::fmt;
+
+/// The crate-level result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which phase of the runtime an error was raised in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorPhase {
+    /// While building or validating a value (construction, layout checks).
+    Construction,
+    /// While running a step: reads, retention, replay.
+    Execution,
+    /// While releasing or reclaiming memory.
+    Teardown,
+}
+
+impl fmt::Display for ErrorPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Construction => "construction",
+            Self::Execution => "execution",
+            Self::Teardown => "teardown",
+        })
+    }
+}
+
+/// Errors of [`SlotArena`](crate::SlotArena).
+///
+/// Every variant says what was asked for and what the arena had instead; an operation that
+/// returns one of these has left the arena unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArenaError {
+    /// The key's slot holds no value of the key's generation: it was removed, or removed and
+    /// reused (the slot is now at `current_generation`).
+    #[error(
+        "slot {index} generation {generation} is not present \
+         (the slot is at generation {current_generation}, {state})"
+    )]
+    Stale {
+        /// The key's slot index.
+        index: u32,
+        /// The key's generation.
+        generation: u32,
+        /// The slot's generation now.
+        current_generation: u32,
+        /// `"occupied"`, `"vacant"`, `"awaiting reclamation"` or `"retired"`.
+        state: &'static str,
+    },
+    /// The key's slot index was never allocated by this arena (or its page was released).
+    #[error("slot {index} is out of range (the arena has {capacity} slots allocated)")]
+    OutOfRange {
+        /// The key's slot index.
+        index: u32,
+        /// Slots the arena has allocated pages for.
+        capacity: u64,
+    },
+    /// The key was issued by another arena.
+    #[error("the key belongs to arena #{key_arena}, not to this arena #{arena}")]
+    ForeignKey {
+        /// The identity of the arena that issued the key.
+        key_arena: u64,
+        /// The identity of this arena.
+        arena: u64,
+    },
+    /// The epoch guard was pinned on another collector (or is `unprotected`), so it cannot
+    /// protect this arena's records.
+    #[error(
+        "the epoch guard belongs to another collector; pin with SlotArena::pin \
+         or with a handle registered on the arena's collector"
+    )]
+    ForeignGuard,
+    /// A configuration field is out of range.
+    #[error("invalid arena configuration: {field} = {value}, expected {expected}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// What the field accepts.
+        expected: &'static str,
+    },
+    /// Every addressable slot index is in use.
+    #[error("the arena is full: all {capacity} slot indices are in use")]
+    Full {
+        /// The number of addressable slots.
+        capacity: u64,
+    },
+}
+
+/// The crate-level error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A runtime operation found state it cannot work with.
+    #[error("{operation} failed during {phase}: {message}")]
+    RuntimeState {
+        /// The operation that failed, as `Type::method`.
+        operation: &'static str,
+        /// The phase it failed in.
+        phase: ErrorPhase,
+        /// What went wrong.
+        message: String,
+    },
+    /// An arena operation failed.
+    #[error(transparent)]
+    Arena(#[from] ArenaError),
+}
+
+impl Error {
+    /// Builds an [`Error::RuntimeState`].
+    ///
+    /// ```
+    /// use ferropool::{Error, ErrorPhase};
+    /// let e = Error::runtime_state("RetainedValue::tensor_read", ErrorPhase::Execution, "stale slot");
+    /// assert_eq!(e.to_string(), "RetainedValue::tensor_read failed during execution: stale slot");
+    /// ```
+    pub fn runtime_state(
+        operation: &'static str,
+        phase: ErrorPhase,
+        message: impl Into<String>,
+    ) -> Self {
+        Self::RuntimeState {
+            operation,
+            phase,
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! The one synchronisation shim of the crate.
+//!
+//! Every atomic, `Arc` and `UnsafeCell` the crate touches comes from here, so that under
+//! `--cfg loom` the model checker sees every shared access. Nothing else in `src/` imports
+//! `std::sync::atomic`, `std::sync::Arc` or `std::cell::UnsafeCell`.
+//!
+//! crossbeam-epoch is re-exported as [`epoch`]: with `--cfg crossbeam_loom` and its `loom`
+//! feature it runs on loom as well, which is what makes the arena models meaningful.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::Arc;
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::Arc;
+
+pub(crate) use crossbeam_epoch as epoch;
+
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;
+
+/// `std`'s `UnsafeCell` behind loom's closure-based API (`with` / `with_mut`), so the same
+/// code compiles against both.
+#[cfg(not(loom))]
+#[derive(Debug)]
+#[repr(transparent)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    /// Wraps `value`.
+    pub(crate) const fn new(value: T) -> Self {
+        Self(std::cell::UnsafeCell::new(value))
+    }
+
+    /// Runs `f` with a shared raw pointer to the contents.
+    #[inline(always)]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    /// Runs `f` with an exclusive raw pointer to the contents.
+    #[inline(always)]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+/// A process-wide unique, non-zero identity for an arena (or any other owner of keys).
+///
+/// This counter deliberately uses `std`'s atomic even under loom: an identity is handed out
+/// once at construction and never synchronises anything, so it is not part of any protocol a
+/// model checks (and loom atomics cannot live in a `static`).
+pub(crate) fn next_identity() -> std::num::NonZeroU64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // 2^64 constructions cannot happen in the life of a process; wrapping to 0 would need them.
+    std::num::NonZeroU64::new(id).expect("identity counter overflowed 64 bits")
+}

@@ -1,0 +1,68 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Scales an iteration count down under Miri, where every step is thousands of times slower.
+pub fn scaled(n: usize) -> usize {
+    if cfg!(miri) {
+        (n / 100).max(4)
+    } else {
+        n
+    }
+}
+
+/// Per-id drop counters: proves each record is dropped exactly once.
+#[derive(Clone, Debug)]
+pub struct DropLedger(Arc<Vec<AtomicUsize>>);
+
+impl DropLedger {
+    pub fn new(ids: usize) -> Self {
+        Self(Arc::new((0..ids).map(|_| AtomicUsize::new(0)).collect()))
+    }
+
+    pub fn record(&self, id: usize) -> Tracked {
+        Tracked {
+            id,
+            ledger: self.clone(),
+        }
+    }
+
+    pub fn drops(&self, id: usize) -> usize {
+        self.0[id].load(Ordering::SeqCst)
+    }
+
+    pub fn total(&self) -> usize {
+        self.0.iter().map(|c| c.load(Ordering::SeqCst)).sum()
+    }
+
+    /// Panics unless every id in `ids` was dropped exactly once and no other id was dropped.
+    pub fn assert_exactly_once(&self, ids: impl IntoIterator<Item = usize>) {
+        let mut expected = vec![0usize; self.0.len()];
+        for id in ids {
+            expected[id] += 1;
+        }
+        for (id, want) in expected.iter().enumerate() {
+            assert_eq!(
+                self.drops(id),
+                *want,
+                "record {id} dropped {} times",
+                self.drops(id)
+            );
+        }
+    }
+}
+
+/// A record that counts its drop in a [`DropLedger`].
+#[derive(Debug)]
+pub struct Tracked {
+    pub id: usize,
+    ledger: DropLedger,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.ledger.0[self.id].fetch_add(1, Ordering::SeqCst);
+    }
+}
