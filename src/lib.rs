@@ -39,3 +39,8 @@ mod sync;
 pub use arena::{ArenaConfig, Key, SlotArena};
 pub use crossbeam_epoch::{Collector, Guard, LocalHandle};
 pub use error::{ArenaError, Error, ErrorPhase, Result};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -306,9 +306,22 @@ impl<T: Send + 'static> SlotArena<T> {
         self.check_guard(guard)?;
         let slot = shared.resolve(key)?;
         let generation = key.generation();
-        if let Err(actual) = slot.state.compare_exchange(
+        let next = if cfg!(ferropool_planted = "no_generation_bump") {
+            generation // PLANTED BUG (loom models only): the reused slot keeps its generation.
+        } else {
+            generation.wrapping_add(1)
+        };
+        if cfg!(ferropool_planted = "retire_without_cas") {
+            // PLANTED BUG (loom models only): check, then store; two removers can both win.
+            let actual = slot.state.load(Ordering::Acquire);
+            if actual != slot::state(generation, OCCUPIED) {
+                return Err(stale(key, actual));
+            }
+            slot.state
+                .store(slot::state(next, RETIRED), Ordering::Release);
+        } else if let Err(actual) = slot.state.compare_exchange(
             slot::state(generation, OCCUPIED),
-            slot::state(generation.wrapping_add(1), RETIRED),
+            slot::state(next, RETIRED),
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
@@ -458,6 +471,10 @@ impl<T: Send + 'static> SlotArena<T> {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
+                Ok(_) if full && cfg!(ferropool_planted = "free_immediately") => {
+                    // PLANTED BUG (loom models only): skip the grace period.
+                    return self.shared.reclaim_chain(link);
+                }
                 Ok(_) if full => return self.defer_reclaim(link, guard),
                 Ok(_) => return,
                 Err(actual) => current = actual,
@@ -474,6 +491,9 @@ impl<T: Send + 'static> SlotArena<T> {
         // the arena's collector (checked by every caller), so the closure runs only after
         // every reader that could have resolved one of these slots has unpinned.
         unsafe { guard.defer_unchecked(reclaim) };
+        // Hand the thread's bag to the collector now: otherwise it waits until 64 deferred
+        // calls (64 batches) fill it, and under churn the arena grows while slots wait.
+        guard.flush();
     }
 }
 
@@ -670,6 +690,11 @@ impl<T> Shared<T> {
             .map(|_| Slot::vacant(floor))
             .collect();
         let fresh = Box::into_raw(slots).cast::<Slot<T>>();
+        if cfg!(ferropool_planted = "page_overwrite") {
+            // PLANTED BUG (loom models only): publish without checking for a racing allocator.
+            self.pages[page].store(fresh, Ordering::Release);
+            return;
+        }
         if self.pages[page]
             .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
@@ -823,6 +848,67 @@ impl<T> Drop for Shared<T> {
             }
             // SAFETY: from `Box::into_raw` in `allocate_page` with this length; last owner.
             drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(base, len)) });
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A slot whose generation would wrap is retired for good: the key issued 2^32
+    /// generations earlier can never resolve again.
+    #[test]
+    fn generation_wrap_retires_the_slot() {
+        let collector = Collector::new();
+        let handle = collector.register();
+        let arena = SlotArena::with_config(ArenaConfig {
+            first_page_len: 1,
+            retire_batch: 1,
+            collector: Some(collector.clone()),
+        })
+        .unwrap();
+        let first = arena.insert(1u32).unwrap();
+        assert_eq!(first.generation(), 0);
+        // Fast-forward the slot to its last generation, as 2^32 - 1 reuses would.
+        let slot = arena.shared.slot(first.index());
+        let last = u32::MAX;
+        // SAFETY (test): the value is a `u32`, so overwriting the state leaks nothing.
+        slot.state
+            .store(slot::state(last, OCCUPIED), Ordering::SeqCst);
+        let old = Key::new(arena.shared.id, first.index(), last);
+        {
+            let guard = handle.pin();
+            arena.remove(old, &guard).unwrap();
+        }
+        for _ in 0..64 {
+            handle.pin().flush();
+        }
+        assert_eq!(slot::phase(slot.state.load(Ordering::SeqCst)), DEAD);
+        let next = arena.insert(2u32).unwrap();
+        assert_ne!(next.index(), first.index(), "a dead slot is never reused");
+        let guard = handle.pin();
+        assert!(arena.get(first, &guard).is_err());
+        assert!(arena.get(old, &guard).is_err());
+    }
+
+    #[test]
+    fn locate_maps_indices_to_doubling_pages() {
+        let arena: SlotArena<u8> = SlotArena::with_config(ArenaConfig {
+            first_page_len: 4,
+            ..ArenaConfig::default()
+        })
+        .unwrap();
+        let s = &arena.shared;
+        assert_eq!(s.locate(0), (0, 0));
+        assert_eq!(s.locate(3), (0, 3));
+        assert_eq!(s.locate(4), (1, 0));
+        assert_eq!(s.locate(11), (1, 7));
+        assert_eq!(s.locate(12), (2, 0));
+        let (last_page, _) = s.locate(u32::MAX - 1);
+        assert!(last_page < s.pages.len());
+        for k in 0..s.pages.len() {
+            assert_eq!(s.locate(s.page_start(k) as u32), (k, 0));
         }
     }
 }

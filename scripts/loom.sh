@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs the loom models.
+#   scripts/loom.sh            bound 2 (what CI runs)
+#   scripts/loom.sh 3          bound 3
+#   scripts/loom.sh --planted  plants each known bug in turn; every model must then FAIL
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bound=2
+planted=0
+for arg in "$@"; do
+  case "$arg" in
+    --planted) planted=1 ;;
+    [0-9]*) bound=$arg ;;
+    *) echo "usage: scripts/loom.sh [BOUND] [--planted]" >&2; exit 2 ;;
+  esac
+done
+
+# Each loom target, and the planted bugs that must make one of its models fail:
+# "target:model:bug".
+targets=(loom_arena)
+planted_cases=(
+  "loom_arena:get_racing_remove:free_immediately"
+  "loom_arena:stale_key_never_sees_a_reinserted_value:no_generation_bump"
+  "loom_arena:concurrent_inserts_grow_a_page:page_overwrite"
+  "loom_arena:racing_removes_drop_exactly_once:retire_without_cas"
+)
+
+base_flags="--cfg loom --cfg crossbeam_loom -C debug-assertions=on"
+export LOOM_MAX_PREEMPTIONS=$bound
+
+if [ "$planted" = 0 ]; then
+  for t in "${targets[@]}"; do
+    echo "== loom: $t (preemption bound $bound)"
+    CARGO_TARGET_DIR=target/loom RUSTFLAGS="$base_flags" \
+      cargo test --release --test "$t" -- --test-threads=2
+  done
+  exit 0
+fi
+
+failures=0
+for case in "${planted_cases[@]}"; do
+  IFS=: read -r t model bug <<<"$case"
+  echo "== planted bug '$bug' must fail $t::$model"
+  log=$(mktemp)
+  if CARGO_TARGET_DIR=target/loom-planted RUSTFLAGS="$base_flags --cfg ferropool_planted=\"$bug\"" \
+      LOOM_LOG=0 cargo test --release --test "$t" "$model" -- --exact >"$log" 2>&1; then
+    echo "   NOT CAUGHT: the model passed with the bug planted"
+    failures=$((failures + 1))
+  else
+    grep -E "panicked|Completed in|iterations" "$log" | head -3 | sed 's/^/   /'
+    echo "   caught"
+  fi
+  rm -f "$log"
+done
+if [ "$failures" -ne 0 ]; then
+  echo "$failures planted bug(s) were not caught" >&2
+  exit 1
+fi
+echo "every planted bug was caught"
