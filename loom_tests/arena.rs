@@ -56,20 +56,35 @@ fn arena(collector: &Collector, first_page_len: u32) -> SlotArena<Record> {
     .unwrap()
 }
 
-/// Pins and flushes a few times, enough for the global epoch to advance past a batch.
+/// Advances the collector: two rounds of register, pin and flush move the global epoch two
+/// steps past a batch deferred before the call, so it is reclaimed unless another thread is
+/// still pinned.
 fn drive(collector: &Collector) {
-    let handle = collector.register();
-    for _ in 0..3 {
-        handle.pin().flush();
+    for _ in 0..2 {
+        collector.register().pin().flush();
     }
 }
 
+/// Runs `f` under loom (preemption bound from `LOOM_MAX_PREEMPTIONS`, else 2) and prints
+/// how many executions were explored (`--nocapture` shows it).
 fn model(f: impl Fn() + Send + Sync + 'static) {
+    use std::sync::atomic::{AtomicUsize as StdCount, Ordering as StdOrdering};
+    static EXECUTIONS: StdCount = StdCount::new(0);
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(2);
     }
-    builder.check(f);
+    let start = EXECUTIONS.load(StdOrdering::Relaxed);
+    builder.check(move || {
+        EXECUTIONS.fetch_add(1, StdOrdering::Relaxed);
+        f()
+    });
+    let name = std::thread::current().name().unwrap_or("model").to_string();
+    println!(
+        "loom model {name}: {} executions at preemption bound {:?}",
+        EXECUTIONS.load(StdOrdering::Relaxed) - start,
+        builder.preemption_bound
+    );
 }
 
 /// **get racing remove**: a reader pinned while another thread removes the value (and drives
@@ -112,8 +127,8 @@ fn get_racing_remove() {
 /// insert; a reader holding the old key sees the old value or a typed "not present", never
 /// the new value.
 ///
-/// Planted bug caught: `no_generation_bump` (a reused slot keeps its generation, so the old
-/// key resolves to the new value).
+/// Planted bug caught: `unchecked_generation` (a read checks that the slot is occupied but
+/// not the generation, so the old key resolves to the reused slot's new value).
 #[test]
 fn stale_key_never_sees_a_reinserted_value() {
     model(|| {

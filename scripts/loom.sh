@@ -21,7 +21,7 @@ done
 targets=(loom_arena)
 planted_cases=(
   "loom_arena:get_racing_remove:free_immediately"
-  "loom_arena:stale_key_never_sees_a_reinserted_value:no_generation_bump"
+  "loom_arena:stale_key_never_sees_a_reinserted_value:unchecked_generation"
   "loom_arena:concurrent_inserts_grow_a_page:page_overwrite"
   "loom_arena:racing_removes_drop_exactly_once:retire_without_cas"
 )

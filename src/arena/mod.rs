@@ -264,7 +264,13 @@ impl<T: Send + 'static> SlotArena<T> {
         self.check_guard(guard)?;
         let slot = shared.resolve(key)?;
         let state = slot.state.load(Ordering::Acquire);
-        if state != slot::state(key.generation(), OCCUPIED) {
+        let live = if cfg!(ferropool_planted = "unchecked_generation") {
+            // PLANTED BUG (loom models only): the generation is not compared.
+            slot::phase(state) == OCCUPIED
+        } else {
+            state == slot::state(key.generation(), OCCUPIED)
+        };
+        if !live {
             return Err(stale(key, state));
         }
         // SAFETY: the Acquire load saw OCCUPIED for the key's generation, so the value is
@@ -306,11 +312,7 @@ impl<T: Send + 'static> SlotArena<T> {
         self.check_guard(guard)?;
         let slot = shared.resolve(key)?;
         let generation = key.generation();
-        let next = if cfg!(ferropool_planted = "no_generation_bump") {
-            generation // PLANTED BUG (loom models only): the reused slot keeps its generation.
-        } else {
-            generation.wrapping_add(1)
-        };
+        let next = generation.wrapping_add(1);
         if cfg!(ferropool_planted = "retire_without_cas") {
             // PLANTED BUG (loom models only): check, then store; two removers can both win.
             let actual = slot.state.load(Ordering::Acquire);
