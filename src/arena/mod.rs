@@ -234,7 +234,7 @@ impl<T: Send + 'static> SlotArena<T> {
         let shared = &*self.shared;
         let index = match shared.pop_free() {
             Some(index) => index,
-            None => shared.claim_fresh()?,
+            None => self.reclaim_then_pop().map_or_else(|| shared.claim_fresh(), Ok)?,
         };
         let slot = shared.slot(index);
         // The slot is FREE and ours alone: it came off the free list or from past the frontier.
@@ -452,6 +452,15 @@ impl<T: Send + 'static> SlotArena<T> {
         }
     }
 
+    /// The free list is empty: before growing, hand this thread's queued batches to the
+    /// collector and let it reclaim what has passed its grace period, then try once more.
+    /// Without this, batches wait in the thread's epoch bag until 64 of them fill it.
+    #[cold]
+    fn reclaim_then_pop(&self) -> Option<u32> {
+        self.pin().flush();
+        self.shared.pop_free()
+    }
+
     /// Takes the retired list if it holds a full batch after adding `index`, and defers it;
     /// otherwise pushes `index` on it.
     fn retire(&self, index: u32, guard: &Guard) {
@@ -493,9 +502,6 @@ impl<T: Send + 'static> SlotArena<T> {
         // the arena's collector (checked by every caller), so the closure runs only after
         // every reader that could have resolved one of these slots has unpinned.
         unsafe { guard.defer_unchecked(reclaim) };
-        // Hand the thread's bag to the collector now: otherwise it waits until 64 deferred
-        // calls (64 batches) fill it, and under churn the arena grows while slots wait.
-        guard.flush();
     }
 }
 
