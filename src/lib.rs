@@ -34,11 +34,14 @@
 
 mod arena;
 mod error;
+mod pool;
+mod stack;
 mod sync;
 
 pub use arena::{ArenaConfig, Key, SlotArena};
 pub use crossbeam_epoch::{Collector, Guard, LocalHandle};
-pub use error::{ArenaError, Error, ErrorPhase, Result};
+pub use error::{ArenaError, Error, ErrorPhase, PoolError, Result};
+pub use pool::{BufferPool, PoolBuffer, PoolConfig, PoolEvent, PoolEventKind, PoolStats};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

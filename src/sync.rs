@@ -8,14 +8,22 @@
 //! feature it runs on loom as well, which is what makes the arena models meaningful.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(loom)]
-pub(crate) use loom::sync::Arc;
+pub(crate) use loom::sync::{Arc, Mutex};
+#[cfg(loom)]
+pub(crate) use loom::thread_local;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(not(loom))]
-pub(crate) use std::sync::Arc;
+pub(crate) use std::sync::{Arc, Mutex};
+#[cfg(not(loom))]
+pub(crate) use std::thread_local;
 
 pub(crate) use crossbeam_epoch as epoch;
 

@@ -36,9 +36,10 @@ use std::ptr;
 use crossbeam_utils::CachePadded;
 
 use crate::error::ArenaError;
+use crate::stack::{Link, TaggedStack, NIL};
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::{epoch, next_identity, Arc, AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use slot::{Link, Slot, DEAD, FREE, NIL, OCCUPIED, RETIRED};
+use slot::{Slot, DEAD, FREE, OCCUPIED, RETIRED};
 
 /// Slot indices are `u32`; `u32::MAX` is reserved so that `index + 1` always fits a [`Link`].
 const MAX_SLOTS: u64 = u32::MAX as u64;
@@ -122,8 +123,8 @@ struct Shared<T> {
     page_floor: Box<[AtomicU32]>,
     /// Slot indices below this have been handed out at least once.
     frontier: CachePadded<AtomicU64>,
-    /// Free list head: `tag << 32 | link`. The tag changes on every push and pop (ABA).
-    free: CachePadded<AtomicU64>,
+    /// Slots whose values are dropped and that no reader can see: ready for `insert`.
+    free: TaggedStack,
     /// Retired list head: `count << 32 | link`, for slots removed but not yet deferred.
     retired: CachePadded<AtomicU64>,
 }
@@ -192,7 +193,7 @@ impl<T: Send + 'static> SlotArena<T> {
                     .collect(),
                 page_floor: (0..page_count).map(|_| AtomicU32::new(0)).collect(),
                 frontier: CachePadded::new(AtomicU64::new(0)),
-                free: CachePadded::new(AtomicU64::new(0)),
+                free: TaggedStack::new(),
                 retired: CachePadded::new(AtomicU64::new(0)),
             }),
             collector,
@@ -234,7 +235,9 @@ impl<T: Send + 'static> SlotArena<T> {
         let shared = &*self.shared;
         let index = match shared.pop_free() {
             Some(index) => index,
-            None => self.reclaim_then_pop().map_or_else(|| shared.claim_fresh(), Ok)?,
+            None => self
+                .reclaim_then_pop()
+                .map_or_else(|| shared.claim_fresh(), Ok)?,
         };
         let slot = shared.slot(index);
         // The slot is FREE and ours alone: it came off the free list or from past the frontier.
@@ -631,46 +634,12 @@ impl<T> Shared<T> {
     }
 
     fn pop_free(&self) -> Option<u32> {
-        let mut current = self.free.load(Ordering::Acquire);
-        loop {
-            let link = current as Link;
-            if link == NIL {
-                return None;
-            }
-            let index = link - 1;
-            // Racy but atomic: if another thread pops this slot first, the tag in `current`
-            // is outdated and the compare-exchange below fails.
-            let next = self.slot(index).next.load(Ordering::Relaxed);
-            let tag = ((current >> 32) as u32).wrapping_add(1);
-            match self.free.compare_exchange_weak(
-                current,
-                (u64::from(tag) << 32) | u64::from(next),
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Some(index),
-                Err(actual) => current = actual,
-            }
-        }
+        self.free.pop(|index| &self.slot(index).next)
     }
 
     /// Publishes the chain `head ..= tail` (linked through `next`) on the free list.
     fn push_free_chain(&self, head: Link, tail: Link) {
-        let tail_slot = self.slot(tail - 1);
-        let mut current = self.free.load(Ordering::Relaxed);
-        loop {
-            tail_slot.next.store(current as Link, Ordering::Relaxed);
-            let tag = ((current >> 32) as u32).wrapping_add(1);
-            match self.free.compare_exchange_weak(
-                current,
-                (u64::from(tag) << 32) | u64::from(head),
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(actual) => current = actual,
-            }
-        }
+        self.free.push_chain(head, &self.slot(tail - 1).next);
     }
 
     /// Claims a never-used slot index, allocating its page if needed.
@@ -758,19 +727,7 @@ impl<T> Shared<T> {
     /// reclamation batches may still push on the free list concurrently.
     fn shrink_free_pages(&self) -> u64 {
         // Take the whole free list; count its slots per page.
-        let mut current = self.free.load(Ordering::Acquire);
-        let taken = loop {
-            let tag = ((current >> 32) as u32).wrapping_add(1);
-            match self.free.compare_exchange_weak(
-                current,
-                u64::from(tag) << 32,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break current as Link,
-                Err(actual) => current = actual,
-            }
-        };
+        let taken = self.free.take_all();
         // Cold path: collect the list so that released pages are never walked afterwards.
         let mut taken_indices = Vec::new();
         let mut link = taken;

@@ -2,12 +2,8 @@
 
 use std::mem::MaybeUninit;
 
+use crate::stack::NIL;
 use crate::sync::{AtomicU32, AtomicU64, UnsafeCell};
-
-/// A link in the free or retired list: `index + 1`, with 0 meaning "end of list".
-pub(super) type Link = u32;
-/// The end of a list.
-pub(super) const NIL: Link = 0;
 
 /// Phase: no value; the slot is on the free list or beyond the frontier.
 pub(super) const FREE: u64 = 0;

@@ -1,0 +1,178 @@
+//! Per-thread caches: one per (thread, pool), found through a thread-local registry.
+//!
+//! The owning thread is the only one that touches a cache, so its hot path (a `Vec` pop or
+//! push) takes no lock and performs no read-modify-write. A cache is bounded in bytes and in
+//! blocks per class; what does not fit goes to the pool's shared lists. When the thread
+//! exits, the registry's destructor hands every cached block back to its pool and folds the
+//! thread's counters into the pool's. When thread-locals are already gone (a buffer dropped
+//! from another thread-local's destructor) the callers fall back to the shared lists.
+
+use std::cell::RefCell;
+
+use super::stats::{bump, bump_i, ThreadCounters};
+use super::{Block, PoolInner};
+use crate::sync::{next_identity, thread_local, Arc};
+
+thread_local! {
+    static CACHES: RefCell<Vec<ThreadCache>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's cache for `pool`, creating it on first use. `None` when the
+/// thread-locals are being destroyed or the registry is already borrowed on this thread.
+#[inline]
+pub(super) fn with_cache<R>(
+    pool: &'static PoolInner,
+    f: impl FnOnce(&mut ThreadCache) -> R,
+) -> Option<R> {
+    CACHES
+        .try_with(|caches| {
+            let mut caches = caches.try_borrow_mut().ok()?;
+            let index = match caches.iter().position(|c| std::ptr::eq(c.pool, pool)) {
+                Some(index) => index,
+                None => {
+                    caches.push(ThreadCache::new(pool));
+                    caches.len() - 1
+                }
+            };
+            Some(f(&mut caches[index]))
+        })
+        .ok()
+        .flatten()
+}
+
+/// Returns this thread's cached blocks of `pool` to the system. Returns the bytes released.
+pub(super) fn release_current(pool: &'static PoolInner) -> u64 {
+    with_cache(pool, |cache| {
+        cache.seen_trims = pool.trim_count();
+        cache.flush(true)
+    })
+    .unwrap_or(0)
+}
+
+/// One thread's cache for one pool.
+pub(super) struct ThreadCache {
+    pool: &'static PoolInner,
+    /// Cached blocks by class.
+    bins: Vec<Vec<Block>>,
+    /// Bytes in `bins`.
+    bytes: usize,
+    /// The pool's trim count when this cache last looked; a change means "flush".
+    seen_trims: u64,
+    /// This thread's counters, also registered with the pool.
+    pub(super) counters: Arc<ThreadCounters>,
+    /// A small process-wide index of this thread, for the trace.
+    pub(super) thread: u32,
+}
+
+impl ThreadCache {
+    fn new(pool: &'static PoolInner) -> Self {
+        let counters = Arc::new(ThreadCounters::default());
+        pool.register_thread(Arc::clone(&counters));
+        Self {
+            pool,
+            bins: Vec::new(),
+            bytes: 0,
+            seen_trims: pool.trim_count(),
+            counters,
+            thread: next_identity().get() as u32,
+        }
+    }
+
+    /// If the pool was trimmed since we last looked, releases our blocks too.
+    #[inline]
+    fn follow_trims(&mut self) {
+        let trims = self.pool.trim_count();
+        if trims != self.seen_trims {
+            self.seen_trims = trims;
+            self.flush(true);
+        }
+    }
+
+    /// A cached block of `class`, counting the allocation either way.
+    #[inline]
+    pub(super) fn take(&mut self, class: usize, class_bytes: usize) -> Option<Block> {
+        self.follow_trims();
+        let block = self.bins.get_mut(class).and_then(Vec::pop);
+        if block.is_some() {
+            self.bytes -= class_bytes;
+            bump_i(&self.counters.cached, -(class_bytes as i64));
+            bump(&self.counters.hits);
+        }
+        block
+    }
+
+    /// Counts an allocation of `class_bytes` for a request of `requested` bytes.
+    #[inline]
+    pub(super) fn count_alloc(&self, class_bytes: usize, requested: usize) {
+        bump(&self.counters.allocations);
+        bump_i(&self.counters.in_use, class_bytes as i64);
+        bump_i(&self.counters.requested, requested as i64);
+    }
+
+    /// Counts a free and keeps `block` if it fits; returns it otherwise.
+    #[inline]
+    pub(super) fn put(
+        &mut self,
+        block: Block,
+        class: usize,
+        class_bytes: usize,
+        requested: usize,
+    ) -> Option<Block> {
+        bump(&self.counters.frees);
+        bump_i(&self.counters.in_use, -(class_bytes as i64));
+        bump_i(&self.counters.requested, -(requested as i64));
+        self.follow_trims();
+        let config = &self.pool.config;
+        if class_bytes > config.thread_cache_max_block
+            || self.bytes + class_bytes > config.thread_cache_bytes
+            || self.pool.is_closed()
+        {
+            return Some(block);
+        }
+        if self.bins.len() <= class {
+            self.bins.resize_with(class + 1, Vec::new);
+        }
+        let bin = &mut self.bins[class];
+        if bin.len() >= config.thread_cache_blocks_per_class {
+            return Some(block);
+        }
+        bin.push(block);
+        self.bytes += class_bytes;
+        bump_i(&self.counters.cached, class_bytes as i64);
+        None
+    }
+
+    /// Moves every cached block to the system (`to_system`) or to the pool's shared lists
+    /// (which release them too if the pool is closed). Returns the bytes moved.
+    fn flush(&mut self, to_system: bool) -> u64 {
+        let moved = self.bytes as u64;
+        for (class, bin) in self.bins.iter_mut().enumerate() {
+            for block in bin.drain(..) {
+                if to_system {
+                    self.pool.release_block(block, class);
+                } else {
+                    self.pool.give_back(block, class);
+                }
+            }
+        }
+        bump_i(&self.counters.cached, -(self.bytes as i64));
+        self.bytes = 0;
+        moved
+    }
+}
+
+impl Drop for ThreadCache {
+    fn drop(&mut self) {
+        self.flush(false);
+        self.pool.retire_thread(&self.counters);
+    }
+}
+
+impl std::fmt::Debug for ThreadCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadCache")
+            .field("bytes", &self.bytes)
+            .field("thread", &self.thread)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,370 @@
+//! `BufferPool` behaviour through the public API.
+
+mod common;
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use common::scaled;
+use ferropool::{BufferPool, PoolConfig, PoolError, PoolEventKind, PoolStats};
+
+fn assert_balanced(stats: &PoolStats) {
+    assert_eq!(
+        stats.in_use_bytes + stats.cached_bytes,
+        stats.reserved_bytes,
+        "in use + cached != reserved: {stats:#?}"
+    );
+}
+
+#[test]
+fn pool_and_buffers_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<BufferPool>();
+    assert_send_sync::<ferropool::PoolBuffer>();
+}
+
+#[test]
+fn buffers_are_aligned_and_sized_by_class() {
+    for alignment in [8usize, 64, 256, 4096] {
+        let pool = BufferPool::with_config(PoolConfig {
+            alignment,
+            ..PoolConfig::default()
+        })
+        .unwrap();
+        for size in [1usize, 7, 64, 65, 1000, 4096, 100_000, 3 << 20] {
+            let buffer = pool.alloc(size).unwrap();
+            assert_eq!(buffer.as_ptr() as usize % alignment, 0, "size {size}");
+            assert_eq!(buffer.len(), size);
+            assert!(buffer.capacity() >= size);
+            assert_eq!(Some(buffer.capacity()), BufferPool::class_size_for(size));
+            if size >= 64 {
+                assert!(buffer.capacity() - size <= size / 8, "size {size}");
+            }
+        }
+        assert_balanced(&pool.stats());
+    }
+}
+
+#[test]
+fn freed_buffer_is_reused_from_the_thread_cache() {
+    let pool = BufferPool::new();
+    let first = pool.alloc(10_000).unwrap();
+    let addr = first.as_ptr();
+    drop(first);
+    let second = pool.alloc(9_500).unwrap(); // same class (10_240)
+    assert_eq!(second.as_ptr(), addr);
+    let stats = pool.stats();
+    assert_eq!(stats.allocations, 2);
+    assert_eq!(stats.cache_hits, 1);
+    assert_eq!(stats.system_allocations, 1);
+    assert_eq!(stats.in_use_bytes, 10_240);
+    assert_eq!(stats.requested_bytes, 9_500);
+    assert_eq!(stats.rounding_waste_bytes(), 740);
+    assert_balanced(&stats);
+}
+
+#[test]
+fn alloc_zeroed_never_shows_old_bytes() {
+    let pool = BufferPool::new();
+    let mut dirty = pool.alloc(4096).unwrap();
+    assert!(
+        dirty.as_bytes().is_none(),
+        "fresh bytes are not readable before a write"
+    );
+    dirty.fill(0xAB);
+    assert!(dirty.as_bytes().unwrap().iter().all(|&b| b == 0xAB));
+    let addr = dirty.as_ptr();
+    drop(dirty);
+    let clean = pool.alloc_zeroed(4096).unwrap();
+    assert_eq!(clean.as_ptr(), addr, "the block was reused");
+    assert!(clean.as_bytes().unwrap().iter().all(|&b| b == 0));
+}
+
+#[test]
+fn budget_failure_is_typed_and_leaves_the_pool_usable() {
+    let pool = BufferPool::with_config(PoolConfig {
+        budget: Some(1 << 20),
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let held = pool.alloc(600 << 10).unwrap();
+    let err = pool.alloc(600 << 10).unwrap_err();
+    match err {
+        PoolError::BudgetExceeded {
+            requested,
+            budget,
+            in_use,
+            cached,
+        } => {
+            assert_eq!(
+                requested,
+                BufferPool::class_size_for(600 << 10).unwrap() as u64
+            );
+            assert_eq!(budget, 1 << 20);
+            assert_eq!(in_use, held.capacity() as u64);
+            assert_eq!(cached, 0);
+        }
+        other => panic!("expected BudgetExceeded, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("raise PoolConfig::budget"),
+        "{err}"
+    );
+    let before = pool.stats();
+    assert_eq!(before.budget_failures, 1);
+    assert_eq!(before.allocations, 1, "a failed allocation is not counted");
+    assert_balanced(&before);
+    drop(held);
+    // A different class: the cached 600 KiB block must be released to make room.
+    let again = pool.alloc(900 << 10).unwrap();
+    assert_eq!(again.len(), 900 << 10);
+    let after = pool.stats();
+    assert!(after.reserved_bytes <= 1 << 20);
+    assert_eq!(
+        after.system_frees, 1,
+        "the cached block was released for the budget"
+    );
+    assert_balanced(&after);
+}
+
+#[test]
+fn buffers_come_back_from_other_threads() {
+    let pool = BufferPool::new();
+    let buffers: Vec<_> = (0..16).map(|_| pool.alloc(64 << 10).unwrap()).collect();
+    let reserved = pool.stats().reserved_bytes;
+    // Another thread frees them all, then exits: its cache goes back to the pool.
+    std::thread::spawn(move || drop(buffers)).join().unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.in_use_bytes, 0);
+    assert_eq!(stats.frees, 16);
+    assert_eq!(stats.cached_bytes, reserved);
+    assert_balanced(&stats);
+    // This thread reuses them without asking the system.
+    let again: Vec<_> = (0..16).map(|_| pool.alloc(64 << 10).unwrap()).collect();
+    let stats = pool.stats();
+    assert_eq!(stats.system_allocations, 16);
+    assert_eq!(stats.reserved_bytes, reserved);
+    drop(again);
+}
+
+#[test]
+fn trim_releases_cached_memory() {
+    let pool = BufferPool::new();
+    let buffers: Vec<_> = (1..=20).map(|i| pool.alloc(i * 10_000).unwrap()).collect();
+    drop(buffers);
+    let before = pool.stats();
+    assert!(before.reserved_bytes > 0);
+    assert_eq!(before.cached_bytes, before.reserved_bytes);
+    let released = pool.trim();
+    assert_eq!(released, before.reserved_bytes);
+    let after = pool.stats();
+    assert_eq!(after.reserved_bytes, 0);
+    assert_eq!(after.cached_bytes, 0);
+    assert_eq!(after.system_frees, 20);
+    assert_eq!(after.trims, 1);
+}
+
+#[test]
+fn trim_reaches_other_threads_caches_at_their_next_operation() {
+    let pool = BufferPool::new();
+    let (go, wait) = mpsc::channel::<()>();
+    let (done, finished) = mpsc::channel::<()>();
+    let p = pool.clone();
+    let worker = std::thread::spawn(move || {
+        drop(p.alloc(100_000).unwrap()); // cached in this thread
+        done.send(()).unwrap();
+        wait.recv().unwrap();
+        drop(p.alloc(64).unwrap()); // next operation: sees the trim, releases its cache
+        done.send(()).unwrap();
+        wait.recv().unwrap();
+    });
+    finished.recv().unwrap();
+    assert!(pool.stats().cached_bytes >= 100_000);
+    pool.trim();
+    go.send(()).unwrap();
+    finished.recv().unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.cached_bytes, 64, "only the 64-byte block is cached");
+    assert_balanced(&stats);
+    go.send(()).unwrap();
+    worker.join().unwrap();
+}
+
+#[test]
+fn counters_add_up_after_multithreaded_stress() {
+    let pool = BufferPool::with_config(PoolConfig {
+        thread_cache_bytes: 1 << 20,
+        thread_cache_blocks_per_class: 4,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let rounds = scaled(2_000);
+    let (tx, rx) = mpsc::sync_channel::<ferropool::PoolBuffer>(64);
+    let rx = Arc::new(std::sync::Mutex::new(rx));
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (pool, tx, rx) = (pool.clone(), tx.clone(), Arc::clone(&rx));
+            std::thread::spawn(move || {
+                let mut rng = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut mine = Vec::new();
+                for _ in 0..rounds {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let size = 1 + (rng % 300_000) as usize;
+                    let mut buffer = pool.alloc(size).unwrap();
+                    buffer.fill(t as u8);
+                    match rng % 4 {
+                        0 => {
+                            // Hand it to whichever thread receives next (a cross-thread free).
+                            if tx.try_send(buffer).is_err() {
+                                // full: drop it here
+                            }
+                        }
+                        1 => mine.push(buffer),
+                        _ => drop(buffer),
+                    }
+                    if let Ok(foreign) = rx.lock().unwrap().try_recv() {
+                        let bytes = foreign.as_bytes().unwrap();
+                        let first = bytes[0];
+                        assert_eq!(
+                            (bytes[bytes.len() / 2], bytes[bytes.len() - 1]),
+                            (first, first)
+                        );
+                        drop(foreign);
+                    }
+                    if mine.len() > 8 {
+                        mine.clear();
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    drop(rx); // drops any buffer still in flight
+    let stats = pool.stats();
+    assert_eq!(stats.in_use_bytes, 0, "{stats:#?}");
+    assert_eq!(stats.requested_bytes, 0);
+    assert_eq!(stats.allocations, stats.frees);
+    assert_eq!(stats.allocations, 8 * rounds as u64);
+    assert_balanced(&stats);
+    assert!(stats.peak_reserved_bytes >= stats.reserved_bytes);
+    assert_eq!(
+        stats.system_allocations - stats.system_frees,
+        (stats.reserved_bytes > 0) as u64 * (stats.system_allocations - stats.system_frees)
+    );
+    pool.trim();
+    let trimmed = pool.stats();
+    assert_eq!(trimmed.reserved_bytes, 0);
+    assert_eq!(trimmed.system_allocations, trimmed.system_frees);
+}
+
+#[test]
+fn trace_records_a_bounded_ring() {
+    let pool = BufferPool::with_config(PoolConfig {
+        trace_capacity: 8,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    for _ in 0..3 {
+        drop(pool.alloc(1000).unwrap());
+    }
+    let events = pool.trace_events();
+    let kinds: Vec<_> = events.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            PoolEventKind::SystemAlloc,
+            PoolEventKind::Alloc,
+            PoolEventKind::Free,
+            PoolEventKind::Alloc,
+            PoolEventKind::Free,
+            PoolEventKind::Alloc,
+            PoolEventKind::Free,
+        ]
+    );
+    assert!(events.windows(2).all(|w| w[0].at_ns <= w[1].at_ns));
+    assert!(events.iter().all(|e| e.size == 1024));
+    for _ in 0..10 {
+        drop(pool.alloc(64).unwrap());
+    }
+    assert_eq!(pool.trace_events().len(), 8, "the ring keeps the newest 8");
+    let json = pool.trace_json();
+    assert!(json.starts_with("{\"events\":[{\"t_ns\":"), "{json}");
+    assert_eq!(json.matches("\"kind\":").count(), 8);
+    assert!(
+        BufferPool::new().trace_events().is_empty(),
+        "off by default"
+    );
+}
+
+#[test]
+fn bad_input_is_typed() {
+    let bad = BufferPool::with_config(PoolConfig {
+        alignment: 48,
+        ..PoolConfig::default()
+    });
+    assert!(matches!(
+        bad,
+        Err(PoolError::InvalidConfig {
+            field: "alignment",
+            value: 48,
+            ..
+        })
+    ));
+    let pool = BufferPool::new();
+    assert!(matches!(
+        pool.alloc(usize::MAX),
+        Err(PoolError::TooLarge { .. })
+    ));
+    let mut buffer = pool.alloc(4).unwrap();
+    assert_eq!(
+        buffer.copy_from_slice(&[1, 2, 3]),
+        Err(PoolError::LengthMismatch {
+            expected: 4,
+            found: 3
+        })
+    );
+    assert!(buffer.as_bytes().is_none(), "a refused copy writes nothing");
+    buffer.copy_from_slice(&[1, 2, 3, 4]).unwrap();
+    assert_eq!(buffer.as_bytes().unwrap(), &[1, 2, 3, 4]);
+    assert_eq!(pool.stats().allocations, 1);
+}
+
+#[test]
+fn free_from_a_thread_local_destructor_does_not_panic() {
+    struct FreeOnExit(Option<ferropool::PoolBuffer>);
+    impl Drop for FreeOnExit {
+        fn drop(&mut self) {
+            drop(self.0.take());
+        }
+    }
+    thread_local! {
+        static HELD: std::cell::RefCell<FreeOnExit> = const { std::cell::RefCell::new(FreeOnExit(None)) };
+    }
+    let pool = BufferPool::new();
+    let p = pool.clone();
+    std::thread::spawn(move || {
+        let buffer = p.alloc(5000).unwrap();
+        drop(p.alloc(10).unwrap()); // create this thread's cache before HELD
+        HELD.with(|held| held.borrow_mut().0 = Some(buffer));
+    })
+    .join()
+    .unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.in_use_bytes, 0);
+    assert_eq!(stats.frees, 2);
+    assert_balanced(&stats);
+}
+
+#[test]
+fn global_pool_is_shared() {
+    let a = BufferPool::global();
+    let b = BufferPool::global();
+    let buffer = a.alloc(123).unwrap();
+    assert!(b.stats().in_use_bytes >= 128);
+    drop(buffer);
+}
