@@ -55,6 +55,12 @@ impl TaggedStack {
     #[inline]
     pub(crate) fn push_chain(&self, head: Link, tail_next: &AtomicU32) {
         let mut current = self.head.load(Ordering::Relaxed);
+        if cfg!(ferropool_planted = "stack_push_store") {
+            // PLANTED BUG (loom models only): load, then store; a racing push is lost.
+            tail_next.store(current as Link, Ordering::Relaxed);
+            self.head.store(retag(current, head), Ordering::Release);
+            return;
+        }
         loop {
             tail_next.store(current as Link, Ordering::Relaxed);
             match self.head.compare_exchange_weak(
@@ -72,6 +78,11 @@ impl TaggedStack {
     /// Takes the whole stack, returning its top link.
     pub(crate) fn take_all(&self) -> Link {
         let mut current = self.head.load(Ordering::Acquire);
+        if cfg!(ferropool_planted = "take_all_store") {
+            // PLANTED BUG (loom models only): load, then store empty; a racing push is lost.
+            self.head.store(retag(current, NIL), Ordering::Release);
+            return current as Link;
+        }
         loop {
             match self.head.compare_exchange_weak(
                 current,

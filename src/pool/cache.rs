@@ -13,8 +13,14 @@ use super::stats::{bump, bump_i, ThreadCounters};
 use super::{Block, PoolInner};
 use crate::sync::{next_identity, thread_local, Arc};
 
+#[cfg(not(loom))]
 thread_local! {
     static CACHES: RefCell<Vec<ThreadCache>> = const { RefCell::new(Vec::new()) };
+}
+// loom's `thread_local!` takes no `const` initialiser.
+#[cfg(loom)]
+thread_local! {
+    static CACHES: RefCell<Vec<ThreadCache>> = RefCell::new(Vec::new());
 }
 
 /// Runs `f` on this thread's cache for `pool`, creating it on first use. `None` when the

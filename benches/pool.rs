@@ -1,0 +1,97 @@
+//! `BufferPool` against `Vec<u8>` on glibc, bumpalo where it fits, and the floor of touching
+//! already-resident memory. mimalloc runs the same workloads in `benches/pool_mimalloc.rs`.
+//! After criterion's groups, a table of minor page faults per cycle and per training step.
+#![allow(missing_docs)] // criterion's macros generate undocumented items
+
+mod pool_common;
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion};
+use ferropool::{BufferPool, PoolBuffer};
+use pool_common::*;
+
+struct Pool(BufferPool);
+
+impl Source for Pool {
+    type Buf = PoolBuffer;
+    fn name(&self) -> &'static str {
+        "ferropool"
+    }
+    fn get(&self, size: usize) -> PoolBuffer {
+        self.0.alloc(size).unwrap()
+    }
+    fn ptr(buf: &mut PoolBuffer) -> *mut u8 {
+        buf.as_mut_ptr()
+    }
+}
+
+/// The floor: touching a buffer that is already resident (no allocation at all).
+fn floor(c: &mut Criterion) {
+    let mut group = c.benchmark_group("alloc_touch_free");
+    group.sample_size(10);
+    for size in SIZES {
+        let mut resident = vec![0u8; size];
+        group.bench_with_input(
+            BenchmarkId::new("floor_resident", size),
+            &size,
+            |b, &size| b.iter(|| touch(black_box(resident.as_mut_ptr()), size)),
+        );
+    }
+    group.finish();
+    let sizes = step_sizes();
+    let mut resident: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
+    let mut group = c.benchmark_group("training_step_trace");
+    group.sample_size(10);
+    group.bench_function("floor_resident", |b| {
+        b.iter(|| {
+            for buf in &mut resident {
+                touch(black_box(buf.as_mut_ptr()), buf.len());
+            }
+        })
+    });
+    group.finish();
+}
+
+fn bump_no_touch(c: &mut Criterion) {
+    let mut group = c.benchmark_group("alloc_free_no_touch");
+    for size in SIZES {
+        let mut bump = bumpalo::Bump::new();
+        group.bench_with_input(BenchmarkId::new("bumpalo", size), &size, |b, &size| {
+            b.iter(|| {
+                let layout = std::alloc::Layout::from_size_align(size, 64).unwrap();
+                black_box(bump.alloc_layout(layout));
+                bump.reset();
+            })
+        });
+    }
+    group.finish();
+}
+
+fn main() {
+    let pool = Pool(BufferPool::new());
+    let glibc = System("glibc_vec");
+    let mut c = Criterion::default()
+        .warm_up_time(std::time::Duration::from_millis(300))
+        .measurement_time(std::time::Duration::from_secs(1))
+        .configure_from_args();
+    no_touch(&mut c, &pool);
+    no_touch(&mut c, &glibc);
+    bump_no_touch(&mut c);
+    with_touch(&mut c, &pool);
+    with_touch(&mut c, &glibc);
+    floor(&mut c);
+    training_trace(&mut c, &pool);
+    training_trace(&mut c, &glibc);
+    c.final_summary();
+    fault_table(&pool);
+    fault_table(&glibc);
+    let stats = pool.0.stats();
+    println!(
+        "ferropool stats: {} allocations, hit rate {:.3}, {} system allocations, peak reserved {} MiB",
+        stats.allocations,
+        stats.cache_hit_rate(),
+        stats.system_allocations,
+        stats.peak_reserved_bytes >> 20
+    );
+}

@@ -1,0 +1,180 @@
+//! Workloads shared by `benches/pool.rs` (glibc, ferropool, bumpalo) and
+//! `benches/pool_mimalloc.rs` (the same `Vec` workloads with mimalloc as global allocator).
+
+use std::hint::black_box;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion};
+
+pub const KIB: usize = 1 << 10;
+pub const MIB: usize = 1 << 20;
+pub const SIZES: [usize; 5] = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB];
+pub const PAGE: usize = 4096;
+
+/// Minor page faults of this process so far (field 10 of /proc/self/stat).
+pub fn minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The command name (field 2) may hold spaces; fields after its closing ')' are plain.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    rest.split_whitespace()
+        .nth(7)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Writes one byte per 4 KiB page.
+#[inline]
+pub fn touch(ptr: *mut u8, len: usize) {
+    let mut offset = 0;
+    while offset < len {
+        // SAFETY (bench): callers pass the start and length of a buffer they own.
+        unsafe { ptr.add(offset).write_volatile(1) };
+        offset += PAGE;
+    }
+}
+
+/// The training-step trace: 48 buffer sizes from 16 KiB to 48 MiB (about 400 MiB in all).
+pub fn step_sizes() -> Vec<usize> {
+    (0..48)
+        .map(|i| {
+            let t = i as f64 / 47.0;
+            let size = (16.0 * KIB as f64) * (3072.0f64).powf(t); // 16 KiB .. 48 MiB
+            (size as usize).next_multiple_of(PAGE)
+        })
+        .collect()
+}
+
+/// A way to get and give back buffers, for the generic workloads.
+pub trait Source: Sync {
+    type Buf: Send;
+    fn name(&self) -> &'static str;
+    fn get(&self, size: usize) -> Self::Buf;
+    fn ptr(buf: &mut Self::Buf) -> *mut u8;
+}
+
+/// `Vec<u8>` from whatever the global allocator is.
+pub struct System(pub &'static str);
+
+impl Source for System {
+    type Buf = Vec<u8>;
+    fn name(&self) -> &'static str {
+        self.0
+    }
+    fn get(&self, size: usize) -> Vec<u8> {
+        Vec::with_capacity(size)
+    }
+    fn ptr(buf: &mut Vec<u8>) -> *mut u8 {
+        buf.as_mut_ptr()
+    }
+}
+
+pub fn no_touch<S: Source>(c: &mut Criterion, source: &S) {
+    let mut group = c.benchmark_group("alloc_free_no_touch");
+    for size in SIZES {
+        group.bench_with_input(BenchmarkId::new(source.name(), size), &size, |b, &size| {
+            b.iter(|| {
+                let mut buf = source.get(size);
+                black_box(S::ptr(&mut buf));
+                drop(buf);
+            })
+        });
+    }
+    group.finish();
+}
+
+pub fn with_touch<S: Source>(c: &mut Criterion, source: &S) {
+    let mut group = c.benchmark_group("alloc_touch_free");
+    group.sample_size(10);
+    for size in SIZES {
+        group.bench_with_input(BenchmarkId::new(source.name(), size), &size, |b, &size| {
+            b.iter(|| {
+                let mut buf = source.get(size);
+                touch(S::ptr(&mut buf), size);
+                drop(buf);
+            })
+        });
+    }
+    group.finish();
+}
+
+/// One step of the trace: allocate and touch every buffer, free them on another thread.
+pub fn run_step<S: Source>(source: &S, sizes: &[usize], to_freer: &mpsc::SyncSender<Vec<S::Buf>>) {
+    let mut bufs = Vec::with_capacity(sizes.len());
+    for &size in sizes {
+        let mut buf = source.get(size);
+        touch(S::ptr(&mut buf), size);
+        bufs.push(buf);
+    }
+    to_freer.send(bufs).unwrap();
+}
+
+/// Runs `steps` steps with a freer thread; returns (time per step, faults per step), measured
+/// after `warmup` steps.
+pub fn trace_steps<S: Source>(source: &S, warmup: u64, steps: u64) -> (Duration, f64) {
+    let sizes = step_sizes();
+    let (tx, rx) = mpsc::sync_channel::<Vec<S::Buf>>(1);
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            for bufs in rx {
+                drop(bufs);
+                done_tx.send(()).unwrap();
+            }
+        });
+        for _ in 0..warmup {
+            run_step(source, &sizes, &tx);
+            done_rx.recv().unwrap();
+        }
+        let faults = minor_faults();
+        let started = Instant::now();
+        for _ in 0..steps {
+            run_step(source, &sizes, &tx);
+            done_rx.recv().unwrap();
+        }
+        let elapsed = started.elapsed();
+        let faults = minor_faults() - faults;
+        drop(tx);
+        (elapsed / steps as u32, faults as f64 / steps as f64)
+    })
+}
+
+pub fn training_trace<S: Source>(c: &mut Criterion, source: &S) {
+    let mut group = c.benchmark_group("training_step_trace");
+    group.sample_size(10);
+    group.bench_function(source.name(), |b| {
+        b.iter_custom(|iters| trace_steps(source, 1, iters).0 * iters as u32)
+    });
+    group.finish();
+}
+
+/// Minor faults per cycle of alloc + touch + free in steady state, per size.
+pub fn fault_table<S: Source>(source: &S) {
+    for size in SIZES {
+        let cycle = || {
+            let mut buf = source.get(size);
+            touch(S::ptr(&mut buf), size);
+            drop(buf);
+        };
+        for _ in 0..3 {
+            cycle();
+        }
+        let before = minor_faults();
+        let cycles = 20;
+        for _ in 0..cycles {
+            cycle();
+        }
+        let per = (minor_faults() - before) as f64 / cycles as f64;
+        println!(
+            "faults/cycle  {:<10} {:>9} bytes: {per:>8.1}",
+            source.name(),
+            size
+        );
+    }
+    let (step, faults) = trace_steps(source, 2, 5);
+    println!(
+        "training step {:<10} {:>8.2} ms/step, {faults:.0} faults/step",
+        source.name(),
+        step.as_secs_f64() * 1e3
+    );
+}
