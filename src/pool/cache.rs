@@ -64,6 +64,11 @@ pub(super) struct ThreadCache {
     bytes: usize,
     /// The pool's trim count when this cache last looked; a change means "flush".
     seen_trims: u64,
+    /// The pool's thread-cache bounds, copied here to keep the free path on one cache line.
+    /// `max_block` is 0 once the pool is closed, so nothing is kept.
+    max_block: usize,
+    max_bytes: usize,
+    max_per_class: usize,
     /// This thread's counters, also registered with the pool.
     pub(super) counters: Arc<ThreadCounters>,
     /// A small process-wide index of this thread, for the trace.
@@ -74,11 +79,15 @@ impl ThreadCache {
     fn new(pool: &'static PoolInner) -> Self {
         let counters = Arc::new(ThreadCounters::default());
         pool.register_thread(Arc::clone(&counters));
+        let config = &pool.config;
         Self {
             pool,
             bins: Vec::new(),
             bytes: 0,
             seen_trims: pool.trim_count(),
+            max_block: config.thread_cache_max_block,
+            max_bytes: config.thread_cache_bytes,
+            max_per_class: config.thread_cache_blocks_per_class,
             counters,
             thread: next_identity().get() as u32,
         }
@@ -90,6 +99,9 @@ impl ThreadCache {
         let trims = self.pool.trim_count();
         if trims != self.seen_trims {
             self.seen_trims = trims;
+            if self.pool.is_closed() {
+                self.max_block = 0;
+            }
             self.flush(true);
         }
     }
@@ -128,18 +140,14 @@ impl ThreadCache {
         bump_i(&self.counters.in_use, -(class_bytes as i64));
         bump_i(&self.counters.requested, -(requested as i64));
         self.follow_trims();
-        let config = &self.pool.config;
-        if class_bytes > config.thread_cache_max_block
-            || self.bytes + class_bytes > config.thread_cache_bytes
-            || self.pool.is_closed()
-        {
+        if class_bytes > self.max_block || self.bytes + class_bytes > self.max_bytes {
             return Some(block);
         }
         if self.bins.len() <= class {
             self.bins.resize_with(class + 1, Vec::new);
         }
         let bin = &mut self.bins[class];
-        if bin.len() >= config.thread_cache_blocks_per_class {
+        if bin.len() >= self.max_per_class {
             return Some(block);
         }
         bin.push(block);

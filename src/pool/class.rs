@@ -26,16 +26,28 @@ pub(crate) fn class_of(size: usize) -> Option<usize> {
     Some(SMALL + (p - 6) * 8 + sub - 1)
 }
 
-/// The bytes a block of `class` holds.
+/// The bytes a block of `class` holds (a table lookup).
 #[inline]
 pub(crate) fn class_size(class: usize) -> usize {
-    if class < SMALL {
-        return (class + 1) * 8;
-    }
-    let k = class - SMALL;
-    let p = 6 + k / 8;
-    (1 << p) + ((k % 8 + 1) << (p - 3))
+    CLASS_SIZES[class]
 }
+
+/// Block bytes of every class, computed at compile time.
+static CLASS_SIZES: [usize; CLASSES] = {
+    let mut sizes = [0; CLASSES];
+    let mut class = 0;
+    while class < CLASSES {
+        sizes[class] = if class < SMALL {
+            (class + 1) * 8
+        } else {
+            let k = class - SMALL;
+            let p = 6 + k / 8;
+            (1 << p) + ((k % 8 + 1) << (p - 3))
+        };
+        class += 1;
+    }
+    sizes
+};
 
 #[cfg(all(test, not(loom)))]
 mod tests {

@@ -111,6 +111,8 @@ struct OpenHandle(&'static PoolInner);
 impl Drop for OpenHandle {
     fn drop(&mut self) {
         self.0.closed.store(true, Ordering::Release);
+        // `trim` bumps the trim count: every thread cache then releases its blocks at its
+        // next operation and, seeing the pool closed, keeps none afterwards.
         self.0.trim();
     }
 }
@@ -315,6 +317,7 @@ impl PoolInner {
         Ok(PoolBuffer {
             block,
             len: size,
+            capacity: class_bytes,
             class: class as u32,
             initialized: zeroed,
             pool: self,
@@ -445,8 +448,7 @@ impl PoolInner {
     }
 
     #[inline]
-    fn free(&'static self, block: Block, class: usize, requested: usize) {
-        let class_bytes = class::class_size(class);
+    fn free(&'static self, block: Block, class: usize, class_bytes: usize, requested: usize) {
         let mut thread = 0;
         let leftover = cache::with_cache(self, |cache| {
             thread = cache.thread;
@@ -542,7 +544,7 @@ impl PoolInner {
         self.counters.trims.load(Ordering::Acquire)
     }
 
-    fn is_closed(&self) -> bool {
+    pub(super) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
 
@@ -608,6 +610,8 @@ pub struct PoolBuffer {
     block: Block,
     /// Requested bytes; the block holds at least this many.
     len: usize,
+    /// Bytes of the block: `class_size(class)`, kept to spare the free path a lookup.
+    capacity: usize,
     class: u32,
     /// Whether all `len` bytes have been written.
     initialized: bool,
@@ -633,7 +637,7 @@ impl PoolBuffer {
 
     /// Bytes the block actually holds (the size class).
     pub fn capacity(&self) -> usize {
-        class::class_size(self.class as usize)
+        self.capacity
     }
 
     /// Start of the bytes; aligned to the pool's alignment.
@@ -706,7 +710,8 @@ impl PoolBuffer {
 
 impl Drop for PoolBuffer {
     fn drop(&mut self) {
-        self.pool.free(self.block, self.class as usize, self.len);
+        self.pool
+            .free(self.block, self.class as usize, self.capacity, self.len);
     }
 }
 
