@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use crate::tensor::DType;
+
 /// The crate-level result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -158,6 +160,110 @@ pub enum PoolError {
     },
 }
 
+/// Errors of tensors, layouts and views.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TensorError {
+    /// A typed access asked for one element type; the tensor holds another.
+    #[error("dtype mismatch: asked for {expected}, the tensor holds {found}")]
+    DTypeMismatch {
+        /// The type asked for.
+        expected: DType,
+        /// The tensor's type.
+        found: DType,
+    },
+    /// The data's element count does not match the shape.
+    #[error("shape {shape:?} holds {expected_elements} elements, got {found_elements}")]
+    ShapeMismatch {
+        /// The shape.
+        shape: Vec<usize>,
+        /// Elements the shape holds.
+        expected_elements: usize,
+        /// Elements given.
+        found_elements: usize,
+    },
+    /// A layout reaches past the end of its buffer.
+    #[error("the layout needs {needed} elements, the buffer holds {available}")]
+    OutOfBounds {
+        /// Elements the layout reaches.
+        needed: usize,
+        /// Elements the buffer holds.
+        available: usize,
+    },
+    /// A layout is malformed (rank mismatch, bad permutation or range, overflow).
+    #[error("invalid layout: {reason}")]
+    InvalidLayout {
+        /// What is wrong.
+        reason: String,
+    },
+    /// An index has the wrong rank or exceeds the shape.
+    #[error("index {index:?} is out of range for shape {shape:?}")]
+    IndexOutOfRange {
+        /// The index.
+        index: Vec<usize>,
+        /// The shape.
+        shape: Vec<usize>,
+    },
+    /// The operation needs a contiguous layout.
+    #[error("{operation} needs a contiguous layout")]
+    NotContiguous {
+        /// The operation.
+        operation: &'static str,
+    },
+    /// The operation needs pooled elements, and got a caller-owned external payload.
+    #[error("{operation} needs pooled elements, but the tensor holds an {dtype} payload")]
+    ExternalDType {
+        /// The operation.
+        operation: &'static str,
+        /// The external dtype.
+        dtype: DType,
+    },
+    /// The pool refused a buffer.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+/// Errors of [`AllocationGroup`](crate::AllocationGroup). A failed operation leaves the group
+/// unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GroupError {
+    /// The slot was issued by another group.
+    #[error("slot {slot} belongs to group #{slot_group}, not to group #{group}")]
+    ForeignSlot {
+        /// The slot, as `Key(..)` text.
+        slot: String,
+        /// The group that issued it.
+        slot_group: u64,
+        /// This group.
+        group: u64,
+    },
+    /// The slot's descriptor was removed (or never existed in this group's arena).
+    #[error("the descriptor is gone: {0}")]
+    Stale(#[from] ArenaError),
+    /// A caller-owned payload cannot live in an allocation group.
+    #[error("an {dtype} payload is caller-owned and cannot join an allocation group")]
+    ExternalPayload {
+        /// Its dtype.
+        dtype: DType,
+    },
+    /// The operation changes the group, and other handles share it.
+    #[error("the group is shared by {handles} handles; changing it needs the only handle")]
+    Shared {
+        /// Handles sharing the group.
+        handles: usize,
+    },
+    /// The descriptor's buffer is also viewed by other descriptors.
+    #[error("{aliases} other descriptor(s) view the same buffer")]
+    Aliased {
+        /// How many.
+        aliases: usize,
+    },
+    /// A layout or typed access failed.
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+}
+
 /// The crate-level error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -178,6 +284,12 @@ pub enum Error {
     /// A pool operation failed.
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    /// A group operation failed.
+    #[error(transparent)]
+    Group(#[from] GroupError),
 }
 
 impl Error {

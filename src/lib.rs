@@ -33,15 +33,25 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod arena;
+mod checkpoint;
 mod error;
+mod group;
 mod pool;
+mod retain;
+mod scratch;
 mod stack;
 mod sync;
+mod tensor;
 
 pub use arena::{ArenaConfig, Key, SlotArena};
+pub use checkpoint::CheckpointNode;
 pub use crossbeam_epoch::{Collector, Guard, LocalHandle};
-pub use error::{ArenaError, Error, ErrorPhase, PoolError, Result};
+pub use error::{ArenaError, Error, ErrorPhase, GroupError, PoolError, Result, TensorError};
+pub use group::{AllocationGroup, DescriptorSlot, TensorValue, TensorWrite};
 pub use pool::{BufferPool, PoolBuffer, PoolConfig, PoolEvent, PoolEventKind, PoolStats};
+pub use retain::{RetainedInputMap, RetainedValue, RetentionContainer};
+pub use scratch::ScratchArena;
+pub use tensor::{Bf16, DType, Element, ExternalPayload, Layout, Tensor, TensorRead, F16};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -285,6 +285,31 @@ impl<T: Send + 'static> SlotArena<T> {
             .with(|value_ptr| unsafe { (*value_ptr).assume_init_ref() }))
     }
 
+    /// Reads the value of `key` without an epoch pin.
+    ///
+    /// # Safety
+    ///
+    /// No thread may remove `key`'s value (with [`remove`](Self::remove)) while the returned
+    /// reference lives. The group layer guarantees this by ownership: only a group removes
+    /// its own descriptors, and only through its unique handle.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get), less the guard check.
+    #[inline]
+    pub(crate) unsafe fn get_unpinned(&self, key: Key) -> Result<&T, ArenaError> {
+        let slot = self.shared.resolve(key)?;
+        let state = slot.state.load(Ordering::Acquire);
+        if state != slot::state(key.generation(), OCCUPIED) {
+            return Err(stale(key, state));
+        }
+        // SAFETY: OCCUPIED at the key's generation (Acquire) means initialised, and by the
+        // caller's contract nobody retires it while the reference lives.
+        Ok(slot
+            .value
+            .with(|value_ptr| unsafe { (*value_ptr).assume_init_ref() }))
+    }
+
     /// Runs `f` on the value of `key` under a fresh pin.
     ///
     /// # Errors

@@ -1,0 +1,179 @@
+//! Checkpoint chains: persistent linked lists of (graph, alias, retained inputs), newest first.
+//!
+//! Generic over the graph type `G`, the input key `K` and the alias target `A`, which belong
+//! to the runtime's graph crate. The collectors keep the seed's semantics exactly: they walk
+//! from the head to older nodes and overwrite on insert, so when a key repeats along a chain
+//! the entry of the **oldest** node wins.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+
+use crate::retain::{RetainedInputMap, RetainedValue};
+use crate::scratch::ScratchArena;
+use crate::sync::Arc;
+
+/// One checkpoint: a graph, the alias it introduces, the inputs it retained, and the older
+/// part of the chain.
+///
+/// Dropping a chain never recurses, whatever its length.
+pub struct CheckpointNode<G, K, A> {
+    /// The checkpointed graph.
+    pub graph: Arc<G>,
+    /// The input key the alias binds.
+    pub alias_key: K,
+    /// What the alias points at in the graph.
+    pub alias_target: A,
+    /// Inputs retained for replay.
+    pub old_inputs: Arc<RetainedInputMap<K>>,
+    /// The older part of the chain.
+    pub prev: Option<Arc<CheckpointNode<G, K, A>>>,
+}
+
+impl<G, K: Clone, A: Clone> Clone for CheckpointNode<G, K, A> {
+    fn clone(&self) -> Self {
+        Self {
+            graph: Arc::clone(&self.graph),
+            alias_key: self.alias_key.clone(),
+            alias_target: self.alias_target.clone(),
+            old_inputs: Arc::clone(&self.old_inputs),
+            prev: self.prev.clone(),
+        }
+    }
+}
+
+impl<G, K: fmt::Debug, A: fmt::Debug> fmt::Debug for CheckpointNode<G, K, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CheckpointNode")
+            .field("alias_key", &self.alias_key)
+            .field("alias_target", &self.alias_target)
+            .field("old_inputs_len", &self.old_inputs.len())
+            .field("has_prev", &self.prev.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<G, K, A> Drop for CheckpointNode<G, K, A> {
+    fn drop(&mut self) {
+        // Unlink iteratively: each node we own alone is dropped with its `prev` already
+        // taken, so no drop recurses. A node someone else still holds ends the walk.
+        let mut next = self.prev.take();
+        while let Some(node) = next {
+            match Arc::try_unwrap(node) {
+                Ok(mut node) => next = node.prev.take(),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+impl<G, K, A> CheckpointNode<G, K, A> {
+    /// The nodes from this one to the oldest.
+    pub fn iter(&self) -> impl Iterator<Item = &Self> {
+        std::iter::successors(Some(self), |node| node.prev.as_deref())
+    }
+
+    /// Nodes in the chain from this one.
+    pub fn depth(&self) -> usize {
+        self.iter().count()
+    }
+
+    /// Every graph, head first (the seed's order).
+    pub fn collect_graphs(&self) -> Vec<Arc<G>> {
+        self.iter().map(|node| Arc::clone(&node.graph)).collect()
+    }
+}
+
+impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
+    /// Every alias of the chain; for a key bound by several nodes, the oldest node's target.
+    pub fn collect_aliases(&self) -> HashMap<K, A> {
+        let mut aliases = HashMap::new();
+        for node in self.iter() {
+            aliases.insert(node.alias_key.clone(), node.alias_target.clone());
+        }
+        aliases
+    }
+
+    /// Every retained input of the chain; for a key retained by several nodes, the oldest
+    /// node's value. The map is sized once for the whole chain.
+    pub fn collect_inputs(&self) -> RetainedInputMap<K> {
+        let total = self.iter().map(|node| node.old_inputs.len()).sum();
+        let mut inputs = HashMap::with_capacity(total);
+        for node in self.iter() {
+            inputs.extend(
+                node.old_inputs
+                    .iter()
+                    .map(|(key, value)| (key.clone(), Arc::clone(value))),
+            );
+        }
+        inputs
+    }
+
+    /// The alias target `collect_aliases()` would give for `key`, without building a map.
+    pub fn lookup_alias(&self, key: &K) -> Option<&A> {
+        self.iter()
+            .filter(|node| node.alias_key == *key)
+            .last()
+            .map(|node| &node.alias_target)
+    }
+
+    /// The input `collect_inputs()` would give for `key`, without building a map.
+    pub fn lookup_input(&self, key: &K) -> Option<&Arc<RetainedValue>> {
+        self.iter()
+            .filter_map(|node| node.old_inputs.get(key))
+            .last()
+    }
+
+    /// Merges two chains into one: the lhs nodes, in order, on top of the rhs chain, so that
+    /// the collectors traverse both sides (the seed's semantics).
+    ///
+    /// Where the lhs spine is owned only by the caller, it is relinked in place, with no
+    /// allocation; from the first node shared with someone else, the rest of the lhs is
+    /// copied node by node (as the seed does for all of it), with the spine walked in a
+    /// scratch arena.
+    pub fn merge_chains(lhs: Option<Arc<Self>>, rhs: Option<Arc<Self>>) -> Option<Arc<Self>> {
+        let (mut head, rhs) = match (lhs, rhs) {
+            (None, rhs) => return rhs,
+            (lhs, None) => return lhs,
+            (Some(lhs), Some(rhs)) => (lhs, rhs),
+        };
+        let mut cursor = &mut head;
+        loop {
+            if Arc::get_mut(cursor).is_none() {
+                let copied = Self::copy_onto(cursor, rhs);
+                *cursor = copied;
+                break;
+            }
+            let node = Arc::get_mut(cursor).expect("checked unique above");
+            match node.prev {
+                None => {
+                    node.prev = Some(rhs);
+                    break;
+                }
+                Some(ref mut older) => cursor = older,
+            }
+        }
+        Some(head)
+    }
+
+    /// The seed's rebuild: copies of `lhs`'s nodes, in order, on top of `rhs`.
+    fn copy_onto(lhs: &Self, rhs: Arc<Self>) -> Arc<Self> {
+        ScratchArena::with_thread_local(|scratch| {
+            let mut nodes = lhs.iter();
+            let spine = scratch.alloc_slice_fill_with(lhs.depth(), |_| {
+                nodes.next().expect("depth counted the same walk")
+            });
+            let mut prev = rhs;
+            for node in spine.iter().rev() {
+                prev = Arc::new(Self {
+                    graph: Arc::clone(&node.graph),
+                    alias_key: node.alias_key.clone(),
+                    alias_target: node.alias_target.clone(),
+                    old_inputs: Arc::clone(&node.old_inputs),
+                    prev: Some(prev),
+                });
+            }
+            prev
+        })
+    }
+}

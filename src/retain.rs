@@ -1,0 +1,183 @@
+//! Retained values: read-only handles to saved tensors that many threads read at once while
+//! a backward pass is replayed.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::error::{Error, ErrorPhase, Result};
+use crate::group::{AllocationGroup, DescriptorSlot, TensorValue};
+use crate::sync::Arc;
+use crate::tensor::{DType, Tensor, TensorRead};
+
+/// A read-only retained tensor handle backed by one allocation group owner.
+///
+/// Cloning the handle retains the group container and descriptor metadata (one atomic
+/// increment); it never clones a physical allocation. Creating another physical value
+/// remains an explicit tensor operation at the caller's boundary.
+///
+/// ```
+/// use ferropool::{RetainedValue, Tensor};
+/// let saved = RetainedValue::from_tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2])?);
+/// let for_replay = saved.clone(); // no bytes copied
+/// let sum: f32 = std::thread::spawn(move || {
+///     for_replay.tensor_read().unwrap().as_slice::<f32>().unwrap().iter().sum()
+/// })
+/// .join()
+/// .unwrap();
+/// assert_eq!(sum, 3.0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RetainedValue {
+    container: Arc<RetentionContainer>,
+    dtype: DType,
+    shape: Box<[usize]>,
+}
+
+/// What one retained handle holds.
+// The pooled variant owns an allocation group handle inline; boxing it would add an
+// allocation to every retained value on the hot path.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum RetentionContainer {
+    /// Pooled storage owned through an allocation group and one descriptor slot.
+    Pooled {
+        /// The group (a shared handle).
+        group: AllocationGroup,
+        /// The descriptor read by the handle.
+        slot: DescriptorSlot,
+    },
+    /// A caller-owned value the runtime retains without taking pool ownership.
+    ///
+    /// The value returns to its owner when the handle drops, and the runtime never
+    /// substitutes it for pooled storage.
+    CallerOwned {
+        /// Boxed because a tensor value is much larger than the pooled variant.
+        tensor: Box<Tensor>,
+    },
+}
+
+impl fmt::Debug for RetainedValue {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("RetainedValue")
+            .field("container", &self.container)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .finish_non_exhaustive()
+    }
+}
+
+const TRANSFER_FAILED: &str = "a TensorValue could not be transferred into its retention group";
+
+impl RetainedValue {
+    /// Move an owned tensor value into a retained group-backed handle.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`Error::RuntimeState`] when the value's descriptor cannot be transferred into
+    /// a retention allocation group.
+    pub fn from_tensor_value(value: TensorValue) -> Result<Self> {
+        match value.try_into_group_parts() {
+            Ok((group, slot, dtype, shape)) => Ok(Self {
+                container: Arc::new(RetentionContainer::Pooled { group, slot }),
+                dtype,
+                shape: shape.into_boxed_slice(),
+            }),
+            Err(value) => {
+                let failed = || {
+                    Error::runtime_state(
+                        "RetainedValue::from_tensor_value",
+                        ErrorPhase::Execution,
+                        TRANSFER_FAILED,
+                    )
+                };
+                let tensor = value.into_tensor().map_err(|_| failed())?;
+                if !tensor.dtype().is_external() {
+                    return Err(failed());
+                }
+                // A caller-owned payload is retained directly: it owns no pooled storage, so
+                // there is no group and nothing returns to a pool when the handle drops.
+                let dtype = tensor.dtype();
+                let shape = tensor.shape().into();
+                Ok(Self {
+                    container: Arc::new(RetentionContainer::CallerOwned {
+                        tensor: Box::new(tensor),
+                    }),
+                    dtype,
+                    shape,
+                })
+            }
+        }
+    }
+
+    /// Move an owned compact tensor into a retained group-backed handle.
+    ///
+    /// # Panics
+    ///
+    /// Panics only if the validated compact tensor cannot produce its valid allocation-group
+    /// descriptor, which indicates an internal invariant violation.
+    pub fn from_tensor(tensor: Tensor) -> Self {
+        // A compact tensor always has a valid descriptor, so this conversion cannot fail
+        // after the tensor owner has been constructed.
+        Self::from_tensor_value(TensorValue::from_tensor(tensor))
+            .expect("compact tensor retention must have a valid descriptor")
+    }
+
+    /// Retains one descriptor of a shared group without moving the group: the handle holds
+    /// a group reference (one atomic increment), so several descriptors of one group can be
+    /// retained and read concurrently.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Group`] if `slot` is not a live descriptor of `group`.
+    pub fn from_group(group: &AllocationGroup, slot: DescriptorSlot) -> Result<Self> {
+        let (dtype, shape) = group.describe(slot)?;
+        Ok(Self {
+            container: Arc::new(RetentionContainer::Pooled {
+                group: group.clone(),
+                slot,
+            }),
+            dtype,
+            shape: shape.into_boxed_slice(),
+        })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// What the handle holds.
+    pub fn container(&self) -> &RetentionContainer {
+        &self.container
+    }
+
+    /// Borrow the retained descriptor for one read-only execution boundary.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`Error::RuntimeState`] when the retained descriptor is vacant, out of bounds,
+    /// or otherwise invalid in its allocation group.
+    #[inline]
+    pub fn tensor_read(&self) -> Result<TensorRead<'_>> {
+        match self.container.as_ref() {
+            RetentionContainer::Pooled { group, slot } => group.read_view(*slot).map_err(|error| {
+                Error::runtime_state(
+                    "RetainedValue::tensor_read",
+                    ErrorPhase::Execution,
+                    error.to_string(),
+                )
+            }),
+            RetentionContainer::CallerOwned { tensor } => Ok(TensorRead::from_tensor(tensor)),
+        }
+    }
+}
+
+/// Retained inputs of one checkpoint, by input key.
+pub type RetainedInputMap<K> = HashMap<K, Arc<RetainedValue>>;

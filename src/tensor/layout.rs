@@ -1,0 +1,238 @@
+//! Layouts: shape, element strides and element offset, checked on construction.
+
+use crate::error::TensorError;
+
+/// Where a tensor's elements sit in a buffer: element `i` (a multi-index) lives at element
+/// `offset + Σ i[k] * strides[k]`.
+///
+/// ```
+/// use ferropool::Layout;
+/// let rows = Layout::contiguous(&[2, 3])?;
+/// assert_eq!(rows.strides(), &[3, 1]);
+/// let cols = rows.permute(&[1, 0])?;
+/// assert_eq!((cols.shape(), cols.strides()), (&[3, 2][..], &[1, 3][..]));
+/// assert!(!cols.is_contiguous());
+/// let second_row = rows.narrow(0, 1, 1)?;
+/// assert_eq!(second_row.offset(), 3);
+/// # Ok::<(), ferropool::TensorError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    shape: Box<[usize]>,
+    strides: Box<[usize]>,
+    offset: usize,
+}
+
+impl Layout {
+    /// A row-major layout of `shape` at offset 0.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::InvalidLayout`] if the element count overflows `usize`.
+    pub fn contiguous(shape: &[usize]) -> Result<Self, TensorError> {
+        numel(shape)?;
+        let mut strides = vec![0; shape.len()].into_boxed_slice();
+        let mut stride = 1usize;
+        for (k, &dim) in shape.iter().enumerate().rev() {
+            strides[k] = stride;
+            stride = stride.saturating_mul(dim);
+        }
+        Ok(Self {
+            shape: shape.into(),
+            strides,
+            offset: 0,
+        })
+    }
+
+    /// A layout with explicit strides and offset.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::InvalidLayout`] if `shape` and `strides` differ in length or the extent
+    /// overflows `usize`.
+    pub fn new(shape: &[usize], strides: &[usize], offset: usize) -> Result<Self, TensorError> {
+        if shape.len() != strides.len() {
+            return Err(TensorError::InvalidLayout {
+                reason: format!(
+                    "shape has {} dimensions but strides have {}",
+                    shape.len(),
+                    strides.len()
+                ),
+            });
+        }
+        let layout = Self {
+            shape: shape.into(),
+            strides: strides.into(),
+            offset,
+        };
+        numel(shape)?;
+        layout.extent()?;
+        Ok(layout)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Element strides, one per dimension.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Element offset of the first element.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the elements are row-major and gapless (from `offset` on).
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1;
+        for (&dim, &stride) in self.shape.iter().zip(&*self.strides).rev() {
+            if dim != 1 && stride != expected {
+                return false;
+            }
+            expected *= dim;
+        }
+        true
+    }
+
+    /// Elements a buffer needs to hold every element: one past the farthest element.
+    fn extent(&self) -> Result<usize, TensorError> {
+        if self.shape.contains(&0) {
+            return Ok(self.offset);
+        }
+        let overflow = || TensorError::InvalidLayout {
+            reason: "the layout's extent overflows usize".into(),
+        };
+        let mut last = self.offset;
+        for (&dim, &stride) in self.shape.iter().zip(&*self.strides) {
+            let reach = (dim - 1).checked_mul(stride).ok_or_else(overflow)?;
+            last = last.checked_add(reach).ok_or_else(overflow)?;
+        }
+        last.checked_add(1).ok_or_else(overflow)
+    }
+
+    /// Checks that every element lies within a buffer of `elements` elements.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::OutOfBounds`] saying how many elements the layout needs.
+    pub fn check_within(&self, elements: usize) -> Result<(), TensorError> {
+        let needed = self.extent()?;
+        if needed > elements {
+            return Err(TensorError::OutOfBounds {
+                needed,
+                available: elements,
+            });
+        }
+        Ok(())
+    }
+
+    /// The same elements under another shape; needs a contiguous layout.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::NotContiguous`] or [`TensorError::ShapeMismatch`].
+    pub fn reshape(&self, shape: &[usize]) -> Result<Self, TensorError> {
+        if !self.is_contiguous() {
+            return Err(TensorError::NotContiguous {
+                operation: "reshape",
+            });
+        }
+        if numel(shape)? != self.numel() {
+            return Err(TensorError::ShapeMismatch {
+                shape: shape.to_vec(),
+                expected_elements: numel(shape)?,
+                found_elements: self.numel(),
+            });
+        }
+        let mut layout = Self::contiguous(shape)?;
+        layout.offset = self.offset;
+        Ok(layout)
+    }
+
+    /// Dimensions reordered: dimension `k` of the result is dimension `axes[k]` of `self`.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::InvalidLayout`] unless `axes` is a permutation of `0..rank`.
+    pub fn permute(&self, axes: &[usize]) -> Result<Self, TensorError> {
+        let rank = self.shape.len();
+        let mut seen = vec![false; rank];
+        if axes.len() != rank
+            || axes
+                .iter()
+                .any(|&a| a >= rank || std::mem::replace(&mut seen[a], true))
+        {
+            return Err(TensorError::InvalidLayout {
+                reason: format!("{axes:?} is not a permutation of 0..{rank}"),
+            });
+        }
+        Ok(Self {
+            shape: axes.iter().map(|&a| self.shape[a]).collect(),
+            strides: axes.iter().map(|&a| self.strides[a]).collect(),
+            offset: self.offset,
+        })
+    }
+
+    /// `len` elements of dimension `axis` starting at `start`.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::InvalidLayout`] if `axis` or the range is out of the shape.
+    pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<Self, TensorError> {
+        let Some(&dim) = self.shape.get(axis) else {
+            return Err(TensorError::InvalidLayout {
+                reason: format!("axis {axis} of a rank-{} layout", self.shape.len()),
+            });
+        };
+        if start.checked_add(len).is_none_or(|end| end > dim) {
+            return Err(TensorError::InvalidLayout {
+                reason: format!("range {start}..{start}+{len} of a dimension of {dim}"),
+            });
+        }
+        let mut shape = self.shape.clone();
+        shape[axis] = len;
+        Ok(Self {
+            shape,
+            strides: self.strides.clone(),
+            offset: self.offset + start * self.strides[axis],
+        })
+    }
+
+    /// The element offset of a multi-index.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::IndexOutOfRange`] if the index has the wrong rank or exceeds the shape.
+    pub fn element_offset(&self, index: &[usize]) -> Result<usize, TensorError> {
+        if index.len() != self.shape.len() || index.iter().zip(&*self.shape).any(|(i, d)| i >= d) {
+            return Err(TensorError::IndexOutOfRange {
+                index: index.to_vec(),
+                shape: self.shape.to_vec(),
+            });
+        }
+        Ok(self.offset
+            + index
+                .iter()
+                .zip(&*self.strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>())
+    }
+}
+
+/// The element count of `shape`, checked for overflow.
+pub(crate) fn numel(shape: &[usize]) -> Result<usize, TensorError> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| TensorError::InvalidLayout {
+            reason: format!("the element count of shape {shape:?} overflows usize"),
+        })
+}

@@ -1,0 +1,326 @@
+//! Tensors: dtypes, layouts, owned compact tensors in pooled buffers, caller-owned external
+//! payloads, and borrowed read-only views.
+
+mod dtype;
+mod layout;
+mod read;
+
+pub use dtype::{Bf16, DType, Element, F16};
+pub use layout::Layout;
+pub use read::TensorRead;
+
+use std::any::Any;
+use std::fmt;
+
+use crate::error::TensorError;
+use crate::pool::{BufferPool, PoolBuffer};
+use layout::numel;
+
+/// A caller-owned value retained by the runtime as is (`DType::External(tag)`).
+///
+/// It never enters a pool: it goes back to its owner (its `Drop` runs) when the last handle
+/// to it drops. Readers get it back with [`TensorRead::external`].
+pub trait ExternalPayload: Any + Send + Sync + fmt::Debug {
+    /// The tag of its `DType::External(tag)`.
+    fn tag(&self) -> u32;
+    /// Its logical shape.
+    fn shape(&self) -> &[usize];
+}
+
+/// A tensor: an owned compact (row-major, offset 0) array in a pooled buffer, or a
+/// caller-owned external payload.
+///
+/// ```
+/// use ferropool::{DType, Tensor};
+/// let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+/// assert_eq!(t.dtype(), DType::F32);
+/// assert_eq!(t.as_slice::<f32>()?, &[1.0, 2.0, 3.0, 4.0]);
+/// assert!(t.as_slice::<i32>().is_err()); // typed reads check the dtype
+/// # Ok::<(), ferropool::TensorError>(())
+/// ```
+pub struct Tensor {
+    repr: Repr,
+}
+
+enum Repr {
+    /// Invariant: `buffer` holds `layout.numel() * dtype.size_of()` initialised bytes, written
+    /// as elements of `dtype`; `layout` is contiguous with offset 0.
+    Pooled {
+        buffer: PoolBuffer,
+        dtype: DType,
+        layout: Layout,
+    },
+    External {
+        payload: Box<dyn ExternalPayload>,
+        shape: Box<[usize]>,
+    },
+}
+
+impl Tensor {
+    /// A tensor of `shape` copied from `data`, in the global pool.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::ShapeMismatch`] if `data.len()` is not the shape's element count;
+    /// [`TensorError::Pool`] if the pool refuses.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Self, TensorError> {
+        Self::from_slice_in(BufferPool::global(), data, shape)
+    }
+
+    /// As [`from_slice`](Self::from_slice), in `pool`.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_slice`](Self::from_slice).
+    pub fn from_slice_in<T: Element>(
+        pool: &BufferPool,
+        data: &[T],
+        shape: &[usize],
+    ) -> Result<Self, TensorError> {
+        let layout = Self::checked_layout(shape, data.len())?;
+        let mut buffer = pool.alloc(std::mem::size_of_val(data))?;
+        // SAFETY: `data` as bytes: any initialised `T: Element` is plain old data.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+        };
+        buffer.copy_from_slice(bytes)?;
+        Ok(Self::pooled(buffer, T::DTYPE, layout))
+    }
+
+    /// A tensor of `shape` from `data`, in the global pool (the `Vec`'s memory is freed).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_slice`](Self::from_slice).
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Self, TensorError> {
+        Self::from_slice(&data, shape)
+    }
+
+    /// A tensor of `shape` from the first elements of `iter`, in `pool`, written in place.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::ShapeMismatch`] if `iter` yields fewer or more elements than the shape
+    /// holds; [`TensorError::Pool`] if the pool refuses.
+    pub fn from_iter_in<T: Element>(
+        pool: &BufferPool,
+        iter: impl IntoIterator<Item = T>,
+        shape: &[usize],
+    ) -> Result<Self, TensorError> {
+        let count = numel(shape)?;
+        let layout = Layout::contiguous(shape)?;
+        let mut buffer = pool.alloc(count * std::mem::size_of::<T>())?;
+        let base = buffer.as_mut_ptr().cast::<T>();
+        let mut iter = iter.into_iter();
+        for i in 0..count {
+            let Some(value) = iter.next() else {
+                return Err(TensorError::ShapeMismatch {
+                    shape: shape.to_vec(),
+                    expected_elements: count,
+                    found_elements: i,
+                });
+            };
+            // SAFETY: `i < count` and the buffer holds `count` elements of `T`, aligned (pool
+            // alignment is at least 8).
+            unsafe { base.add(i).write(value) };
+        }
+        if iter.next().is_some() {
+            return Err(TensorError::ShapeMismatch {
+                shape: shape.to_vec(),
+                expected_elements: count,
+                found_elements: count + 1 + iter.count(),
+            });
+        }
+        // SAFETY: the loop wrote all `count` elements.
+        unsafe { buffer.assume_init() };
+        Ok(Self::pooled(buffer, T::DTYPE, layout))
+    }
+
+    /// A zero-filled tensor in the global pool.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::ExternalDType`] for an external dtype; [`TensorError::Pool`].
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Self, TensorError> {
+        Self::zeros_in(BufferPool::global(), dtype, shape)
+    }
+
+    /// A zero-filled tensor in `pool`.
+    ///
+    /// # Errors
+    ///
+    /// As [`zeros`](Self::zeros).
+    pub fn zeros_in(pool: &BufferPool, dtype: DType, shape: &[usize]) -> Result<Self, TensorError> {
+        let size = dtype.size_of().ok_or(TensorError::ExternalDType {
+            operation: "Tensor::zeros",
+            dtype,
+        })?;
+        let layout = Layout::contiguous(shape)?;
+        let bytes = layout
+            .numel()
+            .checked_mul(size)
+            .ok_or_else(|| TensorError::InvalidLayout {
+                reason: format!("{shape:?} x {size} bytes overflows usize"),
+            })?;
+        // All-zero bytes are a valid value of every element type (0, 0.0, false).
+        let buffer = pool.alloc_zeroed(bytes)?;
+        Ok(Self::pooled(buffer, dtype, layout))
+    }
+
+    /// A tensor that holds a caller-owned payload as is.
+    pub fn external(payload: impl ExternalPayload) -> Self {
+        let shape = payload.shape().into();
+        Self {
+            repr: Repr::External {
+                payload: Box::new(payload),
+                shape,
+            },
+        }
+    }
+
+    /// Wraps a buffer already holding `layout.numel()` initialised elements of `dtype`.
+    pub(crate) fn pooled(buffer: PoolBuffer, dtype: DType, layout: Layout) -> Self {
+        debug_assert!(layout.is_contiguous() && layout.offset() == 0);
+        Self {
+            repr: Repr::Pooled {
+                buffer,
+                dtype,
+                layout,
+            },
+        }
+    }
+
+    fn checked_layout(shape: &[usize], len: usize) -> Result<Layout, TensorError> {
+        let expected = numel(shape)?;
+        if expected != len {
+            return Err(TensorError::ShapeMismatch {
+                shape: shape.to_vec(),
+                expected_elements: expected,
+                found_elements: len,
+            });
+        }
+        Layout::contiguous(shape)
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match &self.repr {
+            Repr::Pooled { dtype, .. } => *dtype,
+            Repr::External { payload, .. } => DType::External(payload.tag()),
+        }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        match &self.repr {
+            Repr::Pooled { layout, .. } => layout.shape(),
+            Repr::External { shape, .. } => shape,
+        }
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// Whether this holds a caller-owned payload.
+    pub fn is_external(&self) -> bool {
+        matches!(self.repr, Repr::External { .. })
+    }
+
+    /// The elements as a slice of `T`.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::DTypeMismatch`] unless `T` is this tensor's element type (external
+    /// payloads have no typed slice; use [`external_payload`](Self::external_payload)).
+    pub fn as_slice<T: Element>(&self) -> Result<&[T], TensorError> {
+        TensorRead::from_tensor(self).as_slice()
+    }
+
+    /// The elements as a mutable slice of `T`.
+    ///
+    /// # Errors
+    ///
+    /// As [`as_slice`](Self::as_slice).
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], TensorError> {
+        match &mut self.repr {
+            Repr::Pooled {
+                buffer,
+                dtype,
+                layout,
+            } => {
+                check_dtype::<T>(*dtype)?;
+                let len = layout.numel();
+                // SAFETY: invariant on `Repr::Pooled`: `len` initialised `T`s, aligned (pool
+                // alignment >= 8), exclusively borrowed through `&mut self`.
+                Ok(unsafe { std::slice::from_raw_parts_mut(buffer.as_mut_ptr().cast(), len) })
+            }
+            Repr::External { payload, .. } => Err(TensorError::DTypeMismatch {
+                expected: T::DTYPE,
+                found: DType::External(payload.tag()),
+            }),
+        }
+    }
+
+    /// The caller-owned payload, if it is a `P`.
+    pub fn external_payload<P: ExternalPayload>(&self) -> Option<&P> {
+        match &self.repr {
+            Repr::External { payload, .. } => (&**payload as &dyn Any).downcast_ref(),
+            Repr::Pooled { .. } => None,
+        }
+    }
+
+    /// The buffer, dtype and layout of a pooled tensor; an external one comes back in `Err`.
+    pub(crate) fn into_pooled_parts(self) -> Result<(PoolBuffer, DType, Layout), Self> {
+        match self.repr {
+            Repr::Pooled {
+                buffer,
+                dtype,
+                layout,
+            } => Ok((buffer, dtype, layout)),
+            repr @ Repr::External { .. } => Err(Self { repr }),
+        }
+    }
+
+    pub(crate) fn read(&self) -> TensorRead<'_> {
+        match &self.repr {
+            Repr::Pooled {
+                buffer,
+                dtype,
+                layout,
+            } => TensorRead::pooled(pooled_bytes(buffer), *dtype, layout),
+            Repr::External { payload, shape } => TensorRead::of_external(&**payload, shape),
+        }
+    }
+}
+
+/// The initialised bytes of a buffer that backs a tensor.
+pub(crate) fn pooled_bytes(buffer: &PoolBuffer) -> &[u8] {
+    buffer
+        .as_bytes()
+        .expect("tensor buffers are initialised on construction")
+}
+
+pub(crate) fn check_dtype<T: Element>(found: DType) -> Result<(), TensorError> {
+    if found == T::DTYPE {
+        Ok(())
+    } else {
+        Err(TensorError::DTypeMismatch {
+            expected: T::DTYPE,
+            found,
+        })
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("Tensor");
+        s.field("dtype", &self.dtype())
+            .field("shape", &self.shape());
+        if let Repr::External { payload, .. } = &self.repr {
+            s.field("payload", payload);
+        }
+        s.finish()
+    }
+}

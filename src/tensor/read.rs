@@ -1,0 +1,219 @@
+//! `TensorRead`: a borrowed, read-only view of a tensor's elements.
+
+use std::any::Any;
+
+use super::{check_dtype, DType, Element, ExternalPayload, Layout, Tensor};
+use crate::error::TensorError;
+
+/// A borrowed read-only view: dtype, shape, strides, offset, and the elements.
+///
+/// ```
+/// use ferropool::{Tensor, TensorRead};
+/// let t = Tensor::from_slice(&[1i32, 2, 3, 4, 5, 6], &[2, 3])?;
+/// let view = TensorRead::from_tensor(&t);
+/// assert_eq!(view.get::<i32>(&[1, 2])?, 6);
+/// assert_eq!(view.to_vec::<i32>()?, vec![1, 2, 3, 4, 5, 6]);
+/// # Ok::<(), ferropool::TensorError>(())
+/// ```
+#[derive(Clone, Copy)]
+pub struct TensorRead<'a> {
+    repr: ReadRepr<'a>,
+}
+
+#[derive(Clone, Copy)]
+enum ReadRepr<'a> {
+    /// Invariant: `bytes` holds initialised elements of `dtype` (aligned to 8 bytes), and
+    /// `layout.check_within(bytes.len() / size)` holds.
+    Pooled {
+        bytes: &'a [u8],
+        dtype: DType,
+        layout: &'a Layout,
+    },
+    External {
+        payload: &'a dyn ExternalPayload,
+        shape: &'a [usize],
+    },
+}
+
+impl<'a> TensorRead<'a> {
+    /// A view of a whole tensor.
+    pub fn from_tensor(tensor: &'a Tensor) -> Self {
+        tensor.read()
+    }
+
+    /// A view of elements of `dtype` in `bytes`; callers uphold the invariant on
+    /// `ReadRepr::Pooled` (checked in debug builds).
+    pub(crate) fn pooled(bytes: &'a [u8], dtype: DType, layout: &'a Layout) -> Self {
+        debug_assert!(dtype
+            .size_of()
+            .is_some_and(|size| layout.check_within(bytes.len() / size).is_ok()));
+        Self {
+            repr: ReadRepr::Pooled {
+                bytes,
+                dtype,
+                layout,
+            },
+        }
+    }
+
+    pub(crate) fn of_external(payload: &'a dyn ExternalPayload, shape: &'a [usize]) -> Self {
+        Self {
+            repr: ReadRepr::External { payload, shape },
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self.repr {
+            ReadRepr::Pooled { dtype, .. } => dtype,
+            ReadRepr::External { payload, .. } => DType::External(payload.tag()),
+        }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &'a [usize] {
+        match self.repr {
+            ReadRepr::Pooled { layout, .. } => layout.shape(),
+            ReadRepr::External { shape, .. } => shape,
+        }
+    }
+
+    /// Element strides (empty for an external payload).
+    pub fn strides(&self) -> &'a [usize] {
+        match self.repr {
+            ReadRepr::Pooled { layout, .. } => layout.strides(),
+            ReadRepr::External { .. } => &[],
+        }
+    }
+
+    /// Element offset of the first element (0 for an external payload).
+    pub fn offset(&self) -> usize {
+        match self.repr {
+            ReadRepr::Pooled { layout, .. } => layout.offset(),
+            ReadRepr::External { .. } => 0,
+        }
+    }
+
+    /// Whether the elements are row-major and gapless.
+    pub fn is_contiguous(&self) -> bool {
+        match self.repr {
+            ReadRepr::Pooled { layout, .. } => layout.is_contiguous(),
+            ReadRepr::External { .. } => false,
+        }
+    }
+
+    /// All elements the view's buffer holds, as `T`s.
+    fn elements<T: Element>(&self) -> Result<(&'a [T], &'a Layout), TensorError> {
+        match self.repr {
+            ReadRepr::Pooled {
+                bytes,
+                dtype,
+                layout,
+            } => {
+                check_dtype::<T>(dtype)?;
+                // SAFETY: invariant on `ReadRepr::Pooled`: initialised `T`s (the dtype matched),
+                // aligned to 8 >= align_of::<T>(), living as long as 'a.
+                let all = unsafe {
+                    std::slice::from_raw_parts(
+                        bytes.as_ptr().cast::<T>(),
+                        bytes.len() / std::mem::size_of::<T>(),
+                    )
+                };
+                Ok((all, layout))
+            }
+            ReadRepr::External { payload, .. } => Err(TensorError::ExternalDType {
+                operation: "typed read",
+                dtype: DType::External(payload.tag()),
+            }),
+        }
+    }
+
+    /// The elements as a slice, when the view is contiguous.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::DTypeMismatch`], [`TensorError::ExternalDType`], or
+    /// [`TensorError::NotContiguous`] (use [`to_vec`](Self::to_vec) or [`get`](Self::get)).
+    pub fn as_slice<T: Element>(&self) -> Result<&'a [T], TensorError> {
+        let (all, layout) = self.elements::<T>()?;
+        if !layout.is_contiguous() {
+            return Err(TensorError::NotContiguous {
+                operation: "TensorRead::as_slice",
+            });
+        }
+        Ok(&all[layout.offset()..layout.offset() + layout.numel()])
+    }
+
+    /// One element, by multi-index (any layout).
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::DTypeMismatch`], [`TensorError::ExternalDType`] or
+    /// [`TensorError::IndexOutOfRange`].
+    pub fn get<T: Element>(&self, index: &[usize]) -> Result<T, TensorError> {
+        let (all, layout) = self.elements::<T>()?;
+        Ok(all[layout.element_offset(index)?])
+    }
+
+    /// The elements in row-major order, copied out (any layout).
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::DTypeMismatch`] or [`TensorError::ExternalDType`].
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, TensorError> {
+        let (all, layout) = self.elements::<T>()?;
+        if layout.is_contiguous() {
+            return Ok(all[layout.offset()..layout.offset() + layout.numel()].to_vec());
+        }
+        let mut out = Vec::with_capacity(layout.numel());
+        for_each_offset(layout, |offset| out.push(all[offset]));
+        Ok(out)
+    }
+
+    /// The caller-owned payload, if the view is of a `P`.
+    pub fn external<P: ExternalPayload>(&self) -> Option<&'a P> {
+        match self.repr {
+            ReadRepr::External { payload, .. } => (payload as &dyn Any).downcast_ref(),
+            ReadRepr::Pooled { .. } => None,
+        }
+    }
+}
+
+/// Calls `f` with the element offset of every element of `layout`, in row-major order.
+pub(crate) fn for_each_offset(layout: &Layout, mut f: impl FnMut(usize)) {
+    let shape = layout.shape();
+    if shape.contains(&0) {
+        return;
+    }
+    let mut index = vec![0usize; shape.len()];
+    let mut offset = layout.offset();
+    loop {
+        f(offset);
+        // Odometer increment from the last dimension.
+        let mut k = shape.len();
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            index[k] += 1;
+            offset += layout.strides()[k];
+            if index[k] < shape[k] {
+                break;
+            }
+            offset -= layout.strides()[k] * shape[k];
+            index[k] = 0;
+        }
+    }
+}
+
+impl std::fmt::Debug for TensorRead<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorRead")
+            .field("dtype", &self.dtype())
+            .field("shape", &self.shape())
+            .field("strides", &self.strides())
+            .field("offset", &self.offset())
+            .finish()
+    }
+}
