@@ -18,7 +18,7 @@ done
 
 # Each loom target, and the planted bugs that must make one of its models fail:
 # "target:model:bug".
-targets=(loom_arena loom_pool)
+targets=(loom_arena loom_pool loom_retain)
 planted_cases=(
   "loom_arena:get_racing_remove:free_immediately"
   "loom_arena:stale_key_never_sees_a_reinserted_value:unchecked_generation"
@@ -26,6 +26,7 @@ planted_cases=(
   "loom_arena:racing_removes_drop_exactly_once:retire_without_cas"
   "loom_pool:cross_thread_free_racing_alloc:stack_push_store"
   "loom_pool:cross_thread_free_racing_trim:take_all_store"
+  "loom_retain:clone_read_drop_on_a_shared_group:clone_without_count"
 )
 
 base_flags="--cfg loom --cfg crossbeam_loom -C debug-assertions=on"

@@ -39,10 +39,15 @@ fn descriptors() -> &'static SlotArena<Descriptor> {
     ARENA.get_or_init(SlotArena::new)
 }
 
+/// Under loom the arena gets a private collector: pinning crossbeam-epoch's default
+/// collector from a spawned loom thread makes executions non-deterministic (loom aborts with
+/// "Is the model fully deterministic?"), while a private collector created in the same
+/// per-execution `lazy_static` runs cleanly. The protocol under test is the same.
 #[cfg(loom)]
 fn descriptors() -> &'static SlotArena<Descriptor> {
     loom::lazy_static! {
-        static ref ARENA: SlotArena<Descriptor> = SlotArena::new();
+        static ref ARENA: SlotArena<Descriptor> =
+            SlotArena::with_collector(crate::sync::epoch::Collector::new());
     }
     &ARENA
 }
@@ -78,9 +83,24 @@ impl fmt::Debug for DescriptorSlot {
 /// assert_eq!(view.to_vec::<f32>()?, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone)]
 pub struct AllocationGroup {
     inner: Arc<GroupInner>,
+}
+
+impl Clone for AllocationGroup {
+    /// Shares the group: one atomic increment, no copy.
+    fn clone(&self) -> Self {
+        if cfg!(ferropool_planted = "clone_without_count") {
+            // PLANTED BUG (loom models only): a second handle without a count of its own.
+            // SAFETY: none; this is the bug the retain model must catch.
+            return Self {
+                inner: unsafe { Arc::from_raw(Arc::as_ptr(&self.inner)) },
+            };
+        }
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
 }
 
 struct GroupInner {

@@ -30,6 +30,9 @@ pub(super) fn with_cache<R>(
     pool: &'static PoolInner,
     f: impl FnOnce(&mut ThreadCache) -> R,
 ) -> Option<R> {
+    if pool.config.thread_cache_bytes == 0 {
+        return None; // caches are off: everything goes through the shared lists
+    }
     CACHES
         .try_with(|caches| {
             let mut caches = caches.try_borrow_mut().ok()?;

@@ -192,6 +192,15 @@ impl BufferPool {
         GLOBAL.get_or_init(BufferPool::new)
     }
 
+    /// The default pool of the current loom execution.
+    #[cfg(loom)]
+    pub fn global() -> &'static BufferPool {
+        loom::lazy_static! {
+            static ref GLOBAL: BufferPool = BufferPool::new();
+        }
+        &GLOBAL
+    }
+
     /// A buffer of `size` bytes with unspecified contents.
     ///
     /// # Errors
