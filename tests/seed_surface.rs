@@ -528,3 +528,32 @@ fn dropping_a_million_node_chain_does_not_recurse() {
         .unwrap();
     assert_eq!(Arc::strong_count(&graph), 1, "every node was dropped");
 }
+
+#[test]
+fn layouts_of_any_rank_view_the_right_elements() {
+    // Rank 5 keeps its dimensions on the heap, rank <= 4 inline; both must behave alike.
+    let data: Vec<i32> = (0..2 * 3 * 2 * 2 * 2).collect();
+    let t = Tensor::from_slice(&data, &[2, 3, 2, 2, 2]).unwrap();
+    let (mut group, slots) = AllocationGroup::from_tensors([t]).unwrap();
+    let permuted = group.permute(slots[0], &[4, 3, 2, 1, 0]).unwrap();
+    let view = group.read_view(permuted).unwrap();
+    assert_eq!(view.shape(), &[2, 2, 2, 3, 2]);
+    assert_eq!(view.strides(), &[1, 2, 4, 8, 24]);
+    assert_eq!(
+        view.get::<i32>(&[1, 0, 1, 2, 1]).unwrap(),
+        24 + 2 * 8 + 4 + 1
+    );
+    let narrowed = group.narrow(permuted, 3, 1, 2).unwrap();
+    let values = group.read_view(narrowed).unwrap().to_vec::<i32>().unwrap();
+    assert_eq!(values.len(), 2 * 2 * 2 * 2 * 2);
+    assert_eq!(values[0], 8);
+    let flat = group.reshape(slots[0], &[48]).unwrap();
+    assert_eq!(
+        group.read_view(flat).unwrap().as_slice::<i32>().unwrap(),
+        &data[..]
+    );
+    assert!(matches!(
+        group.reshape(permuted, &[48]),
+        Err(GroupError::Tensor(TensorError::NotContiguous { .. }))
+    ));
+}

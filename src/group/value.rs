@@ -48,6 +48,8 @@ impl TensorValue {
     /// The group, slot, dtype and shape of a pooled value: a pooled tensor moves into a new
     /// group of its own (no copy). A caller-owned value, or a grouped value whose slot no
     /// longer resolves, comes back unchanged in `Err`.
+    // The seed's signature: a value that cannot join a group comes back whole, unchanged.
+    #[allow(clippy::result_large_err)]
     pub fn try_into_group_parts(
         self,
     ) -> Result<(AllocationGroup, DescriptorSlot, DType, Vec<usize>), TensorValue> {

@@ -242,6 +242,13 @@ impl BufferPool {
             .map_or_else(Vec::new, Trace::events)
     }
 
+    /// Nanoseconds on the trace's clock (the `at_ns` of an event recorded now), or `None`
+    /// when tracing is off. Lets a caller mark its own moments, such as step boundaries, on
+    /// the same time axis as the events.
+    pub fn trace_clock_ns(&self) -> Option<u64> {
+        self.inner.trace.as_ref().map(Trace::now_ns)
+    }
+
     /// The traced events as JSON (`{"events":[...]}`).
     pub fn trace_json(&self) -> String {
         trace::to_json(&self.trace_events())

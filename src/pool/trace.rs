@@ -65,8 +65,12 @@ impl Trace {
         }
     }
 
+    pub(super) fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
     pub(super) fn record(&self, kind: PoolEventKind, size: u64, class: u32, thread: u32) {
-        let at_ns = self.started.elapsed().as_nanos() as u64;
+        let at_ns = self.now_ns();
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         if ring.len() == self.capacity {
             ring.pop_front();

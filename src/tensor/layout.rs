@@ -18,9 +18,71 @@ use crate::error::TensorError;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
-    shape: Box<[usize]>,
-    strides: Box<[usize]>,
+    shape: Dims,
+    strides: Dims,
     offset: usize,
+}
+
+/// Dimensions inline up to rank 4 (no allocation for the common case), boxed beyond.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Dims {
+    Inline(u8, [usize; 4]),
+    Heap(Box<[usize]>),
+}
+
+impl std::ops::Deref for Dims {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        match self {
+            Self::Inline(len, dims) => &dims[..usize::from(*len)],
+            Self::Heap(dims) => dims,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Dims {
+    fn deref_mut(&mut self) -> &mut [usize] {
+        match self {
+            Self::Inline(len, dims) => &mut dims[..usize::from(*len)],
+            Self::Heap(dims) => dims,
+        }
+    }
+}
+
+impl From<&[usize]> for Dims {
+    fn from(dims: &[usize]) -> Self {
+        if dims.len() <= 4 {
+            let mut inline = [0; 4];
+            inline[..dims.len()].copy_from_slice(dims);
+            Self::Inline(dims.len() as u8, inline)
+        } else {
+            Self::Heap(dims.into())
+        }
+    }
+}
+
+impl FromIterator<usize> for Dims {
+    fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {
+        let (mut inline, mut len) = ([0; 4], 0);
+        let mut iter = iter.into_iter();
+        while let Some(dim) = iter.next() {
+            if len == inline.len() {
+                let mut heap = inline.to_vec();
+                heap.push(dim);
+                heap.extend(iter);
+                return Self::Heap(heap.into());
+            }
+            inline[len] = dim;
+            len += 1;
+        }
+        Self::Inline(len as u8, inline)
+    }
+}
+
+impl std::fmt::Debug for Dims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 impl Layout {
@@ -31,7 +93,7 @@ impl Layout {
     /// [`TensorError::InvalidLayout`] if the element count overflows `usize`.
     pub fn contiguous(shape: &[usize]) -> Result<Self, TensorError> {
         numel(shape)?;
-        let mut strides = vec![0; shape.len()].into_boxed_slice();
+        let mut strides = Dims::from(shape);
         let mut stride = 1usize;
         for (k, &dim) in shape.iter().enumerate().rev() {
             strides[k] = stride;

@@ -272,6 +272,8 @@ impl Tensor {
     }
 
     /// The buffer, dtype and layout of a pooled tensor; an external one comes back in `Err`.
+    // An external tensor comes back whole, by move; boxing it would allocate on that path.
+    #[allow(clippy::result_large_err)]
     pub(crate) fn into_pooled_parts(self) -> Result<(PoolBuffer, DType, Layout), Self> {
         match self.repr {
             Repr::Pooled {
