@@ -10,7 +10,6 @@ use std::fmt;
 use std::hash::Hash;
 
 use crate::retain::{RetainedInputMap, RetainedValue};
-use crate::scratch::ScratchArena;
 use crate::sync::Arc;
 
 /// One checkpoint: a graph, the alias it introduces, the inputs it retained, and the older
@@ -95,10 +94,10 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
     }
 
     /// Every retained input of the chain; for a key retained by several nodes, the oldest
-    /// node's value. The map is sized once for the whole chain.
+    /// node's value. (Sizing the map for every entry up front was measured slower: keys
+    /// repeat along real chains, so it over-allocates.)
     pub fn collect_inputs(&self) -> RetainedInputMap<K> {
-        let total = self.iter().map(|node| node.old_inputs.len()).sum();
-        let mut inputs = HashMap::with_capacity(total);
+        let mut inputs = HashMap::new();
         for node in self.iter() {
             inputs.extend(
                 node.old_inputs
@@ -129,8 +128,7 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
     ///
     /// Where the lhs spine is owned only by the caller, it is relinked in place, with no
     /// allocation; from the first node shared with someone else, the rest of the lhs is
-    /// copied node by node (as the seed does for all of it), with the spine walked in a
-    /// scratch arena.
+    /// copied node by node (as the seed does for all of it).
     pub fn merge_chains(lhs: Option<Arc<Self>>, rhs: Option<Arc<Self>>) -> Option<Arc<Self>> {
         let (mut head, rhs) = match (lhs, rhs) {
             (None, rhs) => return rhs,
@@ -158,22 +156,17 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
 
     /// The seed's rebuild: copies of `lhs`'s nodes, in order, on top of `rhs`.
     fn copy_onto(lhs: &Self, rhs: Arc<Self>) -> Arc<Self> {
-        ScratchArena::with_thread_local(|scratch| {
-            let mut nodes = lhs.iter();
-            let spine = scratch.alloc_slice_fill_with(lhs.depth(), |_| {
-                nodes.next().expect("depth counted the same walk")
+        let spine: Vec<&Self> = lhs.iter().collect();
+        let mut prev = rhs;
+        for node in spine.into_iter().rev() {
+            prev = Arc::new(Self {
+                graph: Arc::clone(&node.graph),
+                alias_key: node.alias_key.clone(),
+                alias_target: node.alias_target.clone(),
+                old_inputs: Arc::clone(&node.old_inputs),
+                prev: Some(prev),
             });
-            let mut prev = rhs;
-            for node in spine.iter().rev() {
-                prev = Arc::new(Self {
-                    graph: Arc::clone(&node.graph),
-                    alias_key: node.alias_key.clone(),
-                    alias_target: node.alias_target.clone(),
-                    old_inputs: Arc::clone(&node.old_inputs),
-                    prev: Some(prev),
-                });
-            }
-            prev
-        })
+        }
+        prev
     }
 }

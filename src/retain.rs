@@ -7,7 +7,7 @@ use std::fmt;
 use crate::error::{Error, ErrorPhase, Result};
 use crate::group::{AllocationGroup, DescriptorSlot, TensorValue};
 use crate::sync::Arc;
-use crate::tensor::{DType, Tensor, TensorRead};
+use crate::tensor::{DType, Layout, Tensor, TensorRead};
 
 /// A read-only retained tensor handle backed by one allocation group owner.
 ///
@@ -29,10 +29,39 @@ use crate::tensor::{DType, Tensor, TensorRead};
 /// ```
 #[derive(Clone)]
 pub struct RetainedValue {
-    container: Arc<RetentionContainer>,
+    /// The container and the shape together, so that a clone is one atomic increment (the
+    /// seed kept the shape beside the `Arc`, and cloned a boxed slice with every handle).
+    inner: Arc<Retained>,
     dtype: DType,
-    shape: Box<[usize]>,
 }
+
+/// What the handles of one retained value share.
+#[derive(Debug)]
+struct Retained {
+    container: RetentionContainer,
+    shape: Box<[usize]>,
+    /// For a pooled value, its view resolved once, at retention.
+    ///
+    /// Invariant: the pointers lead into the group that `container` holds a handle to (the
+    /// buffer's bytes and the descriptor's record in the arena). Neither moves nor changes
+    /// while any handle to the group exists, because changing a group needs its only handle
+    /// and `container` holds one that is never handed out mutably.
+    view: Option<FrozenView>,
+}
+
+#[derive(Debug)]
+struct FrozenView {
+    bytes: *const u8,
+    len: usize,
+    dtype: DType,
+    layout: *const Layout,
+}
+
+// SAFETY: `FrozenView` points at immutable data owned, through the group handle in the same
+// `Retained`, by a `Send + Sync` group; sharing or sending it shares only reads of that data.
+unsafe impl Send for Retained {}
+// SAFETY: as above.
+unsafe impl Sync for Retained {}
 
 /// What one retained handle holds.
 // The pooled variant owns an allocation group handle inline; boxing it would add an
@@ -61,9 +90,9 @@ impl fmt::Debug for RetainedValue {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter
             .debug_struct("RetainedValue")
-            .field("container", &self.container)
+            .field("container", &self.inner.container)
             .field("dtype", &self.dtype)
-            .field("shape", &self.shape)
+            .field("shape", &self.inner.shape)
             .finish_non_exhaustive()
     }
 }
@@ -79,11 +108,11 @@ impl RetainedValue {
     /// a retention allocation group.
     pub fn from_tensor_value(value: TensorValue) -> Result<Self> {
         match value.try_into_group_parts() {
-            Ok((group, slot, dtype, shape)) => Ok(Self {
-                container: Arc::new(RetentionContainer::Pooled { group, slot }),
+            Ok((group, slot, dtype, shape)) => Ok(Self::new(
+                RetentionContainer::Pooled { group, slot },
                 dtype,
-                shape: shape.into_boxed_slice(),
-            }),
+                shape.into_boxed_slice(),
+            )),
             Err(value) => {
                 let failed = || {
                     Error::runtime_state(
@@ -100,13 +129,13 @@ impl RetainedValue {
                 // there is no group and nothing returns to a pool when the handle drops.
                 let dtype = tensor.dtype();
                 let shape = tensor.shape().into();
-                Ok(Self {
-                    container: Arc::new(RetentionContainer::CallerOwned {
+                Ok(Self::new(
+                    RetentionContainer::CallerOwned {
                         tensor: Box::new(tensor),
-                    }),
+                    },
                     dtype,
                     shape,
-                })
+                ))
             }
         }
     }
@@ -133,14 +162,38 @@ impl RetainedValue {
     /// [`Error::Group`] if `slot` is not a live descriptor of `group`.
     pub fn from_group(group: &AllocationGroup, slot: DescriptorSlot) -> Result<Self> {
         let (dtype, shape) = group.describe(slot)?;
-        Ok(Self {
-            container: Arc::new(RetentionContainer::Pooled {
+        Ok(Self::new(
+            RetentionContainer::Pooled {
                 group: group.clone(),
                 slot,
+            },
+            dtype,
+            shape.into_boxed_slice(),
+        ))
+    }
+
+    fn new(container: RetentionContainer, dtype: DType, shape: Box<[usize]>) -> Self {
+        let view = match &container {
+            RetentionContainer::Pooled { group, slot } => group
+                .read_view(*slot)
+                .ok()
+                .and_then(|read| read.pooled_parts())
+                .map(|(bytes, dtype, layout)| FrozenView {
+                    bytes: bytes.as_ptr(),
+                    len: bytes.len(),
+                    dtype,
+                    layout,
+                }),
+            RetentionContainer::CallerOwned { .. } => None,
+        };
+        Self {
+            inner: Arc::new(Retained {
+                container,
+                shape,
+                view,
             }),
             dtype,
-            shape: shape.into_boxed_slice(),
-        })
+        }
     }
 
     /// The element type.
@@ -150,12 +203,12 @@ impl RetainedValue {
 
     /// The shape.
     pub fn shape(&self) -> &[usize] {
-        &self.shape
+        &self.inner.shape
     }
 
     /// What the handle holds.
     pub fn container(&self) -> &RetentionContainer {
-        &self.container
+        &self.inner.container
     }
 
     /// Borrow the retained descriptor for one read-only execution boundary.
@@ -166,7 +219,18 @@ impl RetainedValue {
     /// or otherwise invalid in its allocation group.
     #[inline]
     pub fn tensor_read(&self) -> Result<TensorRead<'_>> {
-        match self.container.as_ref() {
+        if let Some(view) = &self.inner.view {
+            // SAFETY: invariant on `Retained::view`: the bytes and the layout stay valid and
+            // unchanged while `self` (a handle to the group) lives.
+            let (bytes, layout) = unsafe {
+                (
+                    std::slice::from_raw_parts(view.bytes, view.len),
+                    &*view.layout,
+                )
+            };
+            return Ok(TensorRead::pooled(bytes, view.dtype, layout));
+        }
+        match &self.inner.container {
             RetentionContainer::Pooled { group, slot } => group.read_view(*slot).map_err(|error| {
                 Error::runtime_state(
                     "RetainedValue::tensor_read",

@@ -1,7 +1,5 @@
 //! A per-step scratch arena on bumpalo for short-lived small allocations, reset in O(1).
 
-use std::cell::RefCell;
-
 /// A bump arena for a replay step's short-lived allocations (for example the spine of a
 /// chain while it is copied). Allocation is a pointer bump; [`reset`](Self::reset) frees
 /// everything at once and keeps the memory for the next step.
@@ -65,24 +63,5 @@ impl ScratchArena {
     /// Bytes of memory the arena holds.
     pub fn capacity_bytes(&self) -> usize {
         self.bump.allocated_bytes()
-    }
-
-    /// Runs `f` with this thread's scratch arena, reset afterwards. Falls back to a fresh
-    /// arena when called re-entrantly or while thread-locals are being destroyed.
-    pub(crate) fn with_thread_local<R>(f: impl FnOnce(&ScratchArena) -> R) -> R {
-        thread_local! {
-            static SCRATCH: RefCell<ScratchArena> = RefCell::new(ScratchArena::new());
-        }
-        let mut f = Some(f);
-        let result = SCRATCH.try_with(|cell| {
-            let mut scratch = cell.try_borrow_mut().ok()?;
-            let result = (f.take().expect("called once"))(&scratch);
-            scratch.reset();
-            Some(result)
-        });
-        match result {
-            Ok(Some(result)) => result,
-            _ => (f.take().expect("not called yet"))(&ScratchArena::new()),
-        }
     }
 }

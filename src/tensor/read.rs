@@ -56,6 +56,18 @@ impl<'a> TensorRead<'a> {
         }
     }
 
+    /// The bytes, dtype and layout of a pooled view.
+    pub(crate) fn pooled_parts(&self) -> Option<(&'a [u8], DType, &'a Layout)> {
+        match self.repr {
+            ReadRepr::Pooled {
+                bytes,
+                dtype,
+                layout,
+            } => Some((bytes, dtype, layout)),
+            ReadRepr::External { .. } => None,
+        }
+    }
+
     pub(crate) fn of_external(payload: &'a dyn ExternalPayload, shape: &'a [usize]) -> Self {
         Self {
             repr: ReadRepr::External { payload, shape },
