@@ -68,6 +68,49 @@ fn bump_no_touch(c: &mut Criterion) {
     group.finish();
 }
 
+/// A cold 64 MiB block: a fresh pool each time, so the block comes from the system; touch
+/// every page, then close the pool. Compares the madvise options (all off by default).
+fn cold_blocks(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cold_64mib_alloc_touch");
+    group.sample_size(10);
+    let configs: [(&str, bool, bool); 4] = [
+        ("default", false, false),
+        ("prefault", true, false),
+        ("huge_pages", false, true),
+        ("prefault_huge_pages", true, true),
+    ];
+    for (name, prefault, huge_pages) in configs {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let pool = BufferPool::with_config(ferropool::PoolConfig {
+                    prefault,
+                    huge_pages,
+                    ..ferropool::PoolConfig::default()
+                })
+                .unwrap();
+                let mut buffer = pool.alloc(64 * MIB).unwrap();
+                touch(buffer.as_mut_ptr(), 64 * MIB);
+            })
+        });
+        let before = minor_faults();
+        for _ in 0..5 {
+            let pool = BufferPool::with_config(ferropool::PoolConfig {
+                prefault,
+                huge_pages,
+                ..ferropool::PoolConfig::default()
+            })
+            .unwrap();
+            let mut buffer = pool.alloc(64 * MIB).unwrap();
+            touch(buffer.as_mut_ptr(), 64 * MIB);
+        }
+        println!(
+            "cold 64 MiB {name}: {:.0} faults per cycle",
+            (minor_faults() - before) as f64 / 5.0
+        );
+    }
+    group.finish();
+}
+
 fn main() {
     let pool = Pool(BufferPool::new());
     let glibc = System("glibc_vec");
@@ -83,6 +126,7 @@ fn main() {
     floor(&mut c);
     training_trace(&mut c, &pool);
     training_trace(&mut c, &glibc);
+    cold_blocks(&mut c);
     c.final_summary();
     fault_table(&pool);
     fault_table(&glibc);

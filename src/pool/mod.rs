@@ -20,6 +20,7 @@
 //! When the last [`BufferPool`] handle drops, the pool is closed: its cached memory goes back
 //! to the system, and buffers still alive return their memory to the system when they drop.
 
+mod advise;
 mod blocks;
 mod cache;
 mod class;
@@ -69,6 +70,15 @@ pub struct PoolConfig {
     pub thread_cache_blocks_per_class: usize,
     /// Events kept by the trace ring; 0 (the default) turns tracing off.
     pub trace_capacity: usize,
+    /// Ask for transparent huge pages (`madvise(MADV_HUGEPAGE)` on Linux) for blocks of at
+    /// least `advise_min_block` bytes when they come from the system. Default off.
+    pub huge_pages: bool,
+    /// Fault in blocks of at least `advise_min_block` bytes when they come from the system
+    /// (`madvise(MADV_POPULATE_WRITE)` on Linux, else a write per page), so that the first
+    /// touch does not pay for it. Default off.
+    pub prefault: bool,
+    /// The smallest block that `huge_pages` and `prefault` apply to. Default 2 MiB.
+    pub advise_min_block: usize,
 }
 
 impl Default for PoolConfig {
@@ -80,6 +90,9 @@ impl Default for PoolConfig {
             thread_cache_max_block: 16 << 20,
             thread_cache_blocks_per_class: 32,
             trace_capacity: 0,
+            huge_pages: false,
+            prefault: false,
+            advise_min_block: 2 << 20,
         }
     }
 }
@@ -414,6 +427,15 @@ impl PoolInner {
             .record(record)
             .addr
             .store(addr.as_ptr() as usize, Ordering::Relaxed);
+        let config = &self.config;
+        if (config.huge_pages || config.prefault) && class_bytes >= config.advise_min_block {
+            advise::advise(
+                addr.as_ptr(),
+                class_bytes,
+                config.huge_pages,
+                config.prefault,
+            );
+        }
         self.counters
             .system_allocations
             .fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,45 @@
+//! Memory advice for large blocks fresh from the system: transparent huge pages and
+//! pre-faulting (Linux `madvise`; elsewhere pre-faulting touches each page).
+
+const PAGE: usize = 4096;
+
+/// Applies the configured advice to the block `[addr, addr + len)`, which the caller owns.
+pub(super) fn advise(addr: *mut u8, len: usize, huge_pages: bool, prefault: bool) {
+    let start = (addr as usize).next_multiple_of(PAGE);
+    let end = (addr as usize + len) & !(PAGE - 1);
+    if end <= start {
+        return;
+    }
+    let populated = platform::advise(start, end - start, huge_pages, prefault);
+    if prefault && !populated {
+        // Write one zero byte per page: the block is ours, its contents are unspecified
+        // (a zeroed block stays zeroed).
+        for offset in (0..len).step_by(PAGE) {
+            // SAFETY: `offset < len`, inside the caller's block.
+            unsafe { addr.add(offset).write_volatile(0) };
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod platform {
+    /// Returns whether the kernel populated the range.
+    pub(super) fn advise(start: usize, len: usize, huge_pages: bool, prefault: bool) -> bool {
+        let range = start as *mut libc::c_void;
+        if huge_pages {
+            // Advice only: failure (THP off, or an old kernel) leaves ordinary pages.
+            // SAFETY: a page-aligned range inside a block the caller owns; madvise with
+            // MADV_HUGEPAGE changes no contents.
+            let _ = unsafe { libc::madvise(range, len, libc::MADV_HUGEPAGE) };
+        }
+        // SAFETY: as above; MADV_POPULATE_WRITE faults the pages in without changing contents.
+        prefault && unsafe { libc::madvise(range, len, libc::MADV_POPULATE_WRITE) } == 0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod platform {
+    pub(super) fn advise(_: usize, _: usize, _: bool, _: bool) -> bool {
+        false
+    }
+}
