@@ -14,36 +14,17 @@
 
 #![allow(missing_docs)] // criterion's macros generate undocumented items
 
-use std::hint::black_box;
-use std::sync::{Barrier, RwLock};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::hint::black_box;
+use std::sync::RwLock;
+use std::time::Duration;
+
+use common::run_threads;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use ferropool::SlotArena;
 
 const SHARED_KEYS: usize = 256;
-
-/// Runs `body(thread, iters)` on `threads` threads released together; returns the wall time.
-fn run_threads(threads: usize, iters: u64, body: &(impl Fn(usize, u64) + Sync)) -> Duration {
-    let start_line = Barrier::new(threads + 1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let start_line = &start_line;
-                scope.spawn(move || {
-                    start_line.wait();
-                    body(t, iters);
-                })
-            })
-            .collect();
-        start_line.wait();
-        let started = Instant::now();
-        for handle in handles {
-            handle.join().unwrap();
-        }
-        started.elapsed()
-    })
-}
 
 fn single_thread(c: &mut Criterion) {
     let mut group = c.benchmark_group("single");

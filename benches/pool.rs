@@ -80,20 +80,7 @@ fn cold_blocks(c: &mut Criterion) {
         ("prefault_huge_pages", true, true),
     ];
     for (name, prefault, huge_pages) in configs {
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                let pool = BufferPool::with_config(ferropool::PoolConfig {
-                    prefault,
-                    huge_pages,
-                    ..ferropool::PoolConfig::default()
-                })
-                .unwrap();
-                let mut buffer = pool.alloc(64 * MIB).unwrap();
-                touch(buffer.as_mut_ptr(), 64 * MIB);
-            })
-        });
-        let before = minor_faults();
-        for _ in 0..5 {
+        let cycle = || {
             let pool = BufferPool::with_config(ferropool::PoolConfig {
                 prefault,
                 huge_pages,
@@ -102,6 +89,11 @@ fn cold_blocks(c: &mut Criterion) {
             .unwrap();
             let mut buffer = pool.alloc(64 * MIB).unwrap();
             touch(buffer.as_mut_ptr(), 64 * MIB);
+        };
+        group.bench_function(name, |b| b.iter(cycle));
+        let before = minor_faults();
+        for _ in 0..5 {
+            cycle();
         }
         println!(
             "cold 64 MiB {name}: {:.0} faults per cycle",

@@ -3,36 +3,17 @@
 #![allow(missing_docs)] // criterion's macros generate undocumented items
 
 use std::collections::HashMap;
-use std::hint::black_box;
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::run_threads;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use ferropool::{CheckpointNode, RetainedInputMap, RetainedValue, Tensor};
 
 type Node = CheckpointNode<u64, u32, u64>;
-
-/// Runs `body(iters)` on `threads` threads released together; returns the wall time.
-fn run_threads(threads: usize, iters: u64, body: &(impl Fn(u64) + Sync)) -> Duration {
-    let start_line = Barrier::new(threads + 1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                let start_line = &start_line;
-                scope.spawn(move || {
-                    start_line.wait();
-                    body(iters);
-                })
-            })
-            .collect();
-        start_line.wait();
-        let started = Instant::now();
-        for handle in handles {
-            handle.join().unwrap();
-        }
-        started.elapsed()
-    })
-}
 
 fn retained_reads(c: &mut Criterion) {
     let data: Vec<f32> = (0..16).map(|i| i as f32).collect();
@@ -42,7 +23,7 @@ fn retained_reads(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("retained_read_{threads}t"));
         group.bench_function(BenchmarkId::from_parameter("ferropool"), |b| {
             b.iter_custom(|iters| {
-                run_threads(threads, iters, &|n| {
+                run_threads(threads, iters, &|_, n| {
                     for _ in 0..n {
                         let handle = black_box(&retained).clone();
                         let read = handle.tensor_read().unwrap();
@@ -54,7 +35,7 @@ fn retained_reads(c: &mut Criterion) {
         });
         group.bench_function(BenchmarkId::from_parameter("arc_slice"), |b| {
             b.iter_custom(|iters| {
-                run_threads(threads, iters, &|n| {
+                run_threads(threads, iters, &|_, n| {
                     for _ in 0..n {
                         let handle = Arc::clone(black_box(&arc));
                         let sum: f32 = handle.iter().sum();

@@ -10,6 +10,8 @@
 //! `--cfg ferropool_planted="…"` that it catches (`scripts/loom.sh --planted`).
 #![cfg(loom)]
 
+mod common;
+
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
@@ -47,6 +49,10 @@ impl Drop for Record {
     }
 }
 
+fn model(f: impl Fn() + Send + Sync + 'static) {
+    common::model(1_000, f);
+}
+
 fn arena(collector: &Collector, first_page_len: u32) -> SlotArena<Record> {
     SlotArena::with_config(ArenaConfig {
         first_page_len,
@@ -63,28 +69,6 @@ fn drive(collector: &Collector) {
     for _ in 0..2 {
         collector.register().pin().flush();
     }
-}
-
-/// Runs `f` under loom (preemption bound from `LOOM_MAX_PREEMPTIONS`, else 2) and prints
-/// how many executions were explored (`--nocapture` shows it).
-fn model(f: impl Fn() + Send + Sync + 'static) {
-    use std::sync::atomic::{AtomicUsize as StdCount, Ordering as StdOrdering};
-    static EXECUTIONS: StdCount = StdCount::new(0);
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    let start = EXECUTIONS.load(StdOrdering::Relaxed);
-    builder.check(move || {
-        EXECUTIONS.fetch_add(1, StdOrdering::Relaxed);
-        f()
-    });
-    let name = std::thread::current().name().unwrap_or("model").to_string();
-    println!(
-        "loom model {name}: {} executions at preemption bound {:?}",
-        EXECUTIONS.load(StdOrdering::Relaxed) - start,
-        builder.preemption_bound
-    );
 }
 
 /// **get racing remove**: a reader pinned while another thread removes the value (and drives

@@ -8,9 +8,16 @@
 //! it catches (`scripts/loom.sh --planted`).
 #![cfg(loom)]
 
+mod common;
+
 use loom::thread;
 
 use ferropool::{BufferPool, PoolConfig, PoolStats};
+
+/// A trim visits every class list (280 of them), each a load and a compare-exchange.
+fn model(f: impl Fn() + Send + Sync + 'static) {
+    common::model(20_000, f);
+}
 
 fn pool() -> BufferPool {
     BufferPool::with_config(PoolConfig {
@@ -18,28 +25,6 @@ fn pool() -> BufferPool {
         ..PoolConfig::default()
     })
     .unwrap()
-}
-
-fn model(f: impl Fn() + Send + Sync + 'static) {
-    use std::sync::atomic::{AtomicUsize as StdCount, Ordering as StdOrdering};
-    static EXECUTIONS: StdCount = StdCount::new(0);
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    // A trim visits every class list (280 of them), each a load and a compare-exchange.
-    builder.max_branches = 20_000;
-    let start = EXECUTIONS.load(StdOrdering::Relaxed);
-    builder.check(move || {
-        EXECUTIONS.fetch_add(1, StdOrdering::Relaxed);
-        f()
-    });
-    let name = std::thread::current().name().unwrap_or("model").to_string();
-    println!(
-        "loom model {name}: {} executions at preemption bound {:?}",
-        EXECUTIONS.load(StdOrdering::Relaxed) - start,
-        builder.preemption_bound
-    );
 }
 
 fn assert_quiescent(stats: &PoolStats, allocations: u64) {

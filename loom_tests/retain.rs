@@ -11,29 +11,14 @@
 //! is on, returns the buffer to the pool exactly once.
 #![cfg(loom)]
 
+mod common;
+
 use loom::thread;
 
 use ferropool::{AllocationGroup, BufferPool, PoolConfig, RetainedValue, Tensor};
 
 fn model(f: impl Fn() + Send + Sync + 'static) {
-    use std::sync::atomic::{AtomicUsize as StdCount, Ordering as StdOrdering};
-    static EXECUTIONS: StdCount = StdCount::new(0);
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    builder.max_branches = 20_000;
-    let start = EXECUTIONS.load(StdOrdering::Relaxed);
-    builder.check(move || {
-        EXECUTIONS.fetch_add(1, StdOrdering::Relaxed);
-        f()
-    });
-    let name = std::thread::current().name().unwrap_or("model").to_string();
-    println!(
-        "loom model {name}: {} executions at preemption bound {:?}",
-        EXECUTIONS.load(StdOrdering::Relaxed) - start,
-        builder.preemption_bound
-    );
+    common::model(20_000, f);
 }
 
 /// **clone, read and drop on a shared group**: two threads each read through their own

@@ -59,7 +59,8 @@ fuzz_target!(|data: &[u8]| {
             }
             5 if !groups.is_empty() => {
                 // A narrowed view of a random slot of a random group (if it is not shared).
-                let g = &mut groups[arg % groups.len()];
+                let count = groups.len();
+                let g = &mut groups[arg % count];
                 let (slot, values) = g.slots[arg % g.slots.len()].clone();
                 let start = arg % values.len();
                 let len = 1 + (arg / 7) % (values.len() - start);

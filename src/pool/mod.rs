@@ -320,13 +320,7 @@ impl PoolInner {
                     && cache::with_cache(self, |cache| cache.count_alloc(class_bytes, size))
                         .is_some();
                 if !counted {
-                    self.retired.allocations.fetch_add(1, Ordering::Relaxed);
-                    self.retired
-                        .in_use
-                        .fetch_add(class_bytes as i64, Ordering::Relaxed);
-                    self.retired
-                        .requested
-                        .fetch_add(size as i64, Ordering::Relaxed);
+                    self.retired.count_shared(1, class_bytes, size);
                 }
                 taken
             }
@@ -496,13 +490,7 @@ impl PoolInner {
             Some(None) => {}
             Some(Some(block)) => self.give_back(block, class),
             None => {
-                self.retired.frees.fetch_add(1, Ordering::Relaxed);
-                self.retired
-                    .in_use
-                    .fetch_sub(class_bytes as i64, Ordering::Relaxed);
-                self.retired
-                    .requested
-                    .fetch_sub(requested as i64, Ordering::Relaxed);
+                self.retired.count_shared(-1, class_bytes, requested);
                 self.give_back(block, class);
             }
         }

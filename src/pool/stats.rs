@@ -90,6 +90,21 @@ pub(super) fn bump(counter: &AtomicU64) {
 }
 
 impl ThreadCounters {
+    /// Counts an allocation (`sign` 1) or a free (`sign` -1) on shared counters, for
+    /// operations made without a thread cache (read-modify-writes: these are shared).
+    pub(super) fn count_shared(&self, sign: i64, class_bytes: usize, requested: usize) {
+        let event = if sign > 0 {
+            &self.allocations
+        } else {
+            &self.frees
+        };
+        event.fetch_add(1, Ordering::Relaxed);
+        self.in_use
+            .fetch_add(sign * class_bytes as i64, Ordering::Relaxed);
+        self.requested
+            .fetch_add(sign * requested as i64, Ordering::Relaxed);
+    }
+
     /// Adds this thread's counters into `into` (with read-modify-writes: `into` is shared).
     pub(super) fn fold_into(&self, into: &ThreadCounters) {
         let pairs_i = [
