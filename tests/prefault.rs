@@ -1,6 +1,6 @@
 //! Pre-faulted and huge-page blocks (Linux). One test in its own binary: minor faults are
 //! counted for the whole process, so nothing else may run meanwhile.
-#![cfg(target_os = "linux")]
+#![cfg(all(target_os = "linux", not(miri)))]
 
 use ferropool::{BufferPool, PoolConfig};
 
