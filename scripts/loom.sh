@@ -19,7 +19,7 @@ done
 
 # Each loom target, and the planted bugs that must make one of its models fail:
 # "target:model:bug".
-targets=(loom_arena loom_pool loom_retain)
+targets=(loom_arena loom_pool loom_retain loom_checkpoint)
 planted_cases=(
   "loom_arena:get_racing_remove:free_immediately"
   "loom_arena:stale_key_never_sees_a_reinserted_value:unchecked_generation"
@@ -28,6 +28,8 @@ planted_cases=(
   "loom_pool:cross_thread_free_racing_alloc:stack_push_store"
   "loom_pool:cross_thread_free_racing_trim:take_all_store"
   "loom_retain:clone_read_drop_on_a_shared_group:clone_without_count"
+  "loom_arena:shrink_racing_a_reclamation_batch:shrink_by_phase"
+  "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
 )
 
 base_flags="--cfg loom --cfg crossbeam_loom -C debug-assertions=on"

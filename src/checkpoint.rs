@@ -60,6 +60,11 @@ impl<G, K, A> Drop for CheckpointNode<G, K, A> {
         while let Some(node) = next {
             match Arc::try_unwrap(node) {
                 Ok(mut node) => next = node.prev.take(),
+                Err(shared) if cfg!(ferropool_planted = "chain_drop_leaks") => {
+                    // PLANTED BUG (loom models only): lose the reference instead of dropping it.
+                    std::mem::forget(shared);
+                    break;
+                }
                 Err(_) => break,
             }
         }

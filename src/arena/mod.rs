@@ -775,7 +775,18 @@ impl<T> Shared<T> {
             }
             let start = self.page_start(k);
             let used = frontier.saturating_sub(start).min(self.page_len(k) as u64);
-            if free_in_page[k] != used {
+            let releasable = if cfg!(ferropool_planted = "shrink_by_phase") {
+                // PLANTED BUG (loom models only): trust the phase instead of the taken list,
+                // so a slot a concurrent batch is publishing right now looks releasable.
+                (0..used as usize).all(|offset| {
+                    // SAFETY: offset < page_len(k) and the page is allocated.
+                    let state = unsafe { &*base.add(offset) }.state.load(Ordering::Relaxed);
+                    slot::phase(state) == FREE
+                })
+            } else {
+                free_in_page[k] == used
+            };
+            if !releasable {
                 break;
             }
             let mut floor = self.page_floor[k].load(Ordering::Relaxed);
