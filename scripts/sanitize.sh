@@ -13,7 +13,7 @@ fi
 target=x86_64-unknown-linux-gnu
 which=${1:-all}
 if [ "$which" = all ] || [ "$which" = address ]; then
-  echo "== AddressSanitizer"
+  echo "== AddressSanitizer (with LeakSanitizer)"
   RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" \
     CARGO_TARGET_DIR=target/asan cargo +nightly test --target "$target" --lib --tests
 fi

@@ -68,3 +68,14 @@ pub(crate) fn next_identity() -> std::num::NonZeroU64 {
     // 2^64 constructions cannot happen in the life of a process; wrapping to 0 would need them.
     std::num::NonZeroU64::new(id).expect("identity counter overflowed 64 bits")
 }
+
+/// Records the address of an allocation the crate keeps for the rest of the process on
+/// purpose (a pool's control block), so that leak checkers (LeakSanitizer, Miri) find it
+/// reachable instead of reporting it. Like `next_identity`, this is bookkeeping outside any
+/// protocol a model checks, so it uses `std`'s mutex even under loom.
+pub(crate) fn keep_reachable(address: usize) {
+    static KEPT: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+    KEPT.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(address);
+}

@@ -37,7 +37,9 @@ use std::ptr::NonNull;
 
 use crate::error::PoolError;
 use crate::stack::TaggedStack;
-use crate::sync::{next_identity, Arc, AtomicBool, AtomicI64, AtomicU64, Mutex, Ordering};
+use crate::sync::{
+    keep_reachable, next_identity, Arc, AtomicBool, AtomicI64, AtomicU64, Mutex, Ordering,
+};
 use blocks::BlockTable;
 use stats::{PoolCounters, Sums, ThreadCounters};
 use trace::Trace;
@@ -192,6 +194,7 @@ impl BufferPool {
             closed: AtomicBool::new(false),
             trace,
         }));
+        keep_reachable(inner as *const PoolInner as usize);
         Ok(Self {
             inner,
             _open: Arc::new(OpenHandle(inner)),
