@@ -1,6 +1,6 @@
 //! Pre-faulted and huge-page blocks (Linux). One test in its own binary: minor faults are
 //! counted for the whole process, so nothing else may run meanwhile.
-#![cfg(all(target_os = "linux", not(miri)))]
+#![cfg(all(target_os = "linux", not(miri), not(ferropool_sanitizer)))]
 
 use ferropool::{BufferPool, PoolConfig};
 
@@ -55,8 +55,8 @@ fn prefaulted_blocks_take_no_faults_on_first_touch() {
         true,
     );
     println!("first-touch faults on 32 MiB: plain {plain}, prefaulted {prefaulted}, prefaulted huge pages {both}");
-    // Relative bounds: under AddressSanitizer the first touch also faults in shadow memory
-    // (about an eighth of the pages), which no pool option can prevent.
+    // Relative bounds, robust to a kernel that faults a few pages anyway. (Under sanitizers,
+    // whose shadow memory faults too, this test does not run.)
     assert!(
         prefaulted * 4 < plain,
         "prefaulted block faulted {prefaulted} times ({plain} plain)"
