@@ -263,20 +263,9 @@ impl<T: Send + 'static> SlotArena<T> {
     /// key does not resolve to a live value.
     #[inline]
     pub fn get<'g>(&'g self, key: Key, guard: &'g Guard) -> Result<&'g T, ArenaError> {
-        let shared = &*self.shared;
         self.check_guard(guard)?;
-        let slot = shared.resolve(key)?;
-        let state = slot.state.load(Ordering::Acquire);
-        let live = if cfg!(ferropool_planted = "unchecked_generation") {
-            // PLANTED BUG (loom models only): the generation is not compared.
-            slot::phase(state) == OCCUPIED
-        } else {
-            state == slot::state(key.generation(), OCCUPIED)
-        };
-        if !live {
-            return Err(stale(key, state));
-        }
-        // SAFETY: the Acquire load saw OCCUPIED for the key's generation, so the value is
+        let slot = self.shared.live(key)?;
+        // SAFETY: `live` saw OCCUPIED for the key's generation (Acquire), so the value is
         // initialised (the inserter's Release store). It cannot be dropped before `guard`
         // unpins: a remover only retires it, and the drop runs after an epoch grace period
         // that waits for `guard`, which is pinned on this arena's collector.
@@ -298,13 +287,10 @@ impl<T: Send + 'static> SlotArena<T> {
     /// As [`get`](Self::get), less the guard check.
     #[inline]
     pub(crate) unsafe fn get_unpinned(&self, key: Key) -> Result<&T, ArenaError> {
-        let slot = self.shared.resolve(key)?;
-        let state = slot.state.load(Ordering::Acquire);
-        if state != slot::state(key.generation(), OCCUPIED) {
-            return Err(stale(key, state));
-        }
-        // SAFETY: OCCUPIED at the key's generation (Acquire) means initialised, and by the
-        // caller's contract nobody retires it while the reference lives.
+        let slot = self.shared.live(key)?;
+        // SAFETY: `live` saw OCCUPIED at the key's generation (Acquire), so the value is
+        // initialised, and by the caller's contract nobody retires it while the reference
+        // lives.
         Ok(slot
             .value
             .with(|value_ptr| unsafe { (*value_ptr).assume_init_ref() }))
@@ -322,9 +308,7 @@ impl<T: Send + 'static> SlotArena<T> {
 
     /// Whether `key` resolves to a live value. Needs no pin.
     pub fn contains(&self, key: Key) -> bool {
-        self.shared.resolve(key).is_ok_and(|slot| {
-            slot.state.load(Ordering::Acquire) == slot::state(key.generation(), OCCUPIED)
-        })
+        self.shared.live(key).is_ok()
     }
 
     /// Removes the value of `key`. From now on the key resolves to [`ArenaError::Stale`].
@@ -373,11 +357,7 @@ impl<T: Send + 'static> SlotArena<T> {
     /// [`ArenaError::ForeignKey`], [`ArenaError::OutOfRange`] or [`ArenaError::Stale`].
     pub fn take(&mut self, key: Key) -> Result<T, ArenaError> {
         let shared = &*self.shared;
-        let slot = shared.resolve(key)?;
-        let state = slot.state.load(Ordering::Acquire);
-        if state != slot::state(key.generation(), OCCUPIED) {
-            return Err(stale(key, state));
-        }
+        let slot = shared.live(key)?;
         // SAFETY: OCCUPIED means initialised; `&mut self` excludes readers and removers, and
         // the state is moved off OCCUPIED below before anyone else can look at it.
         let value = slot
@@ -614,6 +594,25 @@ impl<T> Shared<T> {
         // SAFETY: a non-null page has `page_len(page)` slots and `offset` is below that by
         // `locate`; it stays allocated while `&self` lives (invariant on `pages`).
         Ok(unsafe { &*base.add(offset) })
+    }
+
+    /// The slot of `key` if it holds the key's value: resolved and `OCCUPIED` at the key's
+    /// generation (an `Acquire` load, pairing with the inserter's `Release` store).
+    #[inline]
+    fn live(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
+        let slot = self.resolve(key)?;
+        let state = slot.state.load(Ordering::Acquire);
+        let live = if cfg!(ferropool_planted = "unchecked_generation") {
+            // PLANTED BUG (loom models only): the generation is not compared.
+            slot::phase(state) == OCCUPIED
+        } else {
+            state == slot::state(key.generation(), OCCUPIED)
+        };
+        if live {
+            Ok(slot)
+        } else {
+            Err(stale(key, state))
+        }
     }
 
     /// The slot of an index known to be in an allocated page (it was on a list, or claimed).
