@@ -1,15 +1,24 @@
 //! Loom models of the `BufferPool` protocol: the lock-free class lists under cross-thread
 //! frees, allocations and trims.
 //!
-//! The models run with thread caches off (`thread_cache_bytes: 0`), so every free goes to the
-//! shared class list and every allocation tries it first: that is the shared protocol. The
-//! thread-cache path is single-threaded by construction (one owner per cache). Each model
-//! names the property it checks and the bug planted with `--cfg ferropool_planted="…"` that
-//! it catches (`scripts/loom.sh --planted`).
+//! The first models run with thread caches off (`thread_cache_bytes: 0`), so every free goes
+//! to the shared class list and every allocation tries it first: that is the shared
+//! protocol. The thread-cache path itself is single-threaded by construction (one owner per
+//! cache); what a cache shares is its retirement at thread exit, which the last two models
+//! cover. They retire the cache with `BufferPool::flush_thread_caches`, the code thread exit
+//! runs, because loom runs a thread's thread-local destructors after `join` returns, outside
+//! the explored order.
+//!
+//! The pool's system allocations go through loom's tracking allocator here, so any model
+//! that ends with a block neither in use nor returned to the system fails ("Allocation
+//! leaked"). Each model names the property it checks and the bug planted with
+//! `--cfg ferropool_planted="…"` that it catches (`scripts/loom.sh --planted`).
 #![cfg(loom)]
 
 mod common;
 
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::Arc;
 use loom::thread;
 
 use ferropool::{BufferPool, PoolConfig, PoolStats};
@@ -22,6 +31,15 @@ fn model(f: impl Fn() + Send + Sync + 'static) {
 fn pool() -> BufferPool {
     BufferPool::with_config(PoolConfig {
         thread_cache_bytes: 0,
+        ..PoolConfig::default()
+    })
+    .unwrap()
+}
+
+/// A pool whose threads cache freed blocks.
+fn caching_pool() -> BufferPool {
+    BufferPool::with_config(PoolConfig {
+        thread_cache_bytes: 1 << 20,
         ..PoolConfig::default()
     })
     .unwrap()
@@ -99,5 +117,75 @@ fn cross_thread_free_racing_trim() {
         let stats = pool.stats();
         assert_eq!(stats.reserved_bytes, 0, "a block was lost: {stats:?}");
         assert_eq!(stats.system_frees, 2);
+    });
+}
+
+/// **thread-exit flush racing a stats reader**: a worker allocates and frees a buffer (into
+/// its cache), raises a flag, and retires the cache (as at thread exit) while the main thread
+/// reads the stats. Once the flag is seen, the worker's allocation is in every snapshot:
+/// departing counters never vanish from a reader's view. Afterwards the flushed block is on
+/// the shared list, where the next allocation of its class takes it instead of the system,
+/// the counters add up, and a trim returns every block.
+///
+/// Planted bug caught: `retire_unlocked` (folding the departing thread's counters into the
+/// pool's after releasing the registry lock, so a reader in between misses them).
+#[test]
+fn thread_exit_flush_racing_stats() {
+    model(|| {
+        let pool = caching_pool();
+        let allocated = Arc::new(AtomicBool::new(false));
+        let worker = {
+            let (pool, allocated) = (pool.clone(), Arc::clone(&allocated));
+            thread::spawn(move || {
+                drop(pool.alloc(100).unwrap()); // into this thread's cache
+                allocated.store(true, Ordering::Release);
+                BufferPool::flush_thread_caches()
+            })
+        };
+        if allocated.load(Ordering::Acquire) {
+            let stats = pool.stats();
+            assert_eq!(
+                stats.allocations, 1,
+                "the worker's count vanished: {stats:?}"
+            );
+        }
+        let moved = worker.join().unwrap();
+        assert_eq!(moved, BufferPool::class_size_for(100).unwrap() as u64);
+        drop(pool.alloc(100).unwrap());
+        assert_eq!(
+            pool.stats().system_allocations,
+            1,
+            "the flushed block was not reused"
+        );
+        BufferPool::flush_thread_caches();
+        assert_quiescent(&pool.stats(), 2);
+        pool.trim();
+        let stats = pool.stats();
+        assert_eq!(stats.reserved_bytes, 0, "a block was lost: {stats:?}");
+        assert_eq!(stats.system_frees, 1);
+    });
+}
+
+/// **thread-exit flush racing the pool's close**: a worker drops its pool handle and retires
+/// its cache (as at thread exit) while the main thread drops the last handle, closing the
+/// pool. The cached block goes back to the system whichever comes first, never stranded on
+/// the list of a pool nobody can reach; loom's leak check fails the model otherwise.
+///
+/// Planted bug caught: `close_unchecked` (a give-back that checks `closed` before pushing
+/// instead of after, so a close in between empties the lists before the block arrives).
+#[test]
+fn thread_exit_flush_racing_close() {
+    model(|| {
+        let pool = caching_pool();
+        let worker = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                drop(pool.alloc(100).unwrap()); // into this thread's cache
+                drop(pool);
+                BufferPool::flush_thread_caches();
+            })
+        };
+        drop(pool);
+        worker.join().unwrap();
     });
 }

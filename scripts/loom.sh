@@ -30,6 +30,8 @@ planted_cases=(
   "loom_retain:clone_read_drop_on_a_shared_group:clone_without_count"
   "loom_arena:shrink_racing_a_reclamation_batch:shrink_by_phase"
   "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
+  "loom_pool:thread_exit_flush_racing_stats:retire_unlocked"
+  "loom_pool:thread_exit_flush_racing_close:close_unchecked"
 )
 
 base_flags="--cfg loom --cfg crossbeam_loom -C debug-assertions=on"
@@ -39,7 +41,7 @@ if [ "$planted" = 0 ]; then
   for t in "${targets[@]}"; do
     echo "== loom: $t (preemption bound $bound)"
     CARGO_TARGET_DIR=target/loom RUSTFLAGS="$base_flags" \
-      cargo test --release --test "$t" -- --test-threads=2
+      cargo test --release --test "$t" -- --test-threads=2 --nocapture
   done
   exit 0
 fi

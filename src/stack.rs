@@ -63,10 +63,12 @@ impl TaggedStack {
         }
         loop {
             tail_next.store(current as Link, Ordering::Relaxed);
+            // Acquire as well: a push that follows a `take_all` in the head's order sees
+            // everything before that `take_all` (the pool's close relies on it).
             match self.head.compare_exchange_weak(
                 current,
                 retag(current, head),
-                Ordering::Release,
+                Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return,

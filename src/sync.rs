@@ -6,6 +6,9 @@
 //!
 //! crossbeam-epoch is re-exported as [`epoch`]: with `--cfg crossbeam_loom` and its `loom`
 //! feature it runs on loom as well, which is what makes the arena models meaningful.
+//!
+//! The system allocator calls of the pool also come from here: loom's versions track every
+//! block, so a model that strands one fails.
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
@@ -26,6 +29,13 @@ pub(crate) use std::sync::{Arc, Mutex};
 pub(crate) use std::thread_local;
 
 pub(crate) use crossbeam_epoch as epoch;
+
+/// The system allocator, as the pool calls it. Under loom these are loom's tracking wrappers,
+/// so a model fails with "Allocation leaked" if any pool block is never returned.
+#[cfg(loom)]
+pub(crate) use loom::alloc::{alloc, alloc_zeroed, dealloc};
+#[cfg(not(loom))]
+pub(crate) use std::alloc::{alloc, alloc_zeroed, dealloc};
 
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;

@@ -23,11 +23,22 @@ thread_local! {
     static CACHES: RefCell<Vec<ThreadCache>> = RefCell::new(Vec::new());
 }
 
-/// Runs `f` on this thread's cache for `pool`, creating it on first use. `None` when the
-/// thread-locals are being destroyed or the registry is already borrowed on this thread.
+/// Runs `f` on this thread's cache for `pool`, creating it on first use. `None` when caches
+/// are off, the thread-locals are being destroyed or the registry is already borrowed on
+/// this thread.
 #[inline]
 pub(super) fn with_cache<R>(
     pool: &'static PoolInner,
+    f: impl FnOnce(&mut ThreadCache) -> R,
+) -> Option<R> {
+    find_cache(pool, true, f)
+}
+
+/// [`with_cache`], creating the cache only if `create`.
+#[inline]
+fn find_cache<R>(
+    pool: &'static PoolInner,
+    create: bool,
     f: impl FnOnce(&mut ThreadCache) -> R,
 ) -> Option<R> {
     if pool.config.thread_cache_bytes == 0 {
@@ -38,10 +49,11 @@ pub(super) fn with_cache<R>(
             let mut caches = caches.try_borrow_mut().ok()?;
             let index = match caches.iter().position(|c| std::ptr::eq(c.pool, pool)) {
                 Some(index) => index,
-                None => {
+                None if create => {
                     caches.push(ThreadCache::new(pool));
                     caches.len() - 1
                 }
+                None => return None,
             };
             Some(f(&mut caches[index]))
         })
@@ -51,11 +63,21 @@ pub(super) fn with_cache<R>(
 
 /// Returns this thread's cached blocks of `pool` to the system. Returns the bytes released.
 pub(super) fn release_current(pool: &'static PoolInner) -> u64 {
-    with_cache(pool, |cache| {
-        cache.seen_trims = pool.trim_count();
-        cache.flush(true)
-    })
-    .unwrap_or(0)
+    find_cache(pool, false, |cache| cache.catch_up(pool.trim_count())).unwrap_or(0)
+}
+
+/// Retires every cache of this thread, as thread exit does: cached blocks go to their pools'
+/// lists and the counters are folded into the pools'. Returns the bytes moved.
+pub(super) fn retire_current() -> u64 {
+    let caches = CACHES
+        .try_with(|caches| caches.try_borrow_mut().map(|mut c| std::mem::take(&mut *c)))
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let moved = caches.iter().map(|cache| cache.bytes as u64).sum();
+    // Dropped outside the borrow: a cache's `Drop` reaches its pool, which may look here.
+    drop(caches);
+    moved
 }
 
 /// One thread's cache for one pool.
@@ -101,12 +123,18 @@ impl ThreadCache {
     fn follow_trims(&mut self) {
         let trims = self.pool.trim_count();
         if trims != self.seen_trims {
-            self.seen_trims = trims;
-            if self.pool.is_closed() {
-                self.max_block = 0;
-            }
-            self.flush(true);
+            self.catch_up(trims);
         }
+    }
+
+    /// Follows the pool's trim number `trims`: releases every cached block, and keeps none
+    /// from now on if the pool is closed. Returns the bytes released.
+    fn catch_up(&mut self, trims: u64) -> u64 {
+        self.seen_trims = trims;
+        if self.pool.is_closed() {
+            self.max_block = 0;
+        }
+        self.flush(true)
     }
 
     /// A cached block of `class`, counting the allocation either way.

@@ -245,6 +245,26 @@ impl BufferPool {
         self.inner.trim()
     }
 
+    /// Hands every block the calling thread has cached, in every pool, back to the pools'
+    /// shared lists, where any thread can reuse it, and merges the thread's counters into
+    /// the pools'. Thread exit does the same; call this when a thread is about to idle for
+    /// long (a worker parking between jobs) so its cache does not hold memory meanwhile.
+    /// Returns the bytes moved. The thread's next allocation starts a fresh cache.
+    ///
+    /// ```
+    /// use ferropool::BufferPool;
+    ///
+    /// let pool = BufferPool::new();
+    /// drop(pool.alloc(4096)?); // kept in this thread's cache
+    /// assert_eq!(BufferPool::flush_thread_caches(), 4096);
+    /// assert_eq!(BufferPool::flush_thread_caches(), 0);
+    /// assert_eq!(pool.stats().cached_bytes, 4096); // now on the pool's shared list
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn flush_thread_caches() -> u64 {
+        cache::retire_current()
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> PoolStats {
         self.inner.stats()
@@ -399,9 +419,9 @@ impl PoolInner {
         // SAFETY: `layout` has a non-zero size (every class is at least 8 bytes).
         let raw = unsafe {
             if zeroed {
-                std::alloc::alloc_zeroed(layout)
+                crate::sync::alloc_zeroed(layout)
             } else {
-                std::alloc::alloc(layout)
+                crate::sync::alloc(layout)
             }
         };
         let Some(addr) = NonNull::new(raw) else {
@@ -415,7 +435,7 @@ impl PoolInner {
             Ok(record) => record,
             Err(error) => {
                 // SAFETY: allocated just above with `layout`, never shared.
-                unsafe { std::alloc::dealloc(addr.as_ptr(), layout) };
+                unsafe { crate::sync::dealloc(addr.as_ptr(), layout) };
                 self.unreserve(class_bytes as u64);
                 return Err(error);
             }
@@ -507,9 +527,17 @@ impl PoolInner {
         }
     }
 
-    /// Puts a block on its class list, or returns it to the system if the pool is closed.
+    /// Puts a block on its class list; if the pool is closed, that list goes back to the
+    /// system.
+    ///
+    /// The check comes after the push, so a block given back while the last handle closes
+    /// the pool is never stranded: the push is a compare-exchange with acquire on the list
+    /// head and the close empties every list with a release compare-exchange after setting
+    /// `closed`, so either the close takes this block or this check sees `closed` and
+    /// releases the list (loom: `thread_exit_flush_racing_close`).
     fn give_back(&'static self, block: Block, class: usize) {
-        if self.is_closed() {
+        if cfg!(ferropool_planted = "close_unchecked") && self.is_closed() {
+            // PLANTED BUG (loom models only): check, then push; a racing close strands it.
             self.release_block(block, class);
             return;
         }
@@ -517,6 +545,9 @@ impl PoolInner {
         self.shared_cached
             .fetch_add(class_bytes as i64, Ordering::Relaxed);
         self.lists[class].push_chain(block.record + 1, &self.blocks.record(block.record).next);
+        if !cfg!(ferropool_planted = "close_unchecked") && self.is_closed() {
+            self.release_list(class);
+        }
     }
 
     /// Returns a block's memory to the system.
@@ -524,7 +555,7 @@ impl PoolInner {
         let class_bytes = class::class_size(class);
         // SAFETY: the block was allocated with this class's layout by `system_alloc` and is
         // owned by the caller, which gives it up here.
-        unsafe { std::alloc::dealloc(block.addr.as_ptr(), self.layout(class_bytes)) };
+        unsafe { crate::sync::dealloc(block.addr.as_ptr(), self.layout(class_bytes)) };
         self.blocks.release(block.record);
         self.unreserve(class_bytes as u64);
         self.counters.system_frees.fetch_add(1, Ordering::Relaxed);
@@ -540,22 +571,27 @@ impl PoolInner {
 
     /// Releases every block on the class lists. Returns the bytes released.
     fn release_lists(&self) -> u64 {
+        (0..self.lists.len())
+            .map(|class| self.release_list(class))
+            .sum()
+    }
+
+    /// Releases every block on the list of `class`. Returns the bytes released.
+    fn release_list(&self, class: usize) -> u64 {
+        let class_bytes = class::class_size(class);
         let mut released = 0;
-        for (class, list) in self.lists.iter().enumerate() {
-            let mut link = list.take_all();
-            while link != crate::stack::NIL {
-                let record = link - 1;
-                let rec = self.blocks.record(record);
-                link = rec.next.load(Ordering::Relaxed);
-                let addr = rec.addr.load(Ordering::Relaxed);
-                let class_bytes = class::class_size(class);
-                self.shared_cached
-                    .fetch_sub(class_bytes as i64, Ordering::Relaxed);
-                released += class_bytes as u64;
-                // SAFETY: listed records hold their block's non-null address.
-                let addr = unsafe { NonNull::new_unchecked(addr as *mut u8) };
-                self.release_block(Block { record, addr }, class);
-            }
+        let mut link = self.lists[class].take_all();
+        while link != crate::stack::NIL {
+            let record = link - 1;
+            let rec = self.blocks.record(record);
+            link = rec.next.load(Ordering::Relaxed);
+            let addr = rec.addr.load(Ordering::Relaxed);
+            self.shared_cached
+                .fetch_sub(class_bytes as i64, Ordering::Relaxed);
+            released += class_bytes as u64;
+            // SAFETY: listed records hold their block's non-null address.
+            let addr = unsafe { NonNull::new_unchecked(addr as *mut u8) };
+            self.release_block(Block { record, addr }, class);
         }
         released
     }
@@ -584,10 +620,18 @@ impl PoolInner {
             .push(counters);
     }
 
+    /// Moves a departing cache's counters into `retired`. Both steps happen under the lock
+    /// `stats` takes, so no reader sees the thread's counts missing or twice.
     fn retire_thread(&self, counters: &Arc<ThreadCounters>) {
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(index) = threads.iter().position(|c| Arc::ptr_eq(c, counters)) {
             threads.swap_remove(index);
+        }
+        if cfg!(ferropool_planted = "retire_unlocked") {
+            // PLANTED BUG (loom models only): fold after unlocking; a reader sees a gap.
+            drop(threads);
+            counters.fold_into(&self.retired);
+            return;
         }
         counters.fold_into(&self.retired);
     }
