@@ -5,10 +5,12 @@
 //! go to Rust's infallible collections, which abort the process on failure instead of
 //! unwinding, so refusing them would test std rather than ferropool.
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use ferropool::{BufferPool, DType, PoolError, PoolStats, Tensor, TensorError};
+use ferropool::{BufferPool, DType, PoolError, Tensor, TensorError};
 
 struct Refusing;
 static ARMED: AtomicBool = AtomicBool::new(false);
@@ -57,14 +59,6 @@ fn disarm() {
     ARMED.store(false, Ordering::SeqCst);
 }
 
-fn assert_consistent(stats: &PoolStats) {
-    assert_eq!(
-        stats.in_use_bytes + stats.cached_bytes,
-        stats.reserved_bytes,
-        "{stats:#?}"
-    );
-}
-
 // One test function: the allocator's switch is process-wide, so the steps must not overlap.
 #[test]
 fn refused_system_allocations_are_typed_and_leave_the_pool_consistent() {
@@ -111,11 +105,11 @@ fn refused_system_allocations_are_typed_and_leave_the_pool_consistent() {
                 }
             }
         }
-        assert_consistent(&pool.stats());
+        common::assert_pool_consistent(&pool.stats());
         drop(results);
         let stats = pool.stats();
         assert_eq!(stats.in_use_bytes, 0);
-        assert_consistent(&stats);
+        common::assert_pool_consistent(&stats);
     }
 
     // 3. Tensors surface the pool's error through their own typed error.

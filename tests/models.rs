@@ -1,6 +1,8 @@
 //! Property tests against reference models: the pool's counters, group views against a
 //! reference copy, and checkpoint chains against the seed's algorithms.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -73,7 +75,7 @@ proptest! {
                 PoolOp::Free(_) => {}
             }
             let stats = pool.stats();
-            prop_assert_eq!(stats.in_use_bytes + stats.cached_bytes, stats.reserved_bytes);
+            common::assert_pool_consistent(&stats);
             prop_assert_eq!(stats.in_use_bytes, live.iter().map(|b| b.capacity() as u64).sum::<u64>());
             prop_assert_eq!(stats.requested_bytes, live.iter().map(|b| b.len() as u64).sum::<u64>());
             if let Some(budget) = budget {

@@ -5,16 +5,8 @@ mod common;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use common::scaled;
-use ferropool::{BufferPool, PoolConfig, PoolError, PoolEventKind, PoolStats};
-
-fn assert_balanced(stats: &PoolStats) {
-    assert_eq!(
-        stats.in_use_bytes + stats.cached_bytes,
-        stats.reserved_bytes,
-        "in use + cached != reserved: {stats:#?}"
-    );
-}
+use common::{assert_pool_consistent, scaled};
+use ferropool::{BufferPool, PoolConfig, PoolError, PoolEventKind};
 
 #[test]
 fn pool_and_buffers_are_send_and_sync() {
@@ -41,7 +33,7 @@ fn buffers_are_aligned_and_sized_by_class() {
                 assert!(buffer.capacity() - size <= size / 8, "size {size}");
             }
         }
-        assert_balanced(&pool.stats());
+        assert_pool_consistent(&pool.stats());
     }
 }
 
@@ -60,7 +52,7 @@ fn freed_buffer_is_reused_from_the_thread_cache() {
     assert_eq!(stats.in_use_bytes, 10_240);
     assert_eq!(stats.requested_bytes, 9_500);
     assert_eq!(stats.rounding_waste_bytes(), 740);
-    assert_balanced(&stats);
+    assert_pool_consistent(&stats);
 }
 
 #[test]
@@ -113,7 +105,7 @@ fn budget_failure_is_typed_and_leaves_the_pool_usable() {
     let before = pool.stats();
     assert_eq!(before.budget_failures, 1);
     assert_eq!(before.allocations, 1, "a failed allocation is not counted");
-    assert_balanced(&before);
+    assert_pool_consistent(&before);
     drop(held);
     // A different class: the cached 600 KiB block must be released to make room.
     let again = pool.alloc(900 << 10).unwrap();
@@ -124,7 +116,7 @@ fn budget_failure_is_typed_and_leaves_the_pool_usable() {
         after.system_frees, 1,
         "the cached block was released for the budget"
     );
-    assert_balanced(&after);
+    assert_pool_consistent(&after);
 }
 
 #[test]
@@ -138,7 +130,7 @@ fn buffers_come_back_from_other_threads() {
     assert_eq!(stats.in_use_bytes, 0);
     assert_eq!(stats.frees, 16);
     assert_eq!(stats.cached_bytes, reserved);
-    assert_balanced(&stats);
+    assert_pool_consistent(&stats);
     // This thread reuses them without asking the system.
     let again: Vec<_> = (0..16).map(|_| pool.alloc(64 << 10).unwrap()).collect();
     let stats = pool.stats();
@@ -173,7 +165,7 @@ fn flushed_thread_cache_serves_other_threads() {
     let again = pool.alloc(10_000).unwrap(); // from the shared list, not the system
     assert_eq!(pool.stats().system_allocations, 1);
     drop(again);
-    assert_balanced(&pool.stats());
+    assert_pool_consistent(&pool.stats());
 }
 
 #[test]
@@ -235,7 +227,7 @@ fn trim_reaches_other_threads_caches_at_their_next_operation() {
     finished.recv().unwrap();
     let stats = pool.stats();
     assert_eq!(stats.cached_bytes, 64, "only the 64-byte block is cached");
-    assert_balanced(&stats);
+    assert_pool_consistent(&stats);
     go.send(()).unwrap();
     worker.join().unwrap();
 }
@@ -300,7 +292,7 @@ fn counters_add_up_after_multithreaded_stress() {
     assert_eq!(stats.requested_bytes, 0);
     assert_eq!(stats.allocations, stats.frees);
     assert_eq!(stats.allocations, 8 * rounds as u64);
-    assert_balanced(&stats);
+    assert_pool_consistent(&stats);
     assert!(stats.peak_reserved_bytes >= stats.reserved_bytes);
     // Memory is still reserved exactly when some block has not gone back to the system.
     assert_eq!(
@@ -408,7 +400,7 @@ fn free_from_a_thread_local_destructor_does_not_panic() {
     let stats = pool.stats();
     assert_eq!(stats.in_use_bytes, 0);
     assert_eq!(stats.frees, 2);
-    assert_balanced(&stats);
+    assert_pool_consistent(&stats);
 }
 
 #[test]

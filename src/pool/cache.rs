@@ -137,25 +137,33 @@ impl ThreadCache {
         self.flush(true)
     }
 
-    /// A cached block of `class`, counting the allocation either way.
+    /// A cached block of `class`, for a request of `requested` bytes, counted as a hit.
     #[inline]
-    pub(super) fn take(&mut self, class: usize, class_bytes: usize) -> Option<Block> {
+    pub(super) fn take(
+        &mut self,
+        class: usize,
+        class_bytes: usize,
+        requested: usize,
+    ) -> Option<Block> {
         self.follow_trims();
-        let block = self.bins.get_mut(class).and_then(Vec::pop);
-        if block.is_some() {
-            self.bytes -= class_bytes;
-            bump_i(&self.counters.cached, -(class_bytes as i64));
-            bump(&self.counters.hits);
-        }
-        block
+        let block = self.bins.get_mut(class).and_then(Vec::pop)?;
+        self.bytes -= class_bytes;
+        bump(&self.counters.hits);
+        self.count_in_use(class_bytes as i64, requested as i64);
+        Some(block)
     }
 
-    /// Counts an allocation of `class_bytes` for a request of `requested` bytes.
+    /// Counts an allocation the cache could not serve.
     #[inline]
-    pub(super) fn count_alloc(&self, class_bytes: usize, requested: usize) {
-        bump(&self.counters.allocations);
-        bump_i(&self.counters.in_use, class_bytes as i64);
-        bump_i(&self.counters.requested, requested as i64);
+    pub(super) fn count_miss(&self, class_bytes: usize, requested: usize) {
+        bump(&self.counters.misses);
+        self.count_in_use(class_bytes as i64, requested as i64);
+    }
+
+    #[inline(always)]
+    fn count_in_use(&self, class_bytes: i64, requested: i64) {
+        bump_i(&self.counters.in_use, class_bytes);
+        bump_i(&self.counters.requested, requested);
     }
 
     /// Counts a free and keeps `block` if it fits; returns it otherwise.
@@ -168,8 +176,7 @@ impl ThreadCache {
         requested: usize,
     ) -> Option<Block> {
         bump(&self.counters.frees);
-        bump_i(&self.counters.in_use, -(class_bytes as i64));
-        bump_i(&self.counters.requested, -(requested as i64));
+        self.count_in_use(-(class_bytes as i64), -(requested as i64));
         self.follow_trims();
         if class_bytes > self.max_block || self.bytes + class_bytes > self.max_bytes {
             return Some(block);
@@ -183,7 +190,6 @@ impl ThreadCache {
         }
         bin.push(block);
         self.bytes += class_bytes;
-        bump_i(&self.counters.cached, class_bytes as i64);
         None
     }
 
@@ -200,7 +206,6 @@ impl ThreadCache {
                 }
             }
         }
-        bump_i(&self.counters.cached, -(self.bytes as i64));
         self.bytes = 0;
         moved
     }

@@ -37,9 +37,7 @@ use std::ptr::NonNull;
 
 use crate::error::PoolError;
 use crate::stack::TaggedStack;
-use crate::sync::{
-    keep_reachable, next_identity, Arc, AtomicBool, AtomicI64, AtomicU64, Mutex, Ordering,
-};
+use crate::sync::{keep_reachable, next_identity, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use blocks::BlockTable;
 use stats::{PoolCounters, Sums, ThreadCounters};
 use trace::Trace;
@@ -151,8 +149,6 @@ pub(crate) struct PoolInner {
     /// One lock-free list of blocks per size class. Invariant: every block on list `c` holds
     /// `class_size(c)` bytes and is owned by the list.
     lists: Box<[TaggedStack]>,
-    /// Bytes of the blocks on `lists`.
-    shared_cached: AtomicI64,
     counters: PoolCounters,
     /// Counters of live threads (read by `stats`).
     threads: Mutex<Vec<Arc<ThreadCounters>>>,
@@ -187,7 +183,6 @@ impl BufferPool {
             config,
             blocks: BlockTable::new(),
             lists: (0..class::CLASSES).map(|_| TaggedStack::new()).collect(),
-            shared_cached: AtomicI64::new(0),
             counters: PoolCounters::default(),
             threads: Mutex::new(Vec::new()),
             retired: ThreadCounters::default(),
@@ -328,11 +323,7 @@ impl PoolInner {
         let mut thread = 0;
         let cached = cache::with_cache(self, |cache| {
             thread = cache.thread;
-            let block = cache.take(class, class_bytes);
-            if block.is_some() {
-                cache.count_alloc(class_bytes, size);
-            }
-            block
+            cache.take(class, class_bytes, size)
         });
         let (block, zero_done) = match cached {
             Some(Some(block)) => (block, false),
@@ -340,7 +331,7 @@ impl PoolInner {
                 // Counted only once it succeeds, so a refused request leaves the counters be.
                 let taken = self.take_shared(class, class_bytes, zeroed, thread)?;
                 let counted = has_cache.is_some()
-                    && cache::with_cache(self, |cache| cache.count_alloc(class_bytes, size))
+                    && cache::with_cache(self, |cache| cache.count_miss(class_bytes, size))
                         .is_some();
                 if !counted {
                     self.retired.count_shared(1, class_bytes, size);
@@ -379,8 +370,6 @@ impl PoolInner {
         thread: u32,
     ) -> Result<(Block, bool), PoolError> {
         if let Some(record) = self.lists[class].pop(|i| &self.blocks.record(i).next) {
-            self.shared_cached
-                .fetch_sub(class_bytes as i64, Ordering::Relaxed);
             let addr = self.blocks.record(record).addr.load(Ordering::Relaxed);
             // SAFETY: a listed record holds the non-null address of its block (written before
             // the Release push that our Acquire pop synchronises with).
@@ -541,9 +530,6 @@ impl PoolInner {
             self.release_block(block, class);
             return;
         }
-        let class_bytes = class::class_size(class);
-        self.shared_cached
-            .fetch_add(class_bytes as i64, Ordering::Relaxed);
         self.lists[class].push_chain(block.record + 1, &self.blocks.record(block.record).next);
         if !cfg!(ferropool_planted = "close_unchecked") && self.is_closed() {
             self.release_list(class);
@@ -586,8 +572,6 @@ impl PoolInner {
             let rec = self.blocks.record(record);
             link = rec.next.load(Ordering::Relaxed);
             let addr = rec.addr.load(Ordering::Relaxed);
-            self.shared_cached
-                .fetch_sub(class_bytes as i64, Ordering::Relaxed);
             released += class_bytes as u64;
             // SAFETY: listed records hold their block's non-null address.
             let addr = unsafe { NonNull::new_unchecked(addr as *mut u8) };
@@ -605,10 +589,12 @@ impl PoolInner {
         released
     }
 
+    #[inline]
     fn trim_count(&self) -> u64 {
         self.counters.trims.load(Ordering::Acquire)
     }
 
+    #[inline]
     pub(super) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -646,9 +632,11 @@ impl PoolInner {
             }
         }
         let c = &self.counters;
+        let reserved = c.reserved.load(Ordering::Relaxed);
         let in_use = sums.in_use.max(0) as u64;
         let requested = sums.requested.max(0) as u64;
-        let cached = (sums.cached + self.shared_cached.load(Ordering::Relaxed)).max(0) as u64;
+        let cached = reserved.saturating_sub(in_use);
+        let allocations = sums.hits + sums.misses;
         let peak =
             |counter: &AtomicU64, now: u64| counter.fetch_max(now, Ordering::Relaxed).max(now);
         PoolStats {
@@ -658,12 +646,12 @@ impl PoolInner {
             peak_requested_bytes: peak(&c.peak_requested, requested),
             cached_bytes: cached,
             peak_cached_bytes: peak(&c.peak_cached, cached),
-            reserved_bytes: c.reserved.load(Ordering::Relaxed),
+            reserved_bytes: reserved,
             peak_reserved_bytes: c.peak_reserved.load(Ordering::Relaxed),
-            allocations: sums.allocations,
+            allocations,
             frees: sums.frees,
             cache_hits: sums.hits,
-            cache_misses: sums.allocations - sums.hits,
+            cache_misses: sums.misses,
             system_allocations: c.system_allocations.load(Ordering::Relaxed),
             system_frees: c.system_frees.load(Ordering::Relaxed),
             trims: c.trims.load(Ordering::Relaxed),

@@ -5,8 +5,8 @@ use crate::sync::{AtomicI64, AtomicU64, Ordering};
 
 /// A snapshot of a pool's counters. Byte counts are in bytes; `peak_*` are high-water marks.
 ///
-/// After any sequence of operations, once no other thread is mid-operation,
-/// `in_use_bytes + cached_bytes == reserved_bytes`.
+/// `cached_bytes` is `reserved_bytes - in_use_bytes`: whatever the pool holds from the
+/// system and has not handed out is cached somewhere (a thread cache or a class list).
 ///
 /// `peak_reserved_bytes` is exact. The other peaks are sampled whenever the pool reserves or
 /// releases system memory and whenever stats are read, so they can miss a short spike that
@@ -22,7 +22,8 @@ pub struct PoolStats {
     pub requested_bytes: u64,
     /// High-water mark of `requested_bytes`.
     pub peak_requested_bytes: u64,
-    /// Bytes in blocks cached by the pool (its lists and the threads' caches).
+    /// Bytes in blocks cached by the pool (its lists and the threads' caches): reserved and
+    /// not in use.
     pub cached_bytes: u64,
     /// High-water mark of `cached_bytes`.
     pub peak_cached_bytes: u64,
@@ -67,14 +68,17 @@ impl PoolStats {
 /// Counters one thread writes (relaxed load + store: one writer, so no read-modify-write)
 /// and any thread reads. The signed ones move in both directions: a buffer allocated on one
 /// thread and freed on another adds on the first and subtracts on the second.
+///
+/// Cached bytes are not counted here: they are whatever is reserved and not in use.
 #[derive(Default, Debug)]
 pub(super) struct ThreadCounters {
     pub(super) in_use: AtomicI64,
     pub(super) requested: AtomicI64,
-    pub(super) cached: AtomicI64,
-    pub(super) allocations: AtomicU64,
-    pub(super) frees: AtomicU64,
+    /// Allocations served by a thread cache.
     pub(super) hits: AtomicU64,
+    /// Allocations served from a class list or the system.
+    pub(super) misses: AtomicU64,
+    pub(super) frees: AtomicU64,
 }
 
 /// Adds `delta` to a counter that only the calling thread writes.
@@ -90,14 +94,10 @@ pub(super) fn bump(counter: &AtomicU64) {
 }
 
 impl ThreadCounters {
-    /// Counts an allocation (`sign` 1) or a free (`sign` -1) on shared counters, for
+    /// Counts an allocation (`sign` 1, a miss) or a free (`sign` -1) on shared counters, for
     /// operations made without a thread cache (read-modify-writes: these are shared).
     pub(super) fn count_shared(&self, sign: i64, class_bytes: usize, requested: usize) {
-        let event = if sign > 0 {
-            &self.allocations
-        } else {
-            &self.frees
-        };
+        let event = if sign > 0 { &self.misses } else { &self.frees };
         event.fetch_add(1, Ordering::Relaxed);
         self.in_use
             .fetch_add(sign * class_bytes as i64, Ordering::Relaxed);
@@ -107,20 +107,18 @@ impl ThreadCounters {
 
     /// Adds this thread's counters into `into` (with read-modify-writes: `into` is shared).
     pub(super) fn fold_into(&self, into: &ThreadCounters) {
-        let pairs_i = [
+        for (from, to) in [
             (&self.in_use, &into.in_use),
             (&self.requested, &into.requested),
-            (&self.cached, &into.cached),
-        ];
-        for (from, to) in pairs_i {
+        ] {
             to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
-        let pairs_u = [
-            (&self.allocations, &into.allocations),
-            (&self.frees, &into.frees),
+        let events = [
             (&self.hits, &into.hits),
+            (&self.misses, &into.misses),
+            (&self.frees, &into.frees),
         ];
-        for (from, to) in pairs_u {
+        for (from, to) in events {
             to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
     }
@@ -129,10 +127,9 @@ impl ThreadCounters {
     pub(super) fn sum_into(&self, sum: &mut Sums) {
         sum.in_use += self.in_use.load(Ordering::Relaxed);
         sum.requested += self.requested.load(Ordering::Relaxed);
-        sum.cached += self.cached.load(Ordering::Relaxed);
-        sum.allocations += self.allocations.load(Ordering::Relaxed);
-        sum.frees += self.frees.load(Ordering::Relaxed);
         sum.hits += self.hits.load(Ordering::Relaxed);
+        sum.misses += self.misses.load(Ordering::Relaxed);
+        sum.frees += self.frees.load(Ordering::Relaxed);
     }
 }
 
@@ -141,10 +138,9 @@ impl ThreadCounters {
 pub(super) struct Sums {
     pub(super) in_use: i64,
     pub(super) requested: i64,
-    pub(super) cached: i64,
-    pub(super) allocations: u64,
-    pub(super) frees: u64,
     pub(super) hits: u64,
+    pub(super) misses: u64,
+    pub(super) frees: u64,
 }
 
 /// Pool-wide counters of the slow paths (read-modify-writes are fine there).

@@ -4,6 +4,20 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// Checks a pool's counters against each other: requested bytes fit in the blocks in use,
+/// blocks in use fit in what is reserved, and bytes are in use exactly when some allocation
+/// has not been freed. (`cached_bytes` is `reserved - in_use` by definition; tests check it
+/// against what a trim actually releases.)
+pub fn assert_pool_consistent(stats: &ferropool::PoolStats) {
+    assert!(stats.requested_bytes <= stats.in_use_bytes, "{stats:#?}");
+    assert!(stats.in_use_bytes <= stats.reserved_bytes, "{stats:#?}");
+    assert_eq!(
+        stats.in_use_bytes == 0,
+        stats.allocations == stats.frees,
+        "{stats:#?}"
+    );
+}
+
 /// Scales an iteration count down under Miri, where every step is thousands of times slower.
 pub fn scaled(n: usize) -> usize {
     if cfg!(miri) {
