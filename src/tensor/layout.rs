@@ -21,6 +21,11 @@ pub struct Layout {
     shape: Dims,
     strides: Dims,
     offset: usize,
+    /// Derived from the fields above when the layout is built (it never changes after), so
+    /// reads do not recompute them: the product of `shape` (it fits: constructors check),
+    numel: usize,
+    /// and whether the elements are row-major and gapless from `offset` on.
+    contiguous: bool,
 }
 
 /// Dimensions inline up to rank 4 (no allocation for the common case), boxed beyond.
@@ -99,11 +104,7 @@ impl Layout {
             strides[k] = stride;
             stride = stride.saturating_mul(dim);
         }
-        Ok(Self {
-            shape: shape.into(),
-            strides,
-            offset: 0,
-        })
+        Ok(Self::from_parts(shape.into(), strides, 0))
     }
 
     /// A layout with explicit strides and offset.
@@ -122,12 +123,8 @@ impl Layout {
                 ),
             });
         }
-        let layout = Self {
-            shape: shape.into(),
-            strides: strides.into(),
-            offset,
-        };
         numel(shape)?;
+        let layout = Self::from_parts(shape.into(), strides.into(), offset);
         layout.extent()?;
         Ok(layout)
     }
@@ -148,20 +145,33 @@ impl Layout {
     }
 
     /// Number of elements.
+    #[inline]
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.numel
     }
 
     /// Whether the elements are row-major and gapless (from `offset` on).
+    #[inline]
     pub fn is_contiguous(&self) -> bool {
-        let mut expected = 1;
-        for (&dim, &stride) in self.shape.iter().zip(&*self.strides).rev() {
-            if dim != 1 && stride != expected {
-                return false;
-            }
-            expected *= dim;
+        self.contiguous
+    }
+
+    /// A layout from its parts, with the derived fields computed. The caller has checked
+    /// that the element count of `shape` fits in `usize`.
+    fn from_parts(shape: Dims, strides: Dims, offset: usize) -> Self {
+        let mut expected = 1usize;
+        let mut contiguous = true;
+        for (&dim, &stride) in shape.iter().zip(&*strides).rev() {
+            contiguous &= dim == 1 || stride == expected;
+            expected = expected.saturating_mul(dim);
         }
-        true
+        Self {
+            numel: shape.iter().product(),
+            shape,
+            strides,
+            offset,
+            contiguous,
+        }
     }
 
     /// Elements a buffer needs to hold every element: one past the farthest element.
@@ -236,11 +246,11 @@ impl Layout {
                 reason: format!("{axes:?} is not a permutation of 0..{rank}"),
             });
         }
-        Ok(Self {
-            shape: axes.iter().map(|&a| self.shape[a]).collect(),
-            strides: axes.iter().map(|&a| self.strides[a]).collect(),
-            offset: self.offset,
-        })
+        Ok(Self::from_parts(
+            axes.iter().map(|&a| self.shape[a]).collect(),
+            axes.iter().map(|&a| self.strides[a]).collect(),
+            self.offset,
+        ))
     }
 
     /// `len` elements of dimension `axis` starting at `start`.
@@ -261,11 +271,11 @@ impl Layout {
         }
         let mut shape = self.shape.clone();
         shape[axis] = len;
-        Ok(Self {
+        Ok(Self::from_parts(
             shape,
-            strides: self.strides.clone(),
-            offset: self.offset + start * self.strides[axis],
-        })
+            self.strides.clone(),
+            self.offset + start * self.strides[axis],
+        ))
     }
 
     /// The element offset of a multi-index.
