@@ -40,12 +40,13 @@ pub struct RetainedValue {
 struct Retained {
     container: RetentionContainer,
     shape: Box<[usize]>,
-    /// For a pooled value, its view resolved once, at retention.
+    /// For a pooled value, its view resolved once, at retention: the layout copied here (next
+    /// to the reference count, so a read touches no arena record) and the bytes.
     ///
-    /// Invariant: the pointers lead into the group that `container` holds a handle to (the
-    /// buffer's bytes and the descriptor's record in the arena). Neither moves nor changes
-    /// while any handle to the group exists, because changing a group needs its only handle
-    /// and `container` holds one that is never handed out mutably.
+    /// Invariant: `bytes` points into a buffer of the group that `container` holds a handle
+    /// to. The buffer neither moves nor changes while any handle to the group exists,
+    /// because changing a group needs its only handle and `container` holds one that is
+    /// never handed out mutably.
     view: Option<FrozenView>,
 }
 
@@ -54,7 +55,7 @@ struct FrozenView {
     bytes: *const u8,
     len: usize,
     dtype: DType,
-    layout: *const Layout,
+    layout: Layout,
 }
 
 // SAFETY: `FrozenView` points at immutable data owned, through the group handle in the same
@@ -182,7 +183,7 @@ impl RetainedValue {
                     bytes: bytes.as_ptr(),
                     len: bytes.len(),
                     dtype,
-                    layout,
+                    layout: layout.clone(),
                 }),
             RetentionContainer::CallerOwned { .. } => None,
         };
@@ -220,15 +221,10 @@ impl RetainedValue {
     #[inline]
     pub fn tensor_read(&self) -> Result<TensorRead<'_>> {
         if let Some(view) = &self.inner.view {
-            // SAFETY: invariant on `Retained::view`: the bytes and the layout stay valid and
-            // unchanged while `self` (a handle to the group) lives.
-            let (bytes, layout) = unsafe {
-                (
-                    std::slice::from_raw_parts(view.bytes, view.len),
-                    &*view.layout,
-                )
-            };
-            return Ok(TensorRead::pooled(bytes, view.dtype, layout));
+            // SAFETY: invariant on `Retained::view`: the bytes stay valid and unchanged while
+            // `self` (a handle to the group) lives.
+            let bytes = unsafe { std::slice::from_raw_parts(view.bytes, view.len) };
+            return Ok(TensorRead::pooled(bytes, view.dtype, &view.layout));
         }
         match &self.inner.container {
             RetentionContainer::Pooled { group, slot } => group.read_view(*slot).map_err(|error| {
