@@ -190,6 +190,51 @@ fn blocks_freed_after_the_pool_closed_go_back_to_the_system() {
 }
 
 #[test]
+fn trim_idle_releases_only_classes_left_undrawn() {
+    let pool = BufferPool::with_config(PoolConfig {
+        thread_cache_bytes: 0, // frees go to the shared lists, allocations draw from them
+        idle_rounds: 2,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let small = BufferPool::class_size_for(4096).unwrap() as u64;
+    let large = BufferPool::class_size_for(1 << 20).unwrap() as u64;
+    drop((pool.alloc(4096).unwrap(), pool.alloc(1 << 20).unwrap()));
+    assert_eq!(pool.stats().cached_bytes, small + large);
+    // The large class was last drawn before the first call: it is kept through two calls
+    // (idle_rounds) and released by the third. The small class is drawn every round.
+    let mut released = Vec::new();
+    for _ in 0..4 {
+        drop(pool.alloc(4096).unwrap());
+        released.push(pool.trim_idle());
+    }
+    assert_eq!(released, [0, 0, large, 0]);
+    let stats = pool.stats();
+    assert_eq!(stats.cached_bytes, small);
+    assert_eq!((stats.system_allocations, stats.system_frees), (2, 1));
+    assert_eq!(stats.trims, 0, "an idle trim is not a full trim");
+    assert_pool_consistent(&stats);
+}
+
+#[test]
+fn trim_idle_leaves_thread_caches_alone() {
+    let pool = BufferPool::with_config(PoolConfig {
+        idle_rounds: 0,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    drop(pool.alloc(4096).unwrap()); // in this thread's cache, not on a list
+    assert_eq!(pool.trim_idle(), 0);
+    let again = pool.alloc(4096).unwrap();
+    assert_eq!(
+        pool.stats().cache_hits,
+        1,
+        "the cached block survived the idle trim"
+    );
+    drop(again);
+}
+
+#[test]
 fn trim_releases_cached_memory() {
     let pool = BufferPool::new();
     let buffers: Vec<_> = (1..=20).map(|i| pool.alloc(i * 10_000).unwrap()).collect();

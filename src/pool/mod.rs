@@ -79,6 +79,10 @@ pub struct PoolConfig {
     pub prefault: bool,
     /// The smallest block that `huge_pages` and `prefault` apply to. Default 2 MiB.
     pub advise_min_block: usize,
+    /// The idle policy of [`BufferPool::trim_idle`]: a size class that no allocation has
+    /// drawn from the pool's shared lists since this many calls ago has its listed blocks
+    /// released. Default 4.
+    pub idle_rounds: u32,
 }
 
 impl Default for PoolConfig {
@@ -93,6 +97,7 @@ impl Default for PoolConfig {
             huge_pages: false,
             prefault: false,
             advise_min_block: 2 << 20,
+            idle_rounds: 4,
         }
     }
 }
@@ -149,6 +154,12 @@ pub(crate) struct PoolInner {
     /// One lock-free list of blocks per size class. Invariant: every block on list `c` holds
     /// `class_size(c)` bytes and is owned by the list.
     lists: Box<[TaggedStack]>,
+    /// Per class, the `idle_round` during which an allocation last missed the thread caches
+    /// for it (drew from its list or from the system). A heuristic for `trim_idle`, never a
+    /// safety matter.
+    last_drawn: Box<[AtomicU64]>,
+    /// Calls of `trim_idle` so far.
+    idle_round: AtomicU64,
     counters: PoolCounters,
     /// Counters of live threads (read by `stats`).
     threads: Mutex<Vec<Arc<ThreadCounters>>>,
@@ -183,6 +194,8 @@ impl BufferPool {
             config,
             blocks: BlockTable::new(),
             lists: (0..class::CLASSES).map(|_| TaggedStack::new()).collect(),
+            last_drawn: (0..class::CLASSES).map(|_| AtomicU64::new(0)).collect(),
+            idle_round: AtomicU64::new(0),
             counters: PoolCounters::default(),
             threads: Mutex::new(Vec::new()),
             retired: ThreadCounters::default(),
@@ -238,6 +251,32 @@ impl BufferPool {
     /// other threads' caches at their next pool operation. Returns the bytes released now.
     pub fn trim(&self) -> u64 {
         self.inner.trim()
+    }
+
+    /// Releases the listed blocks of every size class that no allocation has drawn from the
+    /// pool's shared lists during the last [`PoolConfig::idle_rounds`] calls: a gentle trim
+    /// for a periodic moment such as the end of a training step. Classes in use keep their
+    /// blocks; thread caches are left alone (they are bounded; [`trim`](Self::trim) empties
+    /// them too). Returns the bytes released.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolConfig};
+    ///
+    /// let pool = BufferPool::with_config(PoolConfig {
+    ///     thread_cache_bytes: 0, // every free goes to the shared lists
+    ///     idle_rounds: 1,
+    ///     ..PoolConfig::default()
+    /// })?;
+    /// drop((pool.alloc(4096)?, pool.alloc(1 << 20)?)); // both cached on the lists
+    /// for _ in 0..2 {
+    ///     drop(pool.alloc(4096)?); // only the 4 KiB class stays in use
+    ///     pool.trim_idle();
+    /// }
+    /// assert_eq!(pool.stats().cached_bytes, 4096);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn trim_idle(&self) -> u64 {
+        self.inner.trim_idle()
     }
 
     /// Hands every block the calling thread has cached, in every pool, back to the pools'
@@ -369,6 +408,7 @@ impl PoolInner {
         zeroed: bool,
         thread: u32,
     ) -> Result<(Block, bool), PoolError> {
+        self.mark_drawn(class);
         if let Some(record) = self.lists[class].pop(|i| &self.blocks.record(i).next) {
             let addr = self.blocks.record(record).addr.load(Ordering::Relaxed);
             // SAFETY: a listed record holds the non-null address of its block (written before
@@ -583,6 +623,31 @@ impl PoolInner {
     fn trim(&'static self) -> u64 {
         self.counters.trims.fetch_add(1, Ordering::Release);
         let released = cache::release_current(self) + self.release_lists();
+        if let Some(trace) = &self.trace {
+            trace.record(PoolEventKind::Trim, released, 0, 0);
+        }
+        released
+    }
+
+    /// Records that an allocation drew on `class` in the current idle round. Stores only on
+    /// a change, so a class in steady use keeps its line shared instead of bouncing it.
+    fn mark_drawn(&self, class: usize) {
+        let round = self.idle_round.load(Ordering::Relaxed);
+        if self.last_drawn[class].load(Ordering::Relaxed) != round {
+            self.last_drawn[class].store(round, Ordering::Relaxed);
+        }
+    }
+
+    fn trim_idle(&self) -> u64 {
+        let round = self.idle_round.fetch_add(1, Ordering::Relaxed) + 1;
+        let idle_rounds = u64::from(self.config.idle_rounds);
+        let released = (0..self.lists.len())
+            .filter(|&class| {
+                // Saturating: a racing call may have advanced the round already.
+                round.saturating_sub(self.last_drawn[class].load(Ordering::Relaxed)) > idle_rounds
+            })
+            .map(|class| self.release_list(class))
+            .sum();
         if let Some(trace) = &self.trace {
             trace.record(PoolEventKind::Trim, released, 0, 0);
         }
