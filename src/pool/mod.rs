@@ -10,7 +10,10 @@
 //!   block fits its bounds, else the class list. Buffers freed by replay threads thus come
 //!   back without any global lock.
 //! - **trim**: releases the class lists and the calling thread's cache to the system; other
-//!   threads release their caches on their next pool operation.
+//!   threads release their caches on their next pool operation. **trim_idle** releases only
+//!   the lists of classes no allocation has drawn from lately (the idle policy).
+//! - **thread exit** (or [`BufferPool::flush_thread_caches`]): the thread's cached blocks go
+//!   to the class lists and its counters into the pool's.
 //!
 //! # Lifetime
 //!
