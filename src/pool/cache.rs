@@ -47,15 +47,14 @@ fn find_cache<R>(
     CACHES
         .try_with(|caches| {
             let mut caches = caches.try_borrow_mut().ok()?;
-            let index = match caches.iter().position(|c| std::ptr::eq(c.pool, pool)) {
-                Some(index) => index,
-                None if create => {
-                    caches.push(ThreadCache::new(pool));
-                    caches.len() - 1
-                }
-                None => return None,
-            };
-            Some(f(&mut caches[index]))
+            if let Some(cache) = caches.iter_mut().find(|c| std::ptr::eq(c.pool, pool)) {
+                return Some(f(cache));
+            }
+            if !create {
+                return None;
+            }
+            caches.push(ThreadCache::new(pool));
+            caches.last_mut().map(f)
         })
         .ok()
         .flatten()
