@@ -276,3 +276,51 @@ fn shrink_racing_a_reclamation_batch() {
         );
     });
 }
+
+/// **an insert steals from another thread's shard**: a slot reclaimed onto the main thread's
+/// free list is wanted at once by the main thread's insert and by another thread's insert,
+/// whose own shard is empty and which therefore steals. Exactly one of them gets the slot
+/// (the other grows the arena), both values are stored in distinct slots, and every record
+/// is dropped exactly once.
+///
+/// Planted bug caught: `stack_pop_store` (a pop that loads the head and stores the next link
+/// without compare-exchange, so both inserts take the same slot).
+#[test]
+fn insert_steals_from_another_shard() {
+    model(|| {
+        let collector = Collector::new();
+        let (old_drops, drops) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let arena = Arc::new(arena(&collector, 2));
+        {
+            let key = arena.insert(Record::new(0, &old_drops)).unwrap();
+            let handle = collector.register();
+            arena.remove(key, &handle.pin()).unwrap();
+        }
+        drive(&collector); // slot 0 is back on this thread's free list; slot 1 is fresh
+        let thief = {
+            let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
+            thread::spawn(move || arena.insert(Record::new(1, &drops)).unwrap())
+        };
+        let mine = arena.insert(Record::new(2, &drops)).unwrap();
+        let theirs = thief.join().unwrap();
+        assert_ne!(mine.index(), theirs.index(), "two inserts took one slot");
+        {
+            let handle = collector.register();
+            let guard = handle.pin();
+            assert_eq!(arena.get(mine, &guard).unwrap().read(), 2);
+            assert_eq!(arena.get(theirs, &guard).unwrap().read(), 1);
+        }
+        drop(arena);
+        drop(collector);
+        assert_eq!(
+            old_drops.load(Ordering::SeqCst),
+            1,
+            "the removed record dropped once"
+        );
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            2,
+            "each record dropped exactly once"
+        );
+    });
+}

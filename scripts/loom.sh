@@ -32,6 +32,7 @@ planted_cases=(
   "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
   "loom_pool:thread_exit_flush_racing_stats:retire_unlocked"
   "loom_pool:thread_exit_flush_racing_close:close_unchecked"
+  "loom_arena:insert_steals_from_another_shard:stack_pop_store"
 )
 
 base_flags="--cfg loom --cfg crossbeam_loom -C debug-assertions=on"

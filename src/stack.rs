@@ -38,6 +38,11 @@ impl TaggedStack {
             // Racy but atomic: if another thread pops this index first, the tag in `current`
             // is outdated and the compare-exchange below fails.
             let after = next(link - 1).load(Ordering::Relaxed);
+            if cfg!(ferropool_planted = "stack_pop_store") {
+                // PLANTED BUG (loom models only): load, then store; two racing pops both win.
+                self.head.store(retag(current, after), Ordering::Release);
+                return Some(link - 1);
+            }
             match self.head.compare_exchange_weak(
                 current,
                 retag(current, after),

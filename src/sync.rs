@@ -79,6 +79,45 @@ pub(crate) fn next_identity() -> std::num::NonZeroU64 {
     std::num::NonZeroU64::new(id).expect("identity counter overflowed 64 bits")
 }
 
+/// A small number for the calling thread (0, 1, 2, ... in the order threads first ask), to
+/// spread threads over sharded lists. Like `next_identity`, it is bookkeeping outside any
+/// protocol: threads may share a number's shard; sharding only spreads contention.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn thread_shard() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    std::thread_local! {
+        // No destructor, so this is readable even while thread-locals are being destroyed.
+        static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    }
+    SHARD.with(|shard| {
+        if shard.get() == usize::MAX {
+            shard.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        shard.get()
+    })
+}
+
+/// Under loom: numbered per execution, in the order the execution's threads first ask, so
+/// that replaying a schedule replays the shards.
+#[cfg(loom)]
+pub(crate) fn thread_shard() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    loom::lazy_static! {
+        static ref NEXT: AtomicUsize = AtomicUsize::new(0);
+    }
+    loom::thread_local! {
+        static SHARD: std::cell::Cell<usize> = std::cell::Cell::new(usize::MAX);
+    }
+    SHARD.with(|shard| {
+        if shard.get() == usize::MAX {
+            shard.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        shard.get()
+    })
+}
+
 /// Records the address of an allocation the crate keeps for the rest of the process on
 /// purpose (a pool's control block), so that leak checkers (LeakSanitizer, Miri) find it
 /// reachable instead of reporting it. Like `next_identity`, this is bookkeeping outside any

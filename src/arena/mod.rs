@@ -20,6 +20,12 @@
 //!   dropped and the whole batch is spliced onto the free list with one compare-exchange.
 //!   A slot therefore returns to the free list only after no reader can still see its value.
 //!
+//! The free and retired lists are sharded: each thread works on the pair of its shard (a
+//! small per-thread number modulo the shard count, a power of two up to the machine's
+//! parallelism), so threads on different shards share no list head. An insert whose shard
+//! has no free slot takes one from another shard before it grows the arena; a batch goes
+//! back to the shard that retired it.
+//!
 //! Dropping the arena drops every live and every retired record exactly once (batches still
 //! queued in the collector keep the shared state alive through an `Arc` until they run), and
 //! frees every page. [`SlotArena::shrink`] releases trailing pages whose slots are all free.
@@ -38,7 +44,9 @@ use crossbeam_utils::CachePadded;
 use crate::error::ArenaError;
 use crate::stack::{Link, TaggedStack, NIL};
 use crate::sync::epoch::{Collector, Guard};
-use crate::sync::{epoch, next_identity, Arc, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{
+    epoch, next_identity, thread_shard, Arc, AtomicPtr, AtomicU32, AtomicU64, Ordering,
+};
 use slot::{Slot, DEAD, FREE, OCCUPIED, RETIRED};
 
 /// Slot indices are `u32`; `u32::MAX` is reserved so that `index + 1` always fits a [`Link`].
@@ -123,10 +131,28 @@ struct Shared<T> {
     page_floor: Box<[AtomicU32]>,
     /// Slot indices below this have been handed out at least once.
     frontier: CachePadded<AtomicU64>,
+    /// The free and retired lists, by shard; the length is a power of two.
+    shards: Box<[Shard]>,
+}
+
+/// One shard's lists. Each head has a cache line of its own.
+struct Shard {
     /// Slots whose values are dropped and that no reader can see: ready for `insert`.
     free: TaggedStack,
     /// Retired list head: `count << 32 | link`, for slots removed but not yet deferred.
     retired: CachePadded<AtomicU64>,
+}
+
+/// Shards per arena: the machine's parallelism, rounded up to a power of two, at most 64.
+/// Two under loom, so that models cover both a thread's own shard and stealing.
+fn shard_count() -> usize {
+    if cfg!(loom) {
+        return 2;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .next_power_of_two()
+        .min(64)
 }
 
 // SAFETY: `Shared` owns `T` values through raw page pointers. Sending it (or the last `Arc`
@@ -193,8 +219,12 @@ impl<T: Send + 'static> SlotArena<T> {
                     .collect(),
                 page_floor: (0..page_count).map(|_| AtomicU32::new(0)).collect(),
                 frontier: CachePadded::new(AtomicU64::new(0)),
-                free: TaggedStack::new(),
-                retired: CachePadded::new(AtomicU64::new(0)),
+                shards: (0..shard_count())
+                    .map(|_| Shard {
+                        free: TaggedStack::new(),
+                        retired: CachePadded::new(AtomicU64::new(0)),
+                    })
+                    .collect(),
             }),
             collector,
             default_collector,
@@ -369,7 +399,7 @@ impl<T: Send + 'static> SlotArena<T> {
         } else {
             slot.state.store(slot::state(next, FREE), Ordering::Relaxed);
             let link = key.index() + 1;
-            shared.push_free_chain(link, link);
+            shared.push_free_chain(shared.my_shard(), link, link);
         }
         Ok(value)
     }
@@ -381,11 +411,12 @@ impl<T: Send + 'static> SlotArena<T> {
     ///
     /// [`ArenaError::ForeignGuard`] if `guard` is not pinned on this arena's collector.
     pub fn flush(&self, guard: &Guard) -> Result<(), ArenaError> {
-        let shared = &*self.shared;
         self.check_guard(guard)?;
-        let taken = shared.retired.swap(0, Ordering::AcqRel);
-        if taken as Link != NIL {
-            self.defer_reclaim(taken as Link, guard);
+        for (shard, lists) in self.shared.shards.iter().enumerate() {
+            let taken = lists.retired.swap(0, Ordering::AcqRel);
+            if taken as Link != NIL {
+                self.defer_reclaim(shard, taken as Link, guard);
+            }
         }
         Ok(())
     }
@@ -444,10 +475,7 @@ impl<T: Send + 'static> SlotArena<T> {
     /// next allocation starts its generations past every generation it reached.
     pub fn shrink(&mut self) -> u64 {
         let shared = &*self.shared;
-        let taken = shared.retired.swap(0, Ordering::AcqRel);
-        if taken as Link != NIL {
-            shared.reclaim_chain(taken as Link);
-        }
+        shared.reclaim_retired_now();
         shared.shrink_free_pages()
     }
 
@@ -473,9 +501,11 @@ impl<T: Send + 'static> SlotArena<T> {
     /// otherwise pushes `index` on it.
     fn retire(&self, index: u32, guard: &Guard) {
         let shared = &*self.shared;
+        let shard = shared.my_shard();
+        let retired = &shared.shards[shard].retired;
         let link = index + 1;
         let slot = shared.slot(index);
-        let mut current = shared.retired.load(Ordering::Relaxed);
+        let mut current = retired.load(Ordering::Relaxed);
         loop {
             let count = (current >> 32) as u32;
             slot.next.store(current as Link, Ordering::Relaxed);
@@ -484,27 +514,23 @@ impl<T: Send + 'static> SlotArena<T> {
             } else {
                 ((u64::from(count + 1) << 32) | u64::from(link), false)
             };
-            match shared.retired.compare_exchange_weak(
-                current,
-                new,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
+            match retired.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) if full && cfg!(ferropool_planted = "free_immediately") => {
                     // PLANTED BUG (loom models only): skip the grace period.
-                    return self.shared.reclaim_chain(link);
+                    return self.shared.reclaim_chain(shard, link);
                 }
-                Ok(_) if full => return self.defer_reclaim(link, guard),
+                Ok(_) if full => return self.defer_reclaim(shard, link, guard),
                 Ok(_) => return,
                 Err(actual) => current = actual,
             }
         }
     }
 
-    /// Queues the retired chain starting at `head` for reclamation after a grace period.
-    fn defer_reclaim(&self, head: Link, guard: &Guard) {
+    /// Queues the retired chain starting at `head` for reclamation after a grace period; its
+    /// slots then go to the free list of `shard`.
+    fn defer_reclaim(&self, shard: usize, head: Link, guard: &Guard) {
         let shared = Arc::clone(&self.shared);
-        let reclaim = move || shared.reclaim_chain(head);
+        let reclaim = move || shared.reclaim_chain(shard, head);
         // SAFETY: the closure owns an `Arc` to the shared state, so the pages it touches
         // outlive it, and it only drops `T`s, which are `Send + 'static`. `guard` is pinned on
         // the arena's collector (checked by every caller), so the closure runs only after
@@ -531,12 +557,9 @@ impl<T: Send + 'static> fmt::Debug for SlotArena<T> {
 
 impl<T: Send + 'static> Drop for SlotArena<T> {
     fn drop(&mut self) {
-        // No reader can exist (they borrow the arena), so the partial retire batch can be
+        // No reader can exist (they borrow the arena), so the partial retire batches can be
         // reclaimed now rather than when the shared state finally drops.
-        let taken = self.shared.retired.swap(0, Ordering::AcqRel);
-        if taken as Link != NIL {
-            self.shared.reclaim_chain(taken as Link);
-        }
+        self.shared.reclaim_retired_now();
     }
 }
 
@@ -657,13 +680,51 @@ impl<T> Shared<T> {
         }
     }
 
-    fn pop_free(&self) -> Option<u32> {
-        self.free.pop(|index| &self.slot(index).next)
+    /// The shard of the calling thread.
+    #[inline]
+    fn my_shard(&self) -> usize {
+        thread_shard() & (self.shards.len() - 1)
     }
 
-    /// Publishes the chain `head ..= tail` (linked through `next`) on the free list.
-    fn push_free_chain(&self, head: Link, tail: Link) {
-        self.free.push_chain(head, &self.slot(tail - 1).next);
+    /// A free slot: from the calling thread's shard, else from the others in turn.
+    #[inline]
+    fn pop_free(&self) -> Option<u32> {
+        let mine = self.my_shard();
+        match self.shards[mine].free.pop(|index| &self.slot(index).next) {
+            Some(index) => Some(index),
+            None => self.steal_free(mine),
+        }
+    }
+
+    /// A free slot from a shard other than `mine`.
+    #[cold]
+    #[inline(never)]
+    fn steal_free(&self, mine: usize) -> Option<u32> {
+        let count = self.shards.len();
+        (1..count).find_map(|k| {
+            self.shards[(mine + k) & (count - 1)]
+                .free
+                .pop(|index| &self.slot(index).next)
+        })
+    }
+
+    /// Publishes the chain `head ..= tail` (linked through `next`) on the free list of
+    /// `shard`.
+    fn push_free_chain(&self, shard: usize, head: Link, tail: Link) {
+        self.shards[shard]
+            .free
+            .push_chain(head, &self.slot(tail - 1).next);
+    }
+
+    /// Reclaims every partial retire batch at once. Only with exclusive access to the arena
+    /// (no reader can hold a value), from `shrink` and `drop`.
+    fn reclaim_retired_now(&self) {
+        for (shard, lists) in self.shards.iter().enumerate() {
+            let taken = lists.retired.swap(0, Ordering::AcqRel);
+            if taken as Link != NIL {
+                self.reclaim_chain(shard, taken as Link);
+            }
+        }
     }
 
     /// Claims a never-used slot index, allocating its page if needed.
@@ -708,11 +769,11 @@ impl<T> Shared<T> {
         }
     }
 
-    /// Drops the values of a retired chain and publishes its slots on the free list (or
-    /// retires them for good when their generation wrapped).
+    /// Drops the values of a retired chain and publishes its slots on the free list of
+    /// `shard` (or retires them for good when their generation wrapped).
     ///
     /// Called after a grace period, or with exclusive access: no reader can see the values.
-    fn reclaim_chain(&self, head: Link) {
+    fn reclaim_chain(&self, shard: usize, head: Link) {
         let mut link = head;
         let (mut free_head, mut free_tail) = (NIL, NIL);
         while link != NIL {
@@ -743,21 +804,22 @@ impl<T> Shared<T> {
             link = next;
         }
         if free_head != NIL {
-            self.push_free_chain(free_head, free_tail);
+            self.push_free_chain(shard, free_head, free_tail);
         }
     }
 
     /// See [`SlotArena::shrink`]; the caller holds exclusive access to the arena, but
     /// reclamation batches may still push on the free list concurrently.
     fn shrink_free_pages(&self) -> u64 {
-        // Take the whole free list; count its slots per page.
-        let taken = self.free.take_all();
-        // Cold path: collect the list so that released pages are never walked afterwards.
+        // Take every shard's free list; count their slots per page. Cold path: collect the
+        // lists so that released pages are never walked afterwards.
         let mut taken_indices = Vec::new();
-        let mut link = taken;
-        while link != NIL {
-            taken_indices.push(link - 1);
-            link = self.slot(link - 1).next.load(Ordering::Relaxed);
+        for lists in self.shards.iter() {
+            let mut link = lists.free.take_all();
+            while link != NIL {
+                taken_indices.push(link - 1);
+                link = self.slot(link - 1).next.load(Ordering::Relaxed);
+            }
         }
         let mut free_in_page = vec![0u64; self.pages.len()];
         for &index in &taken_indices {
@@ -799,7 +861,7 @@ impl<T> Shared<T> {
             }
             self.page_floor[k].store(floor, Ordering::Relaxed);
             self.pages[k].store(ptr::null_mut(), Ordering::Release);
-            // SAFETY: every used slot of the page is FREE and was on the free list we took,
+            // SAFETY: every used slot of the page is FREE and was on the free lists we took,
             // so no list, reader (`&mut` arena) or reclamation batch refers to it; the page
             // came from `Box::into_raw` with this length in `allocate_page`.
             drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(base, self.page_len(k))) });
@@ -821,7 +883,7 @@ impl<T> Shared<T> {
             head = index + 1;
         }
         if head != NIL {
-            self.push_free_chain(head, tail);
+            self.push_free_chain(self.my_shard(), head, tail);
         }
         released
     }
