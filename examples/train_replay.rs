@@ -670,25 +670,9 @@ fn adam(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], lr: f32, 
 
 // ---- measurements ---------------------------------------------------------------------------
 
-/// Minor page faults of this process (the counter `getrusage` reports as `ru_minflt`).
-fn minor_faults() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    rest.split_whitespace()
-        .nth(7)
-        .and_then(|f| f.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Peak resident memory in bytes (VmHWM).
-fn peak_rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
-}
+#[path = "../support/procfs.rs"]
+mod procfs;
+use procfs::{minor_faults, peak_rss};
 
 /// What one run measured.
 #[derive(Debug, Default, Clone)]
@@ -1027,30 +1011,23 @@ fn plot(pool: &BufferPool, boundaries: &[u64], path: &PathBuf) -> Result<(), Str
             });
         }
     }
-    chart
-        .draw_series(LineSeries::new(
-            points.iter().map(|p| (p.0, p.2)),
-            RED.stroke_width(2),
-        ))
-        .map_err(|e| error(&e))?
-        .label("reserved from the system")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-    chart
-        .draw_series(LineSeries::new(
-            points.iter().map(|p| (p.0, p.2 - p.1)),
-            GREEN.stroke_width(1),
-        ))
-        .map_err(|e| error(&e))?
-        .label("cached (reserved - in use)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
-    chart
-        .draw_series(LineSeries::new(
-            points.iter().map(|p| (p.0, p.1)),
-            BLUE.stroke_width(1),
-        ))
-        .map_err(|e| error(&e))?
-        .label("in use (live tensors)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    // A point is (time, in use, reserved); each series picks its y from it.
+    type Pick = fn(&(f64, f64, f64)) -> f64;
+    let series: [(&str, RGBColor, u32, Pick); 3] = [
+        ("reserved from the system", RED, 2, |p| p.2),
+        ("cached (reserved - in use)", GREEN, 1, |p| p.2 - p.1),
+        ("in use (live tensors)", BLUE, 1, |p| p.1),
+    ];
+    for (label, color, width, y) in series {
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().map(|p| (p.0, y(p))),
+                color.stroke_width(width),
+            ))
+            .map_err(|e| error(&e))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))

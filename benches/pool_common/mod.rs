@@ -12,16 +12,9 @@ pub const MIB: usize = 1 << 20;
 pub const SIZES: [usize; 5] = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB];
 pub const PAGE: usize = 4096;
 
-/// Minor page faults of this process so far (field 10 of /proc/self/stat).
-pub fn minor_faults() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The command name (field 2) may hold spaces; fields after its closing ')' are plain.
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    rest.split_whitespace()
-        .nth(7)
-        .and_then(|f| f.parse().ok())
-        .unwrap_or(0)
-}
+#[path = "../../support/procfs.rs"]
+mod procfs;
+pub use procfs::minor_faults;
 
 /// Writes one byte per 4 KiB page.
 #[inline]
