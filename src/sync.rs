@@ -82,33 +82,27 @@ pub(crate) fn next_identity() -> std::num::NonZeroU64 {
 /// A small number for the calling thread (0, 1, 2, ... in the order threads first ask), to
 /// spread threads over sharded lists. Like `next_identity`, it is bookkeeping outside any
 /// protocol: threads may share a number's shard; sharding only spreads contention.
-#[cfg(not(loom))]
+///
+/// Under loom the numbering restarts with every execution (the counter is a per-execution
+/// `lazy_static`), so that replaying a schedule replays the shards.
 #[inline]
 pub(crate) fn thread_shard() -> usize {
+    use std::cell::Cell;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    #[cfg(not(loom))]
     static NEXT: AtomicUsize = AtomicUsize::new(0);
+    #[cfg(not(loom))]
     std::thread_local! {
         // No destructor, so this is readable even while thread-locals are being destroyed.
-        static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+        static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    SHARD.with(|shard| {
-        if shard.get() == usize::MAX {
-            shard.set(NEXT.fetch_add(1, Ordering::Relaxed));
-        }
-        shard.get()
-    })
-}
-
-/// Under loom: numbered per execution, in the order the execution's threads first ask, so
-/// that replaying a schedule replays the shards.
-#[cfg(loom)]
-pub(crate) fn thread_shard() -> usize {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    #[cfg(loom)]
     loom::lazy_static! {
         static ref NEXT: AtomicUsize = AtomicUsize::new(0);
     }
+    #[cfg(loom)]
     loom::thread_local! {
-        static SHARD: std::cell::Cell<usize> = std::cell::Cell::new(usize::MAX);
+        static SHARD: Cell<usize> = Cell::new(usize::MAX);
     }
     SHARD.with(|shard| {
         if shard.get() == usize::MAX {

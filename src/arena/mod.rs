@@ -412,11 +412,8 @@ impl<T: Send + 'static> SlotArena<T> {
     /// [`ArenaError::ForeignGuard`] if `guard` is not pinned on this arena's collector.
     pub fn flush(&self, guard: &Guard) -> Result<(), ArenaError> {
         self.check_guard(guard)?;
-        for (shard, lists) in self.shared.shards.iter().enumerate() {
-            let taken = lists.retired.swap(0, Ordering::AcqRel);
-            if taken as Link != NIL {
-                self.defer_reclaim(shard, taken as Link, guard);
-            }
+        for (shard, head) in self.shared.take_retired() {
+            self.defer_reclaim(shard, head, guard);
         }
         Ok(())
     }
@@ -716,14 +713,20 @@ impl<T> Shared<T> {
             .push_chain(head, &self.slot(tail - 1).next);
     }
 
+    /// Takes every shard's partial retire batch: `(shard, head of its chain)` for each
+    /// shard that had one.
+    fn take_retired(&self) -> impl Iterator<Item = (usize, Link)> + '_ {
+        self.shards.iter().enumerate().filter_map(|(shard, lists)| {
+            let taken = lists.retired.swap(0, Ordering::AcqRel) as Link;
+            (taken != NIL).then_some((shard, taken))
+        })
+    }
+
     /// Reclaims every partial retire batch at once. Only with exclusive access to the arena
     /// (no reader can hold a value), from `shrink` and `drop`.
     fn reclaim_retired_now(&self) {
-        for (shard, lists) in self.shards.iter().enumerate() {
-            let taken = lists.retired.swap(0, Ordering::AcqRel);
-            if taken as Link != NIL {
-                self.reclaim_chain(shard, taken as Link);
-            }
+        for (shard, head) in self.take_retired() {
+            self.reclaim_chain(shard, head);
         }
     }
 
