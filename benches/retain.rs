@@ -1,5 +1,5 @@
 //! Retained reads against `Arc<[f32]>`, and checkpoint-chain collectors and merge against the
-//! seed's algorithms (re-implemented here exactly as `../shared/seed/checkpoint.rs` has them).
+//! runtime's reference algorithms (re-implemented here exactly as the runtime has them).
 #![allow(missing_docs)] // criterion's macros generate undocumented items
 
 use std::collections::HashMap;
@@ -66,9 +66,9 @@ fn chain(depth: usize, values: &[Arc<RetainedValue>]) -> Arc<Node> {
     head.unwrap()
 }
 
-// ---- the seed's algorithms, verbatim in behaviour ----------------------------------------
+// ---- the reference algorithms, verbatim in behaviour ----------------------------------------
 
-fn seed_collect_aliases(head: &Node) -> HashMap<u32, u64> {
+fn reference_collect_aliases(head: &Node) -> HashMap<u32, u64> {
     let mut aliases = HashMap::new();
     let mut current: Option<&Node> = Some(head);
     while let Some(node) = current {
@@ -78,7 +78,7 @@ fn seed_collect_aliases(head: &Node) -> HashMap<u32, u64> {
     aliases
 }
 
-fn seed_collect_graphs(head: &Node) -> Vec<Arc<u64>> {
+fn reference_collect_graphs(head: &Node) -> Vec<Arc<u64>> {
     let mut graphs = Vec::new();
     let mut current: Option<&Node> = Some(head);
     while let Some(node) = current {
@@ -88,7 +88,7 @@ fn seed_collect_graphs(head: &Node) -> Vec<Arc<u64>> {
     graphs
 }
 
-fn seed_collect_inputs(head: &Node) -> RetainedInputMap<u32> {
+fn reference_collect_inputs(head: &Node) -> RetainedInputMap<u32> {
     let mut inputs = HashMap::new();
     let mut current: Option<&Node> = Some(head);
     while let Some(node) = current {
@@ -98,7 +98,7 @@ fn seed_collect_inputs(head: &Node) -> RetainedInputMap<u32> {
     inputs
 }
 
-fn seed_merge(lhs: Option<Arc<Node>>, rhs: Option<Arc<Node>>) -> Option<Arc<Node>> {
+fn reference_merge(lhs: Option<Arc<Node>>, rhs: Option<Arc<Node>>) -> Option<Arc<Node>> {
     match (lhs, rhs) {
         (None, rhs) => rhs,
         (lhs, None) => lhs,
@@ -135,10 +135,10 @@ fn checkpoint_chains(c: &mut Criterion) {
     for depth in [10usize, 1000, 100_000] {
         let head = chain(depth, &values);
         // Same results, or the comparison is meaningless.
-        assert_eq!(head.collect_aliases(), seed_collect_aliases(&head));
+        assert_eq!(head.collect_aliases(), reference_collect_aliases(&head));
         assert_eq!(
             head.collect_inputs().len(),
-            seed_collect_inputs(&head).len()
+            reference_collect_inputs(&head).len()
         );
         let mut group = c.benchmark_group(format!("chain_{depth}"));
         if depth >= 100_000 {
@@ -147,26 +147,26 @@ fn checkpoint_chains(c: &mut Criterion) {
         group.bench_function("collect_aliases/ferropool", |b| {
             b.iter(|| black_box(head.collect_aliases()))
         });
-        group.bench_function("collect_aliases/seed", |b| {
-            b.iter(|| black_box(seed_collect_aliases(&head)))
+        group.bench_function("collect_aliases/reference", |b| {
+            b.iter(|| black_box(reference_collect_aliases(&head)))
         });
         group.bench_function("lookup_alias/ferropool", |b| {
             b.iter(|| black_box(head.lookup_alias(&3).copied()))
         });
-        group.bench_function("lookup_alias/seed_collect_then_get", |b| {
-            b.iter(|| black_box(seed_collect_aliases(&head).get(&3).copied()))
+        group.bench_function("lookup_alias/reference_collect_then_get", |b| {
+            b.iter(|| black_box(reference_collect_aliases(&head).get(&3).copied()))
         });
         group.bench_function("collect_graphs/ferropool", |b| {
             b.iter(|| black_box(head.collect_graphs()))
         });
-        group.bench_function("collect_graphs/seed", |b| {
-            b.iter(|| black_box(seed_collect_graphs(&head)))
+        group.bench_function("collect_graphs/reference", |b| {
+            b.iter(|| black_box(reference_collect_graphs(&head)))
         });
         group.bench_function("collect_inputs/ferropool", |b| {
             b.iter(|| black_box(head.collect_inputs()))
         });
-        group.bench_function("collect_inputs/seed", |b| {
-            b.iter(|| black_box(seed_collect_inputs(&head)))
+        group.bench_function("collect_inputs/reference", |b| {
+            b.iter(|| black_box(reference_collect_inputs(&head)))
         });
         let rhs = chain(depth, &values);
         group.bench_function("merge_unique_lhs/ferropool", |b| {
@@ -176,18 +176,18 @@ fn checkpoint_chains(c: &mut Criterion) {
                 BatchSize::PerIteration,
             )
         });
-        group.bench_function("merge_unique_lhs/seed", |b| {
+        group.bench_function("merge_unique_lhs/reference", |b| {
             b.iter_batched(
                 || chain(depth, &values),
-                |lhs| seed_merge(Some(lhs), Some(Arc::clone(&rhs))),
+                |lhs| reference_merge(Some(lhs), Some(Arc::clone(&rhs))),
                 BatchSize::PerIteration,
             )
         });
         group.bench_function("merge_shared_lhs/ferropool", |b| {
             b.iter(|| Node::merge_chains(Some(Arc::clone(&head)), Some(Arc::clone(&rhs))))
         });
-        group.bench_function("merge_shared_lhs/seed", |b| {
-            b.iter(|| seed_merge(Some(Arc::clone(&head)), Some(Arc::clone(&rhs))))
+        group.bench_function("merge_shared_lhs/reference", |b| {
+            b.iter(|| reference_merge(Some(Arc::clone(&head)), Some(Arc::clone(&rhs))))
         });
         group.finish();
     }

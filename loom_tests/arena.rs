@@ -3,11 +3,15 @@
 //! Run with `scripts/loom.sh` (bound 2, release, debug assertions on). crossbeam-epoch runs
 //! inside the model (`--cfg crossbeam_loom` and its `loom` feature), so the grace period
 //! itself is explored, not assumed. Every model uses a private `Collector`: a failing model
-//! then fails cleanly, and dropping the collector at the end runs every queued batch, which
-//! is how exactly-once reclamation is checked (see `../shared/VERIFY.md`, traps 2 and 3).
+//! then fails cleanly instead of aborting the test binary in a destructor.
 //!
-//! Each model names the property it checks and the bug planted with
-//! `--cfg ferropool_planted="…"` that it catches (`scripts/loom.sh --planted`).
+//! Removed values are dropped when a later arena call recycles their batch (an insert that
+//! needs a slot, `flush`, `shrink`) or when the arena drops; the models count drops to
+//! check that every record is dropped exactly once, and never while a reader holds it.
+//!
+//! Each model names the property it checks and the bug it catches: a patch in
+//! `loom_tests/planted/` that `scripts/loom.sh --planted` applies to a scratch copy of the
+//! crate, where the model must fail.
 #![cfg(loom)]
 
 mod common;
@@ -56,7 +60,7 @@ fn model(f: impl Fn() + Send + Sync + 'static) {
 fn arena(collector: &Collector, first_page_len: u32) -> SlotArena<Record> {
     SlotArena::with_config(ArenaConfig {
         first_page_len,
-        retire_batch: 1,
+        removal_batch: 1,
         collector: Some(collector.clone()),
     })
     .unwrap()
@@ -71,11 +75,12 @@ fn drive(collector: &Collector) {
     }
 }
 
-/// **get racing remove**: a reader pinned while another thread removes the value (and drives
-/// the collector) reads either the live value or a typed error, never a dropped record; the
-/// record is dropped exactly once.
+/// **get racing remove**: a reader pinned while another thread removes the value, drives the
+/// collector and recycles what is ready reads either the live value or a typed error, never
+/// a dropped record; the record is dropped exactly once.
 ///
-/// Planted bug caught: `free_immediately` (remove drops the value without a grace period).
+/// Planted bug caught: `free_immediately` (a full batch goes straight to the ready list,
+/// skipping the grace period, so the recycler drops the value under the reader).
 #[test]
 fn get_racing_remove() {
     model(|| {
@@ -100,14 +105,14 @@ fn get_racing_remove() {
             assert_eq!(arena.remove(key, &guard).unwrap().value, 7);
         }
         drive(&collector);
+        arena.flush(&collector.register().pin()).unwrap();
         reader.join().unwrap();
         drop(arena);
-        drop(collector);
         assert_eq!(drops.load(Ordering::SeqCst), 1, "dropped other than once");
     });
 }
 
-/// **remove racing reinsert**: after a remove, the slot may be reclaimed and reused by a new
+/// **remove racing reinsert**: after a remove, the slot may be recycled and reused by a new
 /// insert; a reader holding the old key sees the old value or a typed "not present", never
 /// the new value.
 ///
@@ -186,10 +191,10 @@ fn concurrent_inserts_grow_a_page() {
 }
 
 /// **exactly-once drop**: two threads remove the same key at once; exactly one wins, and
-/// when the arena and its collector are gone every record has been dropped exactly once.
+/// when the arena is gone every record has been dropped exactly once.
 ///
-/// Planted bug caught: `retire_without_cas` (check-then-store lets both removers win and the
-/// record is retired, and dropped, twice).
+/// Planted bug caught: `remove_without_cas` (check-then-store lets both removers win, so the
+/// slot is put in two batches and recycled, and its record dropped, twice).
 #[test]
 fn racing_removes_drop_exactly_once() {
     model(|| {
@@ -218,8 +223,9 @@ fn racing_removes_drop_exactly_once() {
             "exactly one remover wins (mine {mine}, theirs {theirs})"
         );
         assert!(arena.contains(bystander));
+        drive(&collector);
+        arena.flush(&collector.register().pin()).unwrap();
         drop(arena);
-        drop(collector);
         assert_eq!(
             drops.load(Ordering::SeqCst),
             2,
@@ -228,60 +234,68 @@ fn racing_removes_drop_exactly_once() {
     });
 }
 
-/// **shrink racing a reclamation batch**: the owner shrinks the arena (exclusive access)
-/// while another thread drives the collector, which may be reclaiming a removed slot of the
-/// last page at that very moment. A page is released only if every slot of it was on the
-/// free list the shrink took, so no index of a released page can come back; the arena keeps
-/// working and every record is dropped exactly once.
+/// **shrink racing the collector**: the owner shrinks the arena (exclusive access) while
+/// another thread drives the collector, which may be moving a removed slot's batch onto the
+/// ready list that the shrink is taking at that very moment (another batch is on it
+/// already). Each batch is recycled by the shrink or by a later insert, never lost and never
+/// recycled twice: the removed slots are reused, and every record is dropped exactly once.
 ///
-/// Planted bug caught: `shrink_by_phase` (judging a page free by its slots' phase lets a
-/// slot that a batch is publishing right now reach the free list of a released page).
+/// Planted bug caught: `ready_take_store` (taking a ready list with a load and a store
+/// instead of a swap, so a batch pushed in between is lost and its slot never reused).
 #[test]
-fn shrink_racing_a_reclamation_batch() {
-    model(|| {
+fn shrink_racing_the_collector() {
+    // More branches than the other models: more registrations walk the collector's list.
+    common::model(10_000, || {
         let collector = Collector::new();
         let drops = Arc::new(AtomicUsize::new(0));
         let mut arena = arena(&collector, 1); // page 0: slot 0; page 1: slots 1 and 2
         let kept = arena.insert(Record::new(1, &drops)).unwrap();
-        let removed = arena.insert(Record::new(2, &drops)).unwrap();
-        {
-            let handle = collector.register();
-            let guard = handle.pin();
-            arena.remove(removed, &guard).unwrap(); // a batch of one, deferred
-        }
+        let first = arena.insert(Record::new(2, &drops)).unwrap();
+        let second = arena.insert(Record::new(3, &drops)).unwrap();
+        arena.remove(first, &collector.register().pin()).unwrap(); // a batch of one
+        drive(&collector); // ... now on the ready list
+                           // A reader pinned from before the second removal holds its batch in transit until
+                           // it unpins, which happens while the driver runs.
+        let reader = collector.register();
+        let pinned = reader.pin();
+        arena.remove(second, &collector.register().pin()).unwrap();
         let driver = {
             let collector = collector.clone();
             thread::spawn(move || drive(&collector))
         };
+        drop(pinned);
         arena.shrink();
         driver.join().unwrap();
+        drive(&collector); // whatever the driver could not move yet is ready now
         let fresh = [
-            arena.insert(Record::new(3, &drops)).unwrap(),
             arena.insert(Record::new(4, &drops)).unwrap(),
+            arena.insert(Record::new(5, &drops)).unwrap(),
         ];
         {
             let handle = collector.register();
             let guard = handle.pin();
             assert_eq!(arena.get(kept, &guard).unwrap().value, 1);
-            assert_eq!(arena.get(fresh[0], &guard).unwrap().value, 3);
-            assert_eq!(arena.get(fresh[1], &guard).unwrap().value, 4);
-            assert!(arena.get(removed, &guard).is_err());
+            assert_eq!(arena.get(fresh[0], &guard).unwrap().value, 4);
+            assert_eq!(arena.get(fresh[1], &guard).unwrap().value, 5);
+            assert!(arena.get(first, &guard).is_err());
+            assert!(arena.get(second, &guard).is_err());
         }
+        // Both removed slots were reused: slots 0 to 2, in pages of one and two.
+        assert_eq!(arena.capacity(), 3, "a removed slot was never recycled");
         drop(arena);
-        drop(collector);
         assert_eq!(
             drops.load(Ordering::SeqCst),
-            4,
+            5,
             "each record dropped exactly once"
         );
     });
 }
 
-/// **an insert steals from another thread's shard**: a slot reclaimed onto the main thread's
-/// free list is wanted at once by the main thread's insert and by another thread's insert,
-/// whose own shard is empty and which therefore steals. Exactly one of them gets the slot
-/// (the other grows the arena), both values are stored in distinct slots, and every record
-/// is dropped exactly once.
+/// **an insert steals from another thread's shard**: a slot recycled for the main thread's
+/// shard is wanted at once by the main thread's insert and by another thread's insert,
+/// whose own shard is empty and which therefore takes it from the main shard. Exactly one of
+/// them gets the slot (the other grows the arena), both values are stored in distinct slots,
+/// and every record is dropped exactly once.
 ///
 /// Planted bug caught: `stack_pop_store` (a pop that loads the head and stores the next link
 /// without compare-exchange, so both inserts take the same slot).
@@ -296,7 +310,9 @@ fn insert_steals_from_another_shard() {
             let handle = collector.register();
             arena.remove(key, &handle.pin()).unwrap();
         }
-        drive(&collector); // slot 0 is back on this thread's free list; slot 1 is fresh
+        drive(&collector);
+        // Recycle now: slot 0 is on this thread's free list, slot 1 fresh behind it.
+        arena.flush(&collector.register().pin()).unwrap();
         let thief = {
             let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
             thread::spawn(move || arena.insert(Record::new(1, &drops)).unwrap())
@@ -311,7 +327,6 @@ fn insert_steals_from_another_shard() {
             assert_eq!(arena.get(theirs, &guard).unwrap().read(), 1);
         }
         drop(arena);
-        drop(collector);
         assert_eq!(
             old_drops.load(Ordering::SeqCst),
             1,
@@ -322,5 +337,41 @@ fn insert_steals_from_another_shard() {
             2,
             "each record dropped exactly once"
         );
+    });
+}
+
+/// **trim racing an insert**: one thread trims while another inserts into an arena whose
+/// only page is vacant, so the insert pops the page's vacant slot or claims a fresh one at
+/// the very moment the trim decides whether the page can go. The insert's value always
+/// resolves afterwards (its page was kept, or released before and allocated again), and
+/// every record is dropped exactly once.
+///
+/// Planted bug caught: `trim_unfrozen` (the trim releases pages without freezing the
+/// frontier, so a concurrent claim can land in a page it then frees).
+#[test]
+fn trim_racing_an_insert() {
+    model(|| {
+        let collector = Collector::new();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut arena = arena(&collector, 1);
+        // One used slot, vacant again: the arena holds one vacant page.
+        let key = arena
+            .insert(Record::new(0, &Arc::new(AtomicUsize::new(0))))
+            .unwrap();
+        drop(arena.take(key).unwrap());
+        let arena = Arc::new(arena);
+        let inserter = {
+            let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
+            thread::spawn(move || {
+                let key = arena.insert(Record::new(1, &drops)).unwrap();
+                assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
+                key
+            })
+        };
+        arena.trim();
+        let key = inserter.join().unwrap();
+        assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
+        drop(arena);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "the record dropped once");
     });
 }

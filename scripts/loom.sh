@@ -2,7 +2,8 @@
 # Runs the loom models.
 #   scripts/loom.sh            bound 2 (what CI runs)
 #   scripts/loom.sh 3          bound 3
-#   scripts/loom.sh --planted  plants each known bug in turn; every model must then FAIL
+#   scripts/loom.sh --planted  plants each known bug in turn (a patch from loom_tests/planted/
+#                              applied to a scratch copy); every model must then FAIL
 #                              (PLANTED_ONLY="bug ..." limits it to some bugs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,22 +18,23 @@ for arg in "$@"; do
   esac
 done
 
-# Each loom target, and the planted bugs that must make one of its models fail:
-# "target:model:bug".
+# Each loom target, and the planted bug (a patch in loom_tests/planted/) that must make one
+# of its models fail: "target:model:bug".
 targets=(loom_arena loom_pool loom_retain loom_checkpoint)
 planted_cases=(
   "loom_arena:get_racing_remove:free_immediately"
   "loom_arena:stale_key_never_sees_a_reinserted_value:unchecked_generation"
   "loom_arena:concurrent_inserts_grow_a_page:page_overwrite"
-  "loom_arena:racing_removes_drop_exactly_once:retire_without_cas"
+  "loom_arena:racing_removes_drop_exactly_once:remove_without_cas"
+  "loom_arena:shrink_racing_the_collector:ready_take_store"
+  "loom_arena:insert_steals_from_another_shard:stack_pop_store"
+  "loom_arena:trim_racing_an_insert:trim_unfrozen"
   "loom_pool:cross_thread_free_racing_alloc:stack_push_store"
   "loom_pool:cross_thread_free_racing_trim:take_all_store"
-  "loom_retain:clone_read_drop_on_a_shared_group:clone_without_count"
-  "loom_arena:shrink_racing_a_reclamation_batch:shrink_by_phase"
-  "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
   "loom_pool:thread_exit_flush_racing_stats:retire_unlocked"
   "loom_pool:thread_exit_flush_racing_close:close_unchecked"
-  "loom_arena:insert_steals_from_another_shard:stack_pop_store"
+  "loom_retain:clone_read_drop_on_a_shared_group:clone_without_count"
+  "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
 )
 
 base_flags="--cfg loom --cfg crossbeam_loom -C debug-assertions=on"
@@ -47,6 +49,12 @@ if [ "$planted" = 0 ]; then
   exit 0
 fi
 
+# Each bug is a patch applied to a scratch copy of the crate, so the shipped source holds
+# only the real code. The copies share one build directory.
+root=$PWD
+scratch=$root/target/planted-tree
+export CARGO_TARGET_DIR=$root/target/loom-planted
+export RUSTFLAGS="$base_flags"
 failures=0
 for case in "${planted_cases[@]}"; do
   IFS=: read -r t model bug <<<"$case"
@@ -55,25 +63,31 @@ for case in "${planted_cases[@]}"; do
     continue
   fi
   echo "== planted bug '$bug' must fail $t::$model"
+  rm -rf "$scratch"
+  mkdir -p "$scratch"
+  tar -C "$root" --exclude=./target --exclude=./.git --exclude=./fuzz -cf - . | tar -C "$scratch" -xf -
+  if ! patch -s -p1 -d "$scratch" <"$root/loom_tests/planted/$bug.patch"; then
+    echo "   the patch no longer applies: update loom_tests/planted/$bug.patch" >&2
+    exit 1
+  fi
   log=$(mktemp)
-  flags="$base_flags --cfg ferropool_planted=\"$bug\""
   # A build failure must not pass for a caught bug: build first, and stop if it fails.
-  if ! CARGO_TARGET_DIR=target/loom-planted RUSTFLAGS="$flags" \
-      cargo test --release --test "$t" --no-run >"$log" 2>&1; then
+  if ! (cd "$scratch" && cargo test --release --test "$t" --no-run) >"$log" 2>&1; then
     cat "$log" >&2
     echo "   the planted build failed" >&2
     exit 1
   fi
-  if CARGO_TARGET_DIR=target/loom-planted RUSTFLAGS="$flags" \
-      cargo test --release --test "$t" "$model" -- --exact >"$log" 2>&1; then
+  if (cd "$scratch" && cargo test --release --test "$t" "$model" -- --exact) >"$log" 2>&1; then
     echo "   NOT CAUGHT: the model passed with the bug planted"
     failures=$((failures + 1))
   else
-    { grep -E "panicked at" "$log" || true; } | head -2 | sed 's/^/   /'
+    { grep -E -A1 "panicked at|Allocation leaked|double free|signal:" "$log" || true; } |
+      grep -v -E "scheduler.rs|^--$" | head -2 | sed 's/^/   /'
     echo "   caught"
   fi
   rm -f "$log"
 done
+rm -rf "$scratch"
 if [ "$failures" -ne 0 ]; then
   echo "$failures planted bug(s) were not caught" >&2
   exit 1

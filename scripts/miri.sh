@@ -9,7 +9,7 @@ if ! rustup +nightly component list --installed 2>/dev/null | grep -q '^miri'; t
   echo "skipping: Miri is not installed (rustup +nightly component add miri rust-src)"
   exit 0
 fi
-# Tree Borrows: crossbeam-epoch 0.9 fails Stacked Borrows upstream (see shared/VERIFY.md).
+# Tree Borrows: crossbeam-epoch 0.9 fails Stacked Borrows upstream (DESIGN.md, Verification).
 # Leaks: pools deliberately keep their control block for the life of the process, and the
 # global epoch collector may hold garbage at exit. Isolation off: proptest reads the clock.
 export MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks -Zmiri-disable-isolation ${MIRIFLAGS:-}"

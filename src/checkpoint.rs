@@ -1,13 +1,14 @@
 //! Checkpoint chains: persistent linked lists of (graph, alias, retained inputs), newest first.
 //!
 //! Generic over the graph type `G`, the input key `K` and the alias target `A`, which belong
-//! to the runtime's graph crate. The collectors keep the seed's semantics exactly: they walk
+//! to the runtime's graph crate. The collectors keep the runtime's semantics exactly: they walk
 //! from the head to older nodes and overwrite on insert, so when a key repeats along a chain
 //! the entry of the **oldest** node wins.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
+use std::panic::{self, AssertUnwindSafe};
 
 use crate::retain::{RetainedInputMap, RetainedValue};
 use crate::sync::Arc;
@@ -53,19 +54,28 @@ impl<G, K: fmt::Debug, A: fmt::Debug> fmt::Debug for CheckpointNode<G, K, A> {
 }
 
 impl<G, K, A> Drop for CheckpointNode<G, K, A> {
+    /// Unlinks the older nodes iteratively: each node this one owned alone is dropped with
+    /// its `prev` already taken, so no drop recurses. A node someone else still holds ends
+    /// the walk. If the drop of a node's graph, key, target or inputs panics, the walk goes
+    /// on (every node is dropped once) and the first panic is resumed at the end; this
+    /// node's own fields are then dropped while unwinding, as usual.
     fn drop(&mut self) {
-        // Unlink iteratively: each node we own alone is dropped with its `prev` already
-        // taken, so no drop recurses. A node someone else still holds ends the walk.
+        let mut first_panic = None;
         let mut next = self.prev.take();
         while let Some(node) = next {
             match Arc::try_unwrap(node) {
-                Ok(mut node) => next = node.prev.take(),
-                Err(shared) if cfg!(ferropool_planted = "chain_drop_leaks") => {
-                    // PLANTED BUG (loom models only): lose the reference instead of dropping it.
-                    std::mem::forget(shared);
-                    break;
+                Ok(mut node) => {
+                    next = node.prev.take();
+                    if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| drop(node))) {
+                        first_panic.get_or_insert(payload);
+                    }
                 }
                 Err(_) => break,
+            }
+        }
+        if let Some(payload) = first_panic {
+            if !std::thread::panicking() {
+                panic::resume_unwind(payload);
             }
         }
     }
@@ -82,7 +92,7 @@ impl<G, K, A> CheckpointNode<G, K, A> {
         self.iter().count()
     }
 
-    /// Every graph, head first (the seed's order).
+    /// Every graph, head first (the runtime's order).
     pub fn collect_graphs(&self) -> Vec<Arc<G>> {
         self.iter().map(|node| Arc::clone(&node.graph)).collect()
     }
@@ -129,11 +139,11 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
     }
 
     /// Merges two chains into one: the lhs nodes, in order, on top of the rhs chain, so that
-    /// the collectors traverse both sides (the seed's semantics).
+    /// the collectors traverse both sides (the runtime's semantics).
     ///
     /// Where the lhs spine is owned only by the caller, it is relinked in place, with no
     /// allocation; from the first node shared with someone else, the rest of the lhs is
-    /// copied node by node (as the seed does for all of it).
+    /// copied node by node (as the runtime's reference implementation does for all of it).
     pub fn merge_chains(lhs: Option<Arc<Self>>, rhs: Option<Arc<Self>>) -> Option<Arc<Self>> {
         let (mut head, rhs) = match (lhs, rhs) {
             (None, rhs) => return rhs,
@@ -159,7 +169,7 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
         Some(head)
     }
 
-    /// The seed's rebuild: copies of `lhs`'s nodes, in order, on top of `rhs`.
+    /// The reference rebuild: copies of `lhs`'s nodes, in order, on top of `rhs`.
     fn copy_onto(lhs: &Self, rhs: Arc<Self>) -> Arc<Self> {
         let spine: Vec<&Self> = lhs.iter().collect();
         let mut prev = rhs;

@@ -36,22 +36,26 @@ mod arena;
 mod checkpoint;
 mod error;
 mod group;
+mod identity;
+mod paged;
 mod pool;
 mod retain;
-mod scratch;
 mod stack;
 mod sync;
 mod tensor;
 
-pub use arena::{ArenaConfig, Key, SlotArena};
+pub use arena::{ArenaConfig, ArenaError, Key, SlotArena, SlotPhase};
 pub use checkpoint::CheckpointNode;
 pub use crossbeam_epoch::{Collector, Guard, LocalHandle};
-pub use error::{ArenaError, Error, ErrorPhase, GroupError, PoolError, Result, TensorError};
-pub use group::{AllocationGroup, DescriptorSlot, TensorValue, TensorWrite};
-pub use pool::{BufferPool, PoolBuffer, PoolConfig, PoolEvent, PoolEventKind, PoolStats};
+pub use error::{Error, ErrorPhase, Result};
+pub use group::{AllocationGroup, DescriptorSlot, GroupError, TensorValue, TensorWrite};
+pub use pool::{
+    BufferPool, PoolBuffer, PoolConfig, PoolError, PoolEvent, PoolEventKind, PoolStats,
+};
 pub use retain::{RetainedInputMap, RetainedValue, RetentionContainer};
-pub use scratch::ScratchArena;
-pub use tensor::{Bf16, DType, Element, ExternalPayload, Layout, Tensor, TensorRead, F16};
+pub use tensor::{
+    Bf16, DType, Element, ExternalPayload, Layout, Tensor, TensorError, TensorRead, F16,
+};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -30,7 +30,7 @@ use crate::tensor::{DType, Layout, Tensor, TensorRead};
 #[derive(Clone)]
 pub struct RetainedValue {
     /// The container and the shape together, so that a clone is one atomic increment (the
-    /// seed kept the shape beside the `Arc`, and cloned a boxed slice with every handle).
+    /// runtime's reference implementation kept the shape beside the `Arc`, and cloned a boxed slice with every handle).
     inner: Arc<Retained>,
     dtype: DType,
 }
@@ -115,16 +115,15 @@ impl RetainedValue {
                 shape.into_boxed_slice(),
             )),
             Err(value) => {
-                let failed = || {
-                    Error::runtime_state(
-                        "RetainedValue::from_tensor_value",
-                        ErrorPhase::Execution,
-                        TRANSFER_FAILED,
-                    )
+                let failed = |source| Error::RuntimeState {
+                    operation: "RetainedValue::from_tensor_value",
+                    phase: ErrorPhase::Execution,
+                    message: TRANSFER_FAILED.into(),
+                    source,
                 };
-                let tensor = value.into_tensor().map_err(|_| failed())?;
+                let tensor = value.into_tensor().map_err(|e| failed(Some(e)))?;
                 if !tensor.dtype().is_external() {
-                    return Err(failed());
+                    return Err(failed(None));
                 }
                 // A caller-owned payload is retained directly: it owns no pooled storage, so
                 // there is no group and nothing returns to a pool when the handle drops.
@@ -228,10 +227,11 @@ impl RetainedValue {
         }
         match &self.inner.container {
             RetentionContainer::Pooled { group, slot } => group.read_view(*slot).map_err(|error| {
-                Error::runtime_state(
+                Error::runtime_state_from(
                     "RetainedValue::tensor_read",
                     ErrorPhase::Execution,
-                    error.to_string(),
+                    "the retained descriptor cannot be read",
+                    error,
                 )
             }),
             RetentionContainer::CallerOwned { tensor } => Ok(TensorRead::from_tensor(tensor)),

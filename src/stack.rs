@@ -26,6 +26,12 @@ impl TaggedStack {
         }
     }
 
+    /// Whether the stack is empty (a snapshot).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Relaxed) as Link == NIL
+    }
+
     /// Pops the top index. `next` maps an index to its link cell.
     #[inline]
     pub(crate) fn pop<'a>(&self, next: impl Fn(u32) -> &'a AtomicU32) -> Option<u32> {
@@ -38,11 +44,6 @@ impl TaggedStack {
             // Racy but atomic: if another thread pops this index first, the tag in `current`
             // is outdated and the compare-exchange below fails.
             let after = next(link - 1).load(Ordering::Relaxed);
-            if cfg!(ferropool_planted = "stack_pop_store") {
-                // PLANTED BUG (loom models only): load, then store; two racing pops both win.
-                self.head.store(retag(current, after), Ordering::Release);
-                return Some(link - 1);
-            }
             match self.head.compare_exchange_weak(
                 current,
                 retag(current, after),
@@ -60,12 +61,6 @@ impl TaggedStack {
     #[inline]
     pub(crate) fn push_chain(&self, head: Link, tail_next: &AtomicU32) {
         let mut current = self.head.load(Ordering::Relaxed);
-        if cfg!(ferropool_planted = "stack_push_store") {
-            // PLANTED BUG (loom models only): load, then store; a racing push is lost.
-            tail_next.store(current as Link, Ordering::Relaxed);
-            self.head.store(retag(current, head), Ordering::Release);
-            return;
-        }
         loop {
             tail_next.store(current as Link, Ordering::Relaxed);
             // Acquire as well: a push that follows a `take_all` in the head's order sees
@@ -85,11 +80,6 @@ impl TaggedStack {
     /// Takes the whole stack, returning its top link.
     pub(crate) fn take_all(&self) -> Link {
         let mut current = self.head.load(Ordering::Acquire);
-        if cfg!(ferropool_planted = "take_all_store") {
-            // PLANTED BUG (loom models only): load, then store empty; a racing push is lost.
-            self.head.store(retag(current, NIL), Ordering::Release);
-            return current as Link;
-        }
         loop {
             match self.head.compare_exchange_weak(
                 current,

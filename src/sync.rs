@@ -30,6 +30,12 @@ pub(crate) use std::thread_local;
 
 pub(crate) use crossbeam_epoch as epoch;
 
+/// Lets other threads run while this one waits for a short critical section of another.
+#[cfg(loom)]
+pub(crate) use loom::thread::yield_now;
+#[cfg(not(loom))]
+pub(crate) use std::thread::yield_now;
+
 /// The system allocator, as the pool calls it. Under loom these are loom's tracking wrappers,
 /// so a model fails with "Allocation leaked" if any pool block is never returned.
 #[cfg(loom)]
@@ -65,60 +71,4 @@ impl<T> UnsafeCell<T> {
     pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
         f(self.0.get())
     }
-}
-
-/// A process-wide unique, non-zero identity for an arena (or any other owner of keys).
-///
-/// This counter deliberately uses `std`'s atomic even under loom: an identity is handed out
-/// once at construction and never synchronises anything, so it is not part of any protocol a
-/// model checks (and loom atomics cannot live in a `static`).
-pub(crate) fn next_identity() -> std::num::NonZeroU64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    // 2^64 constructions cannot happen in the life of a process; wrapping to 0 would need them.
-    std::num::NonZeroU64::new(id).expect("identity counter overflowed 64 bits")
-}
-
-/// A small number for the calling thread (0, 1, 2, ... in the order threads first ask), to
-/// spread threads over sharded lists. Like `next_identity`, it is bookkeeping outside any
-/// protocol: threads may share a number's shard; sharding only spreads contention.
-///
-/// Under loom the numbering restarts with every execution (the counter is a per-execution
-/// `lazy_static`), so that replaying a schedule replays the shards.
-#[inline]
-pub(crate) fn thread_shard() -> usize {
-    use std::cell::Cell;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    #[cfg(not(loom))]
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    #[cfg(not(loom))]
-    std::thread_local! {
-        // No destructor, so this is readable even while thread-locals are being destroyed.
-        static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    #[cfg(loom)]
-    loom::lazy_static! {
-        static ref NEXT: AtomicUsize = AtomicUsize::new(0);
-    }
-    #[cfg(loom)]
-    loom::thread_local! {
-        static SHARD: Cell<usize> = Cell::new(usize::MAX);
-    }
-    SHARD.with(|shard| {
-        if shard.get() == usize::MAX {
-            shard.set(NEXT.fetch_add(1, Ordering::Relaxed));
-        }
-        shard.get()
-    })
-}
-
-/// Records the address of an allocation the crate keeps for the rest of the process on
-/// purpose (a pool's control block), so that leak checkers (LeakSanitizer, Miri) find it
-/// reachable instead of reporting it. Like `next_identity`, this is bookkeeping outside any
-/// protocol a model checks, so it uses `std`'s mutex even under loom.
-pub(crate) fn keep_reachable(address: usize) {
-    static KEPT: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
-    KEPT.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(address);
 }

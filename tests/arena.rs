@@ -6,12 +6,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use common::{scaled, DropLedger};
-use ferropool::{ArenaConfig, ArenaError, Collector, SlotArena};
+use ferropool::{ArenaConfig, ArenaError, Collector, SlotArena, SlotPhase};
 
-fn small(collector: &Collector, first_page_len: u32, retire_batch: u32) -> ArenaConfig {
+fn small(collector: &Collector, first_page_len: u32, removal_batch: u32) -> ArenaConfig {
     ArenaConfig {
         first_page_len,
-        retire_batch,
+        removal_batch,
         collector: Some(collector.clone()),
     }
 }
@@ -53,7 +53,7 @@ fn removed_key_is_stale_and_says_why() {
             index: key.index(),
             generation: key.generation(),
             current_generation: key.generation() + 1,
-            state: "awaiting reclamation",
+            phase: SlotPhase::Removed,
         }
     );
     assert!(err.to_string().contains("not present"), "{err}");
@@ -90,7 +90,7 @@ fn reused_slot_never_resolves_for_a_stale_key() {
     assert_eq!(*arena.get(second, &guard).unwrap(), 2);
     assert!(matches!(
         arena.get(first, &guard),
-        Err(ArenaError::Stale { current_generation, state: "occupied", .. })
+        Err(ArenaError::Stale { current_generation, phase: SlotPhase::Occupied, .. })
             if current_generation == second.generation()
     ));
     assert!(!arena.contains(first));
@@ -205,8 +205,9 @@ fn removed_value_stays_readable_until_the_guard_drops() {
     assert_eq!(seen.id, 0);
     assert_eq!(ledger.drops(0), 0, "dropped while a reader was pinned");
     drop(reader);
+    // Once the grace period has passed, the next flush recycles the batch.
     for _ in 0..scaled(200) {
-        handle.pin().flush();
+        arena.flush(&handle.pin()).unwrap();
         if ledger.drops(0) == 1 {
             break;
         }
@@ -243,7 +244,7 @@ fn take_returns_the_value_and_frees_the_slot_at_once() {
     assert!(matches!(
         arena.take(key),
         Err(ArenaError::Stale {
-            state: "vacant",
+            phase: SlotPhase::Vacant,
             ..
         })
     ));
@@ -329,13 +330,13 @@ fn invalid_configs_are_typed_errors() {
         })
     ));
     let bad_batch = SlotArena::<u8>::with_config(ArenaConfig {
-        retire_batch: 0,
+        removal_batch: 0,
         ..ArenaConfig::default()
     });
     assert!(matches!(
         bad_batch,
         Err(ArenaError::InvalidConfig {
-            field: "retire_batch",
+            field: "removal_batch",
             ..
         })
     ));
@@ -393,4 +394,80 @@ fn many_threads_no_fixed_limit() {
     for (t, key) in keys.iter().enumerate() {
         assert_eq!(*arena.get(*key, &guard).unwrap(), t);
     }
+}
+
+/// `trim` releases vacant trailing pages while other threads insert, read and remove: every
+/// record is dropped exactly once, reads never see a wrong value, and keys into a released
+/// page stay stale after the page is allocated again.
+#[test]
+fn trim_runs_concurrently_with_every_operation() {
+    let collector = Collector::new();
+    let rounds = scaled(300);
+    let ledger = DropLedger::new(4 * rounds * 16);
+    let arena = SlotArena::with_config(small(&collector, 4, 4)).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..3)
+            .map(|t| {
+                let (arena, ledger, collector) = (&arena, &ledger, collector.clone());
+                scope.spawn(move || {
+                    let handle = collector.register();
+                    for round in 0..rounds {
+                        let ids: Vec<usize> =
+                            (0..16).map(|i| (t * rounds + round) * 16 + i).collect();
+                        let keys: Vec<_> = ids
+                            .iter()
+                            .map(|&id| arena.insert(ledger.record(id)).unwrap())
+                            .collect();
+                        let guard = handle.pin();
+                        for (&key, &id) in keys.iter().zip(&ids) {
+                            assert_eq!(arena.get(key, &guard).unwrap().id, id);
+                            arena.remove(key, &guard).unwrap();
+                            assert!(arena.get(key, &guard).is_err());
+                        }
+                    }
+                })
+            })
+            .collect();
+        let trimmer = scope.spawn(|| {
+            let mut released = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                released += arena.trim();
+            }
+            released
+        });
+        let results: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for result in results {
+            result.unwrap();
+        }
+        trimmer.join().unwrap();
+    });
+    let stale = {
+        let key = arena.insert(ledger.record(3 * rounds * 16)).unwrap();
+        arena.remove(key, &arena.pin()).unwrap();
+        key
+    };
+    // Everything removed: after the grace periods, trimming releases every page.
+    for _ in 0..100 {
+        collector.register().pin().flush();
+        arena.trim();
+        if arena.capacity() == 0 {
+            break;
+        }
+    }
+    assert_eq!(arena.capacity(), 0, "every page released");
+    // Pages come back with generations past every key issued before.
+    let fresh: Vec<_> = (0..64)
+        .map(|i| {
+            arena
+                .insert(ledger.record(3 * rounds * 16 + 1 + i % 8))
+                .unwrap()
+        })
+        .collect();
+    assert!(!arena.contains(stale));
+    assert!(fresh.iter().all(|&key| key != stale));
+    drop(arena);
+    drop(collector);
+    assert_eq!(ledger.total(), 3 * rounds * 16 + 1 + 64);
 }

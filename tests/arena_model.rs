@@ -36,13 +36,13 @@ proptest! {
     fn arena_matches_hashmap_model(
         ops in proptest::collection::vec(op(), 1..200),
         first_page_len in prop_oneof![Just(1u32), Just(2), Just(8)],
-        retire_batch in 1u32..5,
+        removal_batch in 1u32..5,
     ) {
         let collector = Collector::new();
         let handle = collector.register();
         let mut arena = SlotArena::with_config(ArenaConfig {
             first_page_len,
-            retire_batch,
+            removal_batch,
             collector: Some(collector.clone()),
         }).unwrap();
         let mut model: HashMap<Key, u32> = HashMap::new();

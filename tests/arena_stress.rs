@@ -20,7 +20,7 @@ fn mixed_operations_drop_every_record_exactly_once() {
     let arena: Arc<SlotArena<Tracked>> = Arc::new(
         SlotArena::with_config(ArenaConfig {
             first_page_len: 4,
-            retire_batch: 8,
+            removal_batch: 8,
             collector: Some(collector.clone()),
         })
         .unwrap(),

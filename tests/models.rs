@@ -1,5 +1,5 @@
 //! Property tests against reference models: the pool's counters, group views against a
-//! reference copy, and checkpoint chains against the seed's algorithms.
+//! reference copy, and checkpoint chains against the runtime's reference algorithms.
 
 mod common;
 
@@ -233,11 +233,11 @@ proptest! {
     }
 }
 
-// ---- checkpoint chains against the seed ----------------------------------------------------
+// ---- checkpoint chains against the reference ----------------------------------------------------
 
 type Node = CheckpointNode<u32, u8, u32>;
 
-fn seed_collect_aliases(head: &Node) -> HashMap<u8, u32> {
+fn reference_collect_aliases(head: &Node) -> HashMap<u8, u32> {
     let mut aliases = HashMap::new();
     let mut current = Some(head);
     while let Some(node) = current {
@@ -247,7 +247,7 @@ fn seed_collect_aliases(head: &Node) -> HashMap<u8, u32> {
     aliases
 }
 
-fn seed_collect_inputs(head: &Node) -> HashMap<u8, usize> {
+fn reference_collect_inputs(head: &Node) -> HashMap<u8, usize> {
     let mut inputs = HashMap::new();
     let mut current = Some(head);
     while let Some(node) = current {
@@ -261,7 +261,7 @@ fn seed_collect_inputs(head: &Node) -> HashMap<u8, usize> {
     inputs
 }
 
-fn seed_graphs(head: &Node) -> Vec<u32> {
+fn reference_graphs(head: &Node) -> Vec<u32> {
     let mut graphs = Vec::new();
     let mut current = Some(head);
     while let Some(node) = current {
@@ -306,39 +306,39 @@ fn chain_spec() -> impl Strategy<Value = Vec<(u32, u8, u32, Vec<u8>)>> {
 proptest! {
     #![proptest_config(cases(256))]
 
-    /// Collectors and merge agree with the seed's algorithms on random chains with repeated
+    /// Collectors and merge agree with the reference algorithms on random chains with repeated
     /// keys, whether the merged lhs is owned by the caller or shared.
     #[test]
-    fn chains_agree_with_the_seed(lhs in chain_spec(), rhs in chain_spec(), share_lhs in any::<bool>()) {
+    fn chains_agree_with_the_reference(lhs in chain_spec(), rhs in chain_spec(), share_lhs in any::<bool>()) {
         let values: Vec<Arc<RetainedValue>> = (0..8)
             .map(|i| Arc::new(RetainedValue::from_tensor(Tensor::from_slice(&[i as f32], &[1]).unwrap())))
             .collect();
         let l = build(&lhs, &values);
         let r = build(&rhs, &values);
         for head in l.iter().chain(r.iter()) {
-            prop_assert_eq!(head.collect_aliases(), seed_collect_aliases(head));
+            prop_assert_eq!(head.collect_aliases(), reference_collect_aliases(head));
             let ours: HashMap<u8, usize> = head.collect_inputs().iter().map(|(k, v)| (*k, Arc::as_ptr(v) as usize)).collect();
-            prop_assert_eq!(ours, seed_collect_inputs(head));
-            prop_assert_eq!(head.collect_graphs().iter().map(|g| **g).collect::<Vec<_>>(), seed_graphs(head));
+            prop_assert_eq!(ours, reference_collect_inputs(head));
+            prop_assert_eq!(head.collect_graphs().iter().map(|g| **g).collect::<Vec<_>>(), reference_graphs(head));
             for key in 0u8..6 {
-                prop_assert_eq!(head.lookup_alias(&key).copied(), seed_collect_aliases(head).get(&key).copied());
+                prop_assert_eq!(head.lookup_alias(&key).copied(), reference_collect_aliases(head).get(&key).copied());
             }
         }
-        // The seed's merge result, computed on copies of the specs (lhs on top of rhs).
+        // The reference merge result, computed on copies of the specs (lhs on top of rhs).
         let expected = build(&rhs.iter().chain(lhs.iter()).cloned().collect::<Vec<_>>(), &values);
         let keep = if share_lhs { l.clone() } else { None };
         let merged = Node::merge_chains(l, r);
         match (&merged, &expected) {
             (Some(m), Some(e)) => {
-                prop_assert_eq!(seed_graphs(m), seed_graphs(e));
-                prop_assert_eq!(seed_collect_aliases(m), seed_collect_aliases(e));
-                prop_assert_eq!(seed_collect_inputs(m), seed_collect_inputs(e));
+                prop_assert_eq!(reference_graphs(m), reference_graphs(e));
+                prop_assert_eq!(reference_collect_aliases(m), reference_collect_aliases(e));
+                prop_assert_eq!(reference_collect_inputs(m), reference_collect_inputs(e));
             }
             (None, None) => {}
             _ => prop_assert!(false, "merge emptiness differs"),
         }
         if let Some(kept) = keep {
-            prop_assert_eq!(seed_graphs(&kept), lhs.iter().rev().map(|s| s.0).collect::<Vec<_>>(), "a shared lhs is left as it was");
+            prop_assert_eq!(reference_graphs(&kept), lhs.iter().rev().map(|s| s.0).collect::<Vec<_>>(), "a shared lhs is left as it was");
         }
     }
 }

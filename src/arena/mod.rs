@@ -2,55 +2,66 @@
 //!
 //! # Protocol
 //!
-//! Slots live in pages that are allocated on demand, each twice the size of the one before,
-//! so a slot index maps to its page with one `leading_zeros` (no scan). Each slot has a state
-//! word (`generation << 32 | phase`, see [`slot::Slot::state`]) that says whether its value
-//! is live and for which generation.
+//! Slots live in pages allocated on demand, each twice the size of the one before, so a slot
+//! index maps to its page with one `leading_zeros` (see [`PagedTable`]). Each slot has a state
+//! word (`generation << 32 | phase`, see [`slot::Slot::state`]) that says whether its value is
+//! live and for which generation.
 //!
-//! - **insert** pops a slot from a lock-free free list (a Treiber stack whose head carries a
-//!   32-bit tag against ABA) or claims one past the frontier, writes the value, then publishes
-//!   `OCCUPIED(g)` with a `Release` store. It needs no epoch pin: the slot is exclusively the
-//!   inserter's, and pages are never freed while `&self` is borrowed.
+//! - **insert** pops a vacant slot from its thread's shard (a Treiber stack whose head carries
+//!   a 32-bit tag against ABA), writes the value, then publishes `OCCUPIED(g)` with a
+//!   `Release` store. When the shard has none it recycles ready batches, then takes vacant
+//!   slots from other shards, then claims a chunk of fresh slots past the frontier. It needs
+//!   no epoch pin: the slot is the inserter's alone.
 //! - **get** checks the key's arena and generation against the state word (`Acquire`) and
 //!   returns a reference that lives as long as the caller's epoch guard. It writes nothing.
-//! - **remove** moves `OCCUPIED(g)` to `RETIRED(g + 1)` with one compare-exchange (so new
-//!   readers stop resolving the key at once) and pushes the slot on a retired list. When the
-//!   list holds a batch, the batch is handed to crossbeam-epoch in one deferred call; after
-//!   the grace period (no reader pinned before the removal is still pinned) the values are
-//!   dropped and the whole batch is spliced onto the free list with one compare-exchange.
-//!   A slot therefore returns to the free list only after no reader can still see its value.
+//! - **remove** moves `OCCUPIED(g)` to `REMOVED(g + 1)` with one compare-exchange (so new
+//!   readers stop resolving the key at once) and adds the slot to its shard's removal batch.
+//!   A full batch is handed to crossbeam-epoch in one deferred call; after the grace period
+//!   (no reader pinned before the removal is still pinned) the collector moves it onto the
+//!   shard's ready list. See [`recycle`] for how ready batches become vacant slots.
 //!
-//! The free and retired lists are sharded: each thread works on the pair of its shard (a
-//! small per-thread number modulo the shard count, a power of two up to the machine's
-//! parallelism), so threads on different shards share no list head. An insert whose shard
-//! has no free slot takes one from another shard before it grows the arena; a batch goes
-//! back to the shard that retired it.
+//! A slot therefore becomes vacant only after no reader can still see its value, and the
+//! epoch collector never runs user code.
 //!
-//! Dropping the arena drops every live and every retired record exactly once (batches still
-//! queued in the collector keep the shared state alive through an `Arc` until they run), and
-//! frees every page. [`SlotArena::shrink`] releases trailing pages whose slots are all free.
+//! Dropping the arena drops every value it still holds, removed or not: no reader can hold
+//! one then, since readers borrow the arena.
 
+mod error;
 mod key;
+mod pin;
+mod recycle;
+mod shard;
 mod slot;
+mod trim;
 
+pub use error::ArenaError;
 pub use key::Key;
+pub(crate) use shard::thread_index;
+pub use slot::SlotPhase;
 
 use std::fmt;
 use std::num::NonZeroU64;
-use std::ptr;
 
 use crossbeam_utils::CachePadded;
 
-use crate::error::ArenaError;
-use crate::stack::{Link, TaggedStack, NIL};
+use crate::identity::next_identity;
+use crate::paged::PagedTable;
+use crate::stack::{Link, NIL};
 use crate::sync::epoch::{Collector, Guard};
-use crate::sync::{
-    epoch, next_identity, thread_shard, Arc, AtomicPtr, AtomicU32, AtomicU64, Ordering,
-};
-use slot::{Slot, DEAD, FREE, OCCUPIED, RETIRED};
+use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
+use recycle::{Panics, PendingBatch, ReadyLists};
+use shard::Shard;
+use slot::{Slot, EXHAUSTED, OCCUPIED, REMOVED, VACANT};
 
 /// Slot indices are `u32`; `u32::MAX` is reserved so that `index + 1` always fits a [`Link`].
 const MAX_SLOTS: u64 = u32::MAX as u64;
+
+/// Set in the frontier while a `trim` runs: no fresh slot can be claimed then.
+const FROZEN: u64 = 1 << 63;
+
+/// Fresh slots a shard claims at once (at most the first page's length, so that a chunk
+/// never straddles two pages). Chunks keep one thread's slots on cache lines of their own.
+const CHUNK: u32 = 64;
 
 /// Configuration of a [`SlotArena`].
 ///
@@ -58,7 +69,7 @@ const MAX_SLOTS: u64 = u32::MAX as u64;
 /// use ferropool::{ArenaConfig, SlotArena};
 /// let arena: SlotArena<u64> = SlotArena::with_config(ArenaConfig {
 ///     first_page_len: 4,
-///     retire_batch: 8,
+///     removal_batch: 8,
 ///     ..ArenaConfig::default()
 /// })?;
 /// assert_eq!(arena.capacity(), 0); // pages are allocated on the first insert
@@ -69,8 +80,8 @@ pub struct ArenaConfig {
     /// Slots in the first page; each later page doubles. A power of two in `1..=65536`.
     pub first_page_len: u32,
     /// Removed slots handed to the epoch collector per deferred call, in `1..=4096`.
-    /// Larger batches amortise the deferral; smaller ones return memory sooner.
-    pub retire_batch: u32,
+    /// Larger batches amortise the deferral; smaller ones recycle slots sooner.
+    pub removal_batch: u32,
     /// The epoch collector that protects readers. `None` uses crossbeam-epoch's global one.
     pub collector: Option<Collector>,
 }
@@ -79,7 +90,7 @@ impl Default for ArenaConfig {
     fn default() -> Self {
         Self {
             first_page_len: 64,
-            retire_batch: 64,
+            removal_batch: 64,
             collector: None,
         }
     }
@@ -88,8 +99,9 @@ impl Default for ArenaConfig {
 /// A lock-free arena of generational slots whose removed values are reclaimed through
 /// crossbeam-epoch.
 ///
-/// Every operation takes `&self`. Reads take an epoch [`Guard`] and return a reference that
-/// stays valid while the guard lives, even if another thread removes the value meanwhile.
+/// Every operation but [`take`](Self::take) and [`shrink`](Self::shrink) takes `&self`.
+/// Reads take an epoch [`Guard`] and return a reference that stays valid while the guard
+/// lives, even if another thread removes the value meanwhile.
 ///
 /// ```
 /// use ferropool::SlotArena;
@@ -103,64 +115,62 @@ impl Default for ArenaConfig {
 /// assert!(arena.get(key, &guard).is_err());
 /// # Ok::<(), ferropool::ArenaError>(())
 /// ```
+///
+/// # Destructors
+///
+/// A removed value is dropped when its slot is recycled, after its grace period: by an
+/// [`insert`](Self::insert) that needs a slot, by [`flush`](Self::flush) or
+/// [`shrink`](Self::shrink), or when the arena drops; never inside the epoch collector. If
+/// such a `Drop` panics, the arena first finishes its work (every other value dropped once,
+/// every slot reusable), then resumes the panic from that call; an `insert` that resumes one
+/// drops the value it was given. A `Drop` may use the arena it is dropped from.
 pub struct SlotArena<T: Send + 'static> {
-    shared: Arc<Shared<T>>,
-    /// The collector that protects reads. It lives here and not in `Shared`: queued batches
-    /// own an `Arc<Shared>` and the collector owns the queue, so a collector inside `Shared`
-    /// would be a reference cycle that never frees either.
+    arena: Arena<T>,
+    /// Ready lists, shared with the batches in transit through the collector.
+    ready: Arc<ReadyLists>,
+    /// The collector that protects reads.
     collector: Collector,
     /// Whether `collector` is crossbeam-epoch's global collector (pinning can then use its
     /// thread-local handle).
     default_collector: bool,
 }
 
-/// The state shared by an arena and the reclamation batches it has queued.
-struct Shared<T> {
+/// Slots, links and lists: the arena less its collector.
+struct Arena<T> {
     id: NonZeroU64,
-    /// `log2(first_page_len)`.
-    shift: u32,
-    retire_batch: u32,
-    /// Page `k` holds `first_page_len << k` slots, or is null.
+    removal_batch: u32,
+    /// Fresh slots claimed at once.
+    chunk: u32,
+    /// The slots.
     ///
-    /// Invariant: a non-null page stays allocated until `shrink` (which needs `&mut
-    /// SlotArena`) or the drop of `Shared`; so a slot reference obtained through `&self`
-    /// never dangles.
-    pages: Box<[AtomicPtr<Slot<T>>]>,
+    /// Invariant: a page is released only by `trim`, when every slot in it below the
+    /// frontier is on a free list `trim` took; its memory is freed after an epoch grace
+    /// period (or at once under exclusive access). So a slot reference obtained while
+    /// pinned, or through a slot one owns (popped, claimed, occupied by a live key, or in a
+    /// removal batch), never dangles.
+    slots: PagedTable<Slot<T>>,
+    /// The list link of every slot (`Link` of the next slot on whichever list it is on).
+    /// Never released while the arena lives, so a racing pop that reads the link of a slot
+    /// another thread just took reads allocated memory.
+    links: PagedTable<AtomicU32>,
     /// The first generation of every slot of page `k` when the page is next allocated: the
-    /// generations a released page reached, so that keys from before a `shrink` stay stale.
+    /// generations a released page reached, so that keys from before a `trim` stay stale.
     page_floor: Box<[AtomicU32]>,
-    /// Slot indices below this have been handed out at least once.
+    /// Slot indices below this have been claimed at least once, plus [`FROZEN`] while a
+    /// `trim` runs. Claims advance it with an `AcqRel` compare-exchange when it is not
+    /// frozen, and `trim` unfreezes it with a `Release` store, so a claimer sees the page
+    /// floors `trim` wrote.
     frontier: CachePadded<AtomicU64>,
-    /// The free and retired lists, by shard; the length is a power of two.
+    /// The free lists and removal batches, by shard; the length is a power of two.
     shards: Box<[Shard]>,
 }
 
-/// One shard's lists. Each head has a cache line of its own.
-struct Shard {
-    /// Slots whose values are dropped and that no reader can see: ready for `insert`.
-    free: TaggedStack,
-    /// Retired list head: `count << 32 | link`, for slots removed but not yet deferred.
-    retired: CachePadded<AtomicU64>,
-}
-
-/// Shards per arena: the machine's parallelism, rounded up to a power of two, at most 64.
-/// Two under loom, so that models cover both a thread's own shard and stealing.
-fn shard_count() -> usize {
-    if cfg!(loom) {
-        return 2;
-    }
-    std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .next_power_of_two()
-        .min(64)
-}
-
-// SAFETY: `Shared` owns `T` values through raw page pointers. Sending it (or the last `Arc`
-// to it) to another thread moves or drops those values there, which needs `T: Send`.
-unsafe impl<T: Send> Send for Shared<T> {}
-// SAFETY: through `&Shared`, threads obtain `&T` (needs `T: Sync`) and drop or move values
-// removed by other threads (needs `T: Send`). Every other access goes through atomics.
-unsafe impl<T: Send + Sync> Sync for Shared<T> {}
+// SAFETY: `Arena` owns `T` values through raw page pointers. Sending it moves or drops them
+// on the receiving thread, which needs `T: Send`.
+unsafe impl<T: Send> Send for Arena<T> {}
+// SAFETY: through `&Arena`, threads obtain `&T` (needs `T: Sync`) and drop values removed by
+// other threads (needs `T: Send`). Every other access goes through atomics.
+unsafe impl<T: Send + Sync> Sync for Arena<T> {}
 
 impl<T: Send + 'static> SlotArena<T> {
     /// An empty arena with the default configuration, on the global epoch collector.
@@ -183,7 +193,7 @@ impl<T: Send + 'static> SlotArena<T> {
     /// # Errors
     ///
     /// [`ArenaError::InvalidConfig`] when `first_page_len` is not a power of two in
-    /// `1..=65536` or `retire_batch` is not in `1..=4096`.
+    /// `1..=65536` or `removal_batch` is not in `1..=4096`.
     pub fn with_config(config: ArenaConfig) -> Result<Self, ArenaError> {
         if !config.first_page_len.is_power_of_two() || config.first_page_len > 1 << 16 {
             return Err(ArenaError::InvalidConfig {
@@ -192,16 +202,13 @@ impl<T: Send + 'static> SlotArena<T> {
                 expected: "a power of two in 1..=65536",
             });
         }
-        if !(1..=4096).contains(&config.retire_batch) {
+        if !(1..=4096).contains(&config.removal_batch) {
             return Err(ArenaError::InvalidConfig {
-                field: "retire_batch",
-                value: u64::from(config.retire_batch),
+                field: "removal_batch",
+                value: u64::from(config.removal_batch),
                 expected: "a batch size in 1..=4096",
             });
         }
-        let shift = config.first_page_len.trailing_zeros();
-        // Enough pages that the last one reaches index MAX_SLOTS - 1.
-        let page_count = (33 - shift) as usize;
         let (collector, default_collector) = match config.collector {
             Some(c) => {
                 let is_default = c == *epoch::default_collector();
@@ -209,23 +216,20 @@ impl<T: Send + 'static> SlotArena<T> {
             }
             None => (epoch::default_collector().clone(), true),
         };
+        let slots = PagedTable::new(config.first_page_len);
+        let shards = shard::shard_count();
         Ok(Self {
-            shared: Arc::new(Shared {
+            arena: Arena {
                 id: next_identity(),
-                shift,
-                retire_batch: config.retire_batch,
-                pages: (0..page_count)
-                    .map(|_| AtomicPtr::new(ptr::null_mut()))
-                    .collect(),
-                page_floor: (0..page_count).map(|_| AtomicU32::new(0)).collect(),
+                removal_batch: config.removal_batch,
+                chunk: CHUNK.min(config.first_page_len),
+                page_floor: (0..slots.page_count()).map(|_| AtomicU32::new(0)).collect(),
+                links: PagedTable::new(config.first_page_len),
+                slots,
                 frontier: CachePadded::new(AtomicU64::new(0)),
-                shards: (0..shard_count())
-                    .map(|_| Shard {
-                        free: TaggedStack::new(),
-                        retired: CachePadded::new(AtomicU64::new(0)),
-                    })
-                    .collect(),
-            }),
+                shards: (0..shards).map(|_| Shard::new()).collect(),
+            },
+            ready: Arc::new(ReadyLists::new(shards)),
             collector,
             default_collector,
         })
@@ -233,16 +237,12 @@ impl<T: Send + 'static> SlotArena<T> {
 
     /// Pins the current thread on the arena's collector.
     ///
-    /// On the global collector this uses crossbeam-epoch's thread-local handle (and, on a
-    /// thread whose thread-locals are being destroyed, a fresh handle instead of panicking).
-    /// On a private collector it registers a handle per call; hot loops on a private
-    /// collector should keep their own `LocalHandle` and pin through it.
+    /// On the global collector this uses crossbeam-epoch's thread-local handle. On a private
+    /// collector each thread keeps a handle for the last few private collectors it pinned
+    /// on, so pinning costs about the same.
+    #[inline]
     pub fn pin(&self) -> Guard {
-        if self.default_collector {
-            epoch::pin()
-        } else {
-            self.collector.register().pin()
-        }
+        pin::pin(&self.collector, self.default_collector)
     }
 
     /// The collector whose guards protect this arena's reads.
@@ -252,34 +252,56 @@ impl<T: Send + 'static> SlotArena<T> {
 
     /// This arena's identity, as carried by its keys.
     pub fn id(&self) -> u64 {
-        self.shared.id.get()
+        self.arena.id.get()
     }
 
     /// Inserts `value` and returns its key. Lock-free; needs no pin.
     ///
     /// # Errors
     ///
-    /// [`ArenaError::Full`] when all 2^32 - 1 slot indices are in use (or retired after
+    /// [`ArenaError::Full`] when all 2^32 - 1 slot indices are in use (or exhausted after
     /// 2^32 reuses); `value` is dropped.
+    ///
+    /// # Panics
+    ///
+    /// Resumes the panic of a removed value's `Drop` that this call ran while recycling
+    /// slots (see [Destructors](Self#destructors)); `value` is then dropped.
+    #[inline]
     pub fn insert(&self, value: T) -> Result<Key, ArenaError> {
-        let shared = &*self.shared;
-        let index = match shared.pop_free() {
+        self.try_insert(value).map_err(|(error, _)| error)
+    }
+
+    /// As [`insert`](Self::insert), but a refused value comes back with the error.
+    ///
+    /// # Errors
+    ///
+    /// As [`insert`](Self::insert).
+    ///
+    /// # Panics
+    ///
+    /// As [`insert`](Self::insert).
+    #[inline]
+    pub fn try_insert(&self, value: T) -> Result<Key, (ArenaError, T)> {
+        let arena = &self.arena;
+        let shard = arena.my_shard();
+        let index = match arena.shards[shard].free.pop(|i| arena.links.at(i)) {
             Some(index) => index,
-            None => self
-                .reclaim_then_pop()
-                .map_or_else(|| shared.claim_fresh(), Ok)?,
+            None => match self.refill(shard) {
+                Ok(index) => index,
+                Err(error) => return Err((error, value)),
+            },
         };
-        let slot = shared.slot(index);
-        // The slot is FREE and ours alone: it came off the free list or from past the frontier.
+        let slot = arena.slots.at(index);
+        // The slot is VACANT and ours alone: it came off a free list or from a fresh chunk.
         let generation = slot::generation(slot.state.load(Ordering::Relaxed));
         slot.value.with_mut(|value_ptr| {
-            // SAFETY: the slot is FREE (value uninitialised) and exclusively owned by this
+            // SAFETY: the slot is VACANT (value uninitialised) and exclusively owned by this
             // call until the Release store below publishes it.
             unsafe { (*value_ptr).write(value) };
         });
         slot.state
             .store(slot::state(generation, OCCUPIED), Ordering::Release);
-        Ok(Key::new(shared.id, index, generation))
+        Ok(Key::new(arena.id, index, generation))
     }
 
     /// Reads the value of `key`. Writes no shared memory and takes no lock.
@@ -294,11 +316,12 @@ impl<T: Send + 'static> SlotArena<T> {
     #[inline]
     pub fn get<'g>(&'g self, key: Key, guard: &'g Guard) -> Result<&'g T, ArenaError> {
         self.check_guard(guard)?;
-        let slot = self.shared.live(key)?;
+        let slot = self.arena.live(key)?;
         // SAFETY: `live` saw OCCUPIED for the key's generation (Acquire), so the value is
         // initialised (the inserter's Release store). It cannot be dropped before `guard`
-        // unpins: a remover only retires it, and the drop runs after an epoch grace period
-        // that waits for `guard`, which is pinned on this arena's collector.
+        // unpins: a remover only marks it REMOVED, and it is dropped when its batch is
+        // recycled, after a grace period that waits for `guard`, which is pinned on this
+        // arena's collector. The page stays allocated as long (invariant on `slots`).
         Ok(slot
             .value
             .with(|value_ptr| unsafe { (*value_ptr).assume_init_ref() }))
@@ -308,19 +331,20 @@ impl<T: Send + 'static> SlotArena<T> {
     ///
     /// # Safety
     ///
-    /// No thread may remove `key`'s value (with [`remove`](Self::remove)) while the returned
-    /// reference lives. The group layer guarantees this by ownership: only a group removes
-    /// its own descriptors, and only through its unique handle.
+    /// `key` must be live (inserted into this arena and not removed) when the call starts,
+    /// and no thread may remove it while the returned reference lives. The group layer
+    /// guarantees both by ownership: a group checks a key against its own table of live
+    /// descriptors first, and removes its descriptors only through its unique handle.
     ///
     /// # Errors
     ///
     /// As [`get`](Self::get), less the guard check.
     #[inline]
     pub(crate) unsafe fn get_unpinned(&self, key: Key) -> Result<&T, ArenaError> {
-        let slot = self.shared.live(key)?;
+        let slot = self.arena.live(key)?;
         // SAFETY: `live` saw OCCUPIED at the key's generation (Acquire), so the value is
-        // initialised, and by the caller's contract nobody retires it while the reference
-        // lives.
+        // initialised; by the caller's contract nobody removes it while the reference lives,
+        // and a page with an occupied slot is never released (invariant on `slots`).
         Ok(slot
             .value
             .with(|value_ptr| unsafe { (*value_ptr).assume_init_ref() }))
@@ -336,43 +360,36 @@ impl<T: Send + 'static> SlotArena<T> {
         self.get(key, &guard).map(f)
     }
 
-    /// Whether `key` resolves to a live value. Needs no pin.
+    /// Whether `key` resolves to a live value.
     pub fn contains(&self, key: Key) -> bool {
-        self.shared.live(key).is_ok()
+        // Pinned: the key may be stale, and its page may be released by a concurrent `trim`.
+        let _guard = self.pin();
+        self.arena.live(key).is_ok()
     }
 
     /// Removes the value of `key`. From now on the key resolves to [`ArenaError::Stale`].
     ///
     /// Returns the removed value, readable while `guard` lives; it is dropped after every
-    /// thread that could have seen it has unpinned.
+    /// thread that could have seen it has unpinned (see [Destructors](Self#destructors)).
     ///
     /// # Errors
     ///
     /// As [`get`](Self::get); in particular removing twice yields [`ArenaError::Stale`].
     pub fn remove<'g>(&'g self, key: Key, guard: &'g Guard) -> Result<&'g T, ArenaError> {
-        let shared = &*self.shared;
+        let arena = &self.arena;
         self.check_guard(guard)?;
-        let slot = shared.resolve(key)?;
+        let slot = arena.resolve(key)?;
         let generation = key.generation();
-        let next = generation.wrapping_add(1);
-        if cfg!(ferropool_planted = "retire_without_cas") {
-            // PLANTED BUG (loom models only): check, then store; two removers can both win.
-            let actual = slot.state.load(Ordering::Acquire);
-            if actual != slot::state(generation, OCCUPIED) {
-                return Err(stale(key, actual));
-            }
-            slot.state
-                .store(slot::state(next, RETIRED), Ordering::Release);
-        } else if let Err(actual) = slot.state.compare_exchange(
+        if let Err(actual) = slot.state.compare_exchange(
             slot::state(generation, OCCUPIED),
-            slot::state(next, RETIRED),
+            slot::state(generation.wrapping_add(1), REMOVED),
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
             return Err(stale(key, actual));
         }
-        self.retire(key.index(), guard);
-        // SAFETY: this call won the OCCUPIED -> RETIRED transition, so the value is
+        self.add_to_batch(key.index(), guard);
+        // SAFETY: this call won the OCCUPIED -> REMOVED transition, so the value is
         // initialised; it is dropped only after a grace period that waits for `guard`.
         Ok(slot
             .value
@@ -386,8 +403,8 @@ impl<T: Send + 'static> SlotArena<T> {
     ///
     /// [`ArenaError::ForeignKey`], [`ArenaError::OutOfRange`] or [`ArenaError::Stale`].
     pub fn take(&mut self, key: Key) -> Result<T, ArenaError> {
-        let shared = &*self.shared;
-        let slot = shared.live(key)?;
+        let arena = &self.arena;
+        let slot = arena.live(key)?;
         // SAFETY: OCCUPIED means initialised; `&mut self` excludes readers and removers, and
         // the state is moved off OCCUPIED below before anyone else can look at it.
         let value = slot
@@ -395,26 +412,41 @@ impl<T: Send + 'static> SlotArena<T> {
             .with(|value_ptr| unsafe { (*value_ptr).assume_init_read() });
         let next = key.generation().wrapping_add(1);
         if next == 0 {
-            slot.state.store(slot::state(0, DEAD), Ordering::Relaxed);
+            slot.state
+                .store(slot::state(0, EXHAUSTED), Ordering::Relaxed);
         } else {
-            slot.state.store(slot::state(next, FREE), Ordering::Relaxed);
+            slot.state
+                .store(slot::state(next, VACANT), Ordering::Relaxed);
             let link = key.index() + 1;
-            shared.push_free_chain(shared.my_shard(), link, link);
+            arena.push_free(arena.my_shard(), link, link);
         }
         Ok(value)
     }
 
-    /// Hands this arena's partly filled retire batch to the collector now, instead of when
-    /// it fills. Call it at a step boundary to return removed slots sooner.
+    /// Hands every partly filled removal batch to the collector now instead of when it
+    /// fills, and recycles the batches whose grace period has passed. Call it at a step
+    /// boundary to get removed slots back sooner.
     ///
     /// # Errors
     ///
     /// [`ArenaError::ForeignGuard`] if `guard` is not pinned on this arena's collector.
+    ///
+    /// # Panics
+    ///
+    /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)).
     pub fn flush(&self, guard: &Guard) -> Result<(), ArenaError> {
         self.check_guard(guard)?;
-        for (shard, head) in self.shared.take_retired() {
-            self.defer_reclaim(shard, head, guard);
+        for (shard, head) in self.arena.take_partial_batches() {
+            self.defer_batch(shard, head, guard);
         }
+        guard.flush();
+        let mut panics = Panics::default();
+        recycle::recycling(|| {
+            for shard in 0..self.arena.shards.len() {
+                self.recycle_ready(shard, shard, &mut panics);
+            }
+        });
+        panics.resume();
         Ok(())
     }
 
@@ -431,15 +463,15 @@ impl<T: Send + 'static> SlotArena<T> {
         guard: &'g Guard,
         mut f: impl FnMut(Key, &'g T),
     ) -> Result<(), ArenaError> {
-        let shared = &*self.shared;
+        let arena = &self.arena;
         self.check_guard(guard)?;
-        shared.for_each_slot(|index, slot| {
+        arena.for_each_slot(|index, slot| {
             let state = slot.state.load(Ordering::Acquire);
             if slot::phase(state) == OCCUPIED {
                 // SAFETY: as in `get`: OCCUPIED seen with Acquire, and the drop waits for
                 // `guard`.
                 let value = slot.value.with(|p| unsafe { (*p).assume_init_ref() });
-                f(Key::new(shared.id, index, slot::generation(state)), value);
+                f(Key::new(arena.id, index, slot::generation(state)), value);
             }
         });
         Ok(())
@@ -448,8 +480,9 @@ impl<T: Send + 'static> SlotArena<T> {
     /// The number of live values: a snapshot that may be stale by the time it returns.
     /// It counts slot states, so it costs O(capacity) and adds nothing to the hot paths.
     pub fn len(&self) -> usize {
+        let _guard = self.pin(); // pages may be released by a concurrent `trim`
         let mut live = 0;
-        self.shared.for_each_slot(|_, slot| {
+        self.arena.for_each_slot(|_, slot| {
             live += usize::from(slot::phase(slot.state.load(Ordering::Relaxed)) == OCCUPIED);
         });
         live
@@ -462,18 +495,56 @@ impl<T: Send + 'static> SlotArena<T> {
 
     /// Slots in allocated pages.
     pub fn capacity(&self) -> u64 {
-        self.shared.allocated_slots()
+        self.arena.slots.allocated()
     }
 
-    /// Releases trailing pages whose slots are all free, and returns how many slots were
-    /// released. Retired values not yet handed to the collector are reclaimed first (no reader
-    /// can hold them: `&mut self` excludes readers). Slots of batches still queued in the
-    /// collector keep their page. Keys into a released page stay stale forever: the page's
-    /// next allocation starts its generations past every generation it reached.
+    /// Returns vacant memory to the system: hands partly filled removal batches to the
+    /// collector, recycles the batches whose grace period has passed, then releases the
+    /// trailing pages whose slots are all vacant. Returns how many slots were released.
+    ///
+    /// Safe to call at any time from any thread: a page that a concurrent operation could
+    /// still touch is kept, and released memory is freed after an epoch grace period.
+    /// Removed values still in their grace period keep their pages (a later call gets
+    /// them); so does every page below an occupied slot (keys never move). Keys into a
+    /// released page stay stale: the page's next allocation starts its generations past
+    /// every generation it reached.
+    ///
+    /// # Panics
+    ///
+    /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)).
+    pub fn trim(&self) -> u64 {
+        let guard = self.pin();
+        self.flush(&guard)
+            .expect("the arena's own guard is pinned on its collector");
+        self.arena.release_vacant_pages(|page| {
+            // SAFETY: the page is unlinked; readers that reached it before are pinned, and
+            // the closure (which only frees vacant slots: no `T` is dropped) runs after them.
+            unsafe { guard.defer_unchecked(move || drop(page)) };
+        })
+    }
+
+    /// With exclusive access: recycles every removed value not still in transit through the
+    /// collector (no reader can hold one: `&mut self` excludes readers), then releases the
+    /// trailing vacant pages at once, as [`trim`](Self::trim) does. Returns the slots
+    /// released.
+    ///
+    /// # Panics
+    ///
+    /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)),
+    /// after the pages are released.
     pub fn shrink(&mut self) -> u64 {
-        let shared = &*self.shared;
-        shared.reclaim_retired_now();
-        shared.shrink_free_pages()
+        let mut panics = Panics::default();
+        let arena = &self.arena;
+        for (shard, head) in arena.take_partial_batches() {
+            arena.recycle_chain(head, shard, &mut panics);
+        }
+        for shard in 0..arena.shards.len() {
+            self.recycle_ready(shard, shard, &mut panics);
+        }
+        // Exclusive access: no reader can hold a released page, so it is freed at once.
+        let released = arena.release_vacant_pages(drop);
+        panics.resume();
+        released
     }
 
     /// Rejects guards that do not protect this arena (another collector, or `unprotected`).
@@ -485,54 +556,279 @@ impl<T: Send + 'static> SlotArena<T> {
         }
     }
 
-    /// The free list is empty: before growing, hand this thread's queued batches to the
-    /// collector and let it reclaim what has passed its grace period, then try once more.
-    /// Without this, batches wait in the thread's epoch bag until 64 of them fill it.
+    /// A vacant slot for `shard`, whose free list is empty: recycled, taken from another
+    /// shard, or fresh.
     #[cold]
-    fn reclaim_then_pop(&self) -> Option<u32> {
-        self.pin().flush();
-        self.shared.pop_free()
+    #[inline(never)]
+    fn refill(&self, shard: usize) -> Result<u32, ArenaError> {
+        let arena = &self.arena;
+        let shards = arena.shards.len();
+        let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
+        let mut panics = Panics::default();
+        let recycled = recycle::recycling(|| {
+            // Batches of this shard, then of the others, recycled onto this shard's list.
+            self.recycle_ready(shard, shard, &mut panics);
+            if arena.shards[shard].free.is_empty() {
+                for from in others() {
+                    if self.recycle_ready(from, shard, &mut panics) {
+                        break;
+                    }
+                }
+            }
+        });
+        panics.resume();
+        if let Some(index) = arena.pop_free(shard) {
+            return Ok(index);
+        }
+        if let Some(index) = others().find_map(|from| arena.pop_free(from)) {
+            return Ok(index);
+        }
+        if recycled && self.ready.has_pending(shard) {
+            // Batches of this shard are in transit: let the collector move what has passed
+            // its grace period (no user code runs there), and recycle it.
+            self.pin().flush();
+            recycle::recycling(|| {
+                self.recycle_ready(shard, shard, &mut panics);
+            });
+            panics.resume();
+            if let Some(index) = arena.pop_free(shard) {
+                return Ok(index);
+            }
+        }
+        arena.claim_fresh(shard)
     }
 
-    /// Takes the retired list if it holds a full batch after adding `index`, and defers it;
-    /// otherwise pushes `index` on it.
-    fn retire(&self, index: u32, guard: &Guard) {
-        let shared = &*self.shared;
-        let shard = shared.my_shard();
-        let retired = &shared.shards[shard].retired;
+    /// Recycles the ready batches of shard `from` onto the free list of shard `to`. Returns
+    /// whether there were any.
+    fn recycle_ready(&self, from: usize, to: usize, panics: &mut Panics) -> bool {
+        let mut any = false;
+        for head in self.ready.take(from) {
+            self.arena.recycle_chain(head, to, panics);
+            any = true;
+        }
+        any
+    }
+
+    /// Adds `index`, just removed, to the calling thread's removal batch; hands the batch
+    /// to the collector when it is full.
+    fn add_to_batch(&self, index: u32, guard: &Guard) {
+        let arena = &self.arena;
+        let shard = arena.my_shard();
+        let removed = &arena.shards[shard].removed;
         let link = index + 1;
-        let slot = shared.slot(index);
-        let mut current = retired.load(Ordering::Relaxed);
+        let next = arena.links.at(index);
+        let mut current = removed.load(Ordering::Relaxed);
         loop {
             let count = (current >> 32) as u32;
-            slot.next.store(current as Link, Ordering::Relaxed);
-            let (new, full) = if count + 1 >= shared.retire_batch {
+            next.store(current as Link, Ordering::Relaxed);
+            let (new, full) = if count + 1 >= arena.removal_batch {
                 (0, true)
             } else {
                 ((u64::from(count + 1) << 32) | u64::from(link), false)
             };
-            match retired.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) if full && cfg!(ferropool_planted = "free_immediately") => {
-                    // PLANTED BUG (loom models only): skip the grace period.
-                    return self.shared.reclaim_chain(shard, link);
+            match removed.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) if full => {
+                    self.defer_batch(shard, link, guard);
+                    // Push it to the collector's global queue now: left in this thread's
+                    // bag, it would wait for 63 more deferrals, forever if the thread idles.
+                    guard.flush();
+                    return;
                 }
-                Ok(_) if full => return self.defer_reclaim(shard, link, guard),
                 Ok(_) => return,
                 Err(actual) => current = actual,
             }
         }
     }
 
-    /// Queues the retired chain starting at `head` for reclamation after a grace period; its
-    /// slots then go to the free list of `shard`.
-    fn defer_reclaim(&self, shard: usize, head: Link, guard: &Guard) {
-        let shared = Arc::clone(&self.shared);
-        let reclaim = move || shared.reclaim_chain(shard, head);
-        // SAFETY: the closure owns an `Arc` to the shared state, so the pages it touches
-        // outlive it, and it only drops `T`s, which are `Send + 'static`. `guard` is pinned on
-        // the arena's collector (checked by every caller), so the closure runs only after
-        // every reader that could have resolved one of these slots has unpinned.
-        unsafe { guard.defer_unchecked(reclaim) };
+    /// Hands the removal batch starting at `head` to the collector; after its grace period
+    /// it lands on the ready list of `shard`.
+    fn defer_batch(&self, shard: usize, head: Link, guard: &Guard) {
+        self.ready.note_pending(shard);
+        let ready = Arc::clone(&self.ready);
+        let batch = PendingBatch::new(head);
+        let to_ready_list = move || ready.push(shard, batch);
+        // SAFETY: the closure owns what it touches (an `Arc` of the ready lists and the batch
+        // node; it reads no slot), so it may run on any thread at any later time. `guard` is
+        // pinned on the arena's collector (checked by every caller), so it runs only after
+        // every reader that could have resolved one of the batch's slots has unpinned.
+        unsafe { guard.defer_unchecked(to_ready_list) };
+    }
+}
+
+impl<T> Arena<T> {
+    /// The shard of the calling thread.
+    #[inline]
+    fn my_shard(&self) -> usize {
+        thread_index() & (self.shards.len() - 1)
+    }
+
+    /// Pops a vacant slot from the free list of `shard`.
+    #[inline]
+    fn pop_free(&self, shard: usize) -> Option<u32> {
+        self.shards[shard].free.pop(|i| self.links.at(i))
+    }
+
+    /// Publishes the chain `head ..= tail` (linked through `links`) on the free list of
+    /// `shard`.
+    fn push_free(&self, shard: usize, head: Link, tail: Link) {
+        self.shards[shard]
+            .free
+            .push_chain(head, self.links.at(tail - 1));
+    }
+
+    /// The slot of `key` if the key is this arena's and its page is allocated.
+    #[inline]
+    fn resolve(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
+        if key.arena() != self.id {
+            return Err(ArenaError::ForeignKey {
+                key_arena: key.arena_id(),
+                arena: self.id.get(),
+            });
+        }
+        self.slots
+            .get(key.index())
+            .ok_or_else(|| ArenaError::OutOfRange {
+                index: key.index(),
+                capacity: self.slots.allocated(),
+            })
+    }
+
+    /// The slot of `key` if it holds the key's value: resolved and `OCCUPIED` at the key's
+    /// generation (an `Acquire` load, pairing with the inserter's `Release` store).
+    #[inline]
+    fn live(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
+        let slot = self.resolve(key)?;
+        let state = slot.state.load(Ordering::Acquire);
+        if state == slot::state(key.generation(), OCCUPIED) {
+            Ok(slot)
+        } else {
+            Err(stale(key, state))
+        }
+    }
+
+    /// Calls `f` on every slot below the frontier in an allocated page. The caller keeps
+    /// the pages alive (a pin, or exclusive access).
+    fn for_each_slot<'a>(&'a self, mut f: impl FnMut(u32, &'a Slot<T>)) {
+        let frontier = (self.frontier.load(Ordering::Acquire) & !FROZEN).min(MAX_SLOTS);
+        for k in 0..self.slots.page_count() {
+            let start = self.slots.page_start(k);
+            if start >= frontier {
+                break;
+            }
+            let Some(page) = self.slots.page(k) else {
+                continue;
+            };
+            let used = (frontier - start).min(page.len() as u64) as usize;
+            for (offset, slot) in page[..used].iter().enumerate() {
+                f((start + offset as u64) as u32, slot);
+            }
+        }
+    }
+
+    /// Takes every shard's partly filled removal batch: `(shard, head of its chain)` for
+    /// each shard that had one.
+    fn take_partial_batches(&self) -> impl Iterator<Item = (usize, Link)> + '_ {
+        self.shards.iter().enumerate().filter_map(|(shard, lists)| {
+            let taken = lists.removed.swap(0, Ordering::AcqRel) as Link;
+            (taken != NIL).then_some((shard, taken))
+        })
+    }
+
+    /// Claims a chunk of never-used slots for `shard`: returns one, publishes the rest on
+    /// the shard's free list. Waits while a `trim` has the frontier frozen.
+    #[cold]
+    fn claim_fresh(&self, shard: usize) -> Result<u32, ArenaError> {
+        let chunk = u64::from(self.chunk);
+        let mut frontier = self.frontier.load(Ordering::Acquire);
+        let start = loop {
+            if frontier & FROZEN != 0 {
+                // A trim is running (briefly): it gives vacant slots back when done.
+                if let Some(index) = self.pop_free(shard) {
+                    return Ok(index);
+                }
+                crate::sync::yield_now();
+                frontier = self.frontier.load(Ordering::Acquire);
+                continue;
+            }
+            if frontier >= MAX_SLOTS {
+                return Err(ArenaError::Full {
+                    capacity: MAX_SLOTS,
+                });
+            }
+            // AcqRel: see the invariant on `frontier`.
+            match self.frontier.compare_exchange_weak(
+                frontier,
+                frontier + chunk,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break frontier,
+                Err(actual) => frontier = actual,
+            }
+        };
+        let end = (start + chunk).min(MAX_SLOTS) as u32;
+        let start = start as u32;
+        // A chunk lies within one page: pages start at multiples of the first page's length,
+        // which the chunk divides.
+        let (page, _) = self.slots.locate(start);
+        let floor = self.page_floor[page].load(Ordering::Relaxed);
+        self.links.ensure_page(page, |_| AtomicU32::new(NIL));
+        self.slots.ensure_page(page, |_| Slot::vacant(floor));
+        if end - start > 1 {
+            // Link start + 1 .. end in order and publish them.
+            for index in start + 1..end - 1 {
+                self.links.at(index).store(index + 2, Ordering::Relaxed);
+            }
+            self.push_free(shard, start + 2, end);
+        }
+        Ok(start)
+    }
+
+    /// Drops the values of the removed chain starting at `head` and publishes its slots on
+    /// the free list of `shard` (an exhausted slot is left out for good).
+    ///
+    /// The chain's grace period has passed (it came off a ready list), or the caller has
+    /// exclusive access: no reader can see the values.
+    fn recycle_chain(&self, head: Link, shard: usize, panics: &mut Panics) {
+        let (mut vacant_head, mut vacant_tail) = (NIL, NIL);
+        let mut link = head;
+        while link != NIL {
+            let index = link - 1;
+            let next = self.links.at(index).load(Ordering::Relaxed);
+            let slot = self.slots.at(index);
+            let state = slot.state.load(Ordering::Acquire);
+            debug_assert_eq!(slot::phase(state), REMOVED);
+            let generation = slot::generation(state);
+            // First the state, then the drop: a value whose drop panics has been dropped, and
+            // nothing may drop it again (invariant on `Slot::state`). The slot is on no list
+            // until the chain is published below, so a destructor that inserts cannot take it.
+            if generation == 0 {
+                // The generation wrapped: keep the slot out of use rather than let a key from
+                // 2^32 generations ago resolve again.
+                slot.state
+                    .store(slot::state(0, EXHAUSTED), Ordering::Relaxed);
+            } else {
+                slot.state
+                    .store(slot::state(generation, VACANT), Ordering::Relaxed);
+                self.links.at(index).store(vacant_head, Ordering::Relaxed);
+                if vacant_tail == NIL {
+                    vacant_tail = link;
+                }
+                vacant_head = link;
+            }
+            panics.catch(|| {
+                slot.value.with_mut(|value_ptr| {
+                    // SAFETY: REMOVED means initialised; this chain was taken off a ready list
+                    // (or a removal batch under exclusive access) by this call alone, after its
+                    // grace period, so no reader holds the value and nobody else drops it.
+                    unsafe { (*value_ptr).assume_init_drop() }
+                });
+            });
+            link = next;
+        }
+        if vacant_head != NIL {
+            self.push_free(shard, vacant_head, vacant_tail);
+        }
     }
 }
 
@@ -545,375 +841,49 @@ impl<T: Send + 'static> Default for SlotArena<T> {
 impl<T: Send + 'static> fmt::Debug for SlotArena<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SlotArena")
-            .field("id", &self.shared.id)
+            .field("id", &self.arena.id)
             .field("capacity", &self.capacity())
-            .field("retire_batch", &self.shared.retire_batch)
+            .field("removal_batch", &self.arena.removal_batch)
+            .field("shards", &self.arena.shards.len())
             .finish_non_exhaustive()
     }
 }
 
 impl<T: Send + 'static> Drop for SlotArena<T> {
     fn drop(&mut self) {
-        // No reader can exist (they borrow the arena), so the partial retire batches can be
-        // reclaimed now rather than when the shared state finally drops.
-        self.shared.reclaim_retired_now();
+        // No reader can exist (readers borrow the arena), so every value can be dropped now,
+        // removed ones included, whether their batch is pending, in transit through the
+        // collector or ready. A batch in transit later lands on a ready list nobody reads,
+        // and is freed with it.
+        let mut panics = Panics::default();
+        self.arena.for_each_slot(|_, slot| {
+            let state = slot.state.load(Ordering::Relaxed);
+            let phase = slot::phase(state);
+            if phase == OCCUPIED || phase == REMOVED {
+                slot.state.store(
+                    slot::state(slot::generation(state), VACANT),
+                    Ordering::Relaxed,
+                );
+                panics.catch(|| {
+                    // SAFETY: OCCUPIED or REMOVED means initialised (invariant on `state`);
+                    // the state was just changed, so nothing drops it again.
+                    slot.value
+                        .with_mut(|value_ptr| unsafe { (*value_ptr).assume_init_drop() });
+                });
+            }
+        });
+        panics.resume_unless_unwinding();
     }
 }
 
 /// The error for a key whose slot is not `OCCUPIED` at the key's generation.
+#[cold]
 fn stale(key: Key, state: u64) -> ArenaError {
     ArenaError::Stale {
         index: key.index(),
         generation: key.generation(),
         current_generation: slot::generation(state),
-        state: slot::phase_name(state),
-    }
-}
-
-impl<T> Shared<T> {
-    #[inline(always)]
-    fn first_page_len(&self) -> u64 {
-        1 << self.shift
-    }
-
-    /// Page number and offset of a slot index.
-    #[inline(always)]
-    fn locate(&self, index: u32) -> (usize, usize) {
-        let shifted = u64::from(index) + self.first_page_len();
-        let page = (63 - shifted.leading_zeros() - self.shift) as usize;
-        let offset = (shifted - (self.first_page_len() << page)) as usize;
-        (page, offset)
-    }
-
-    /// First slot index of page `page`.
-    fn page_start(&self, page: usize) -> u64 {
-        (self.first_page_len() << page) - self.first_page_len()
-    }
-
-    fn page_len(&self, page: usize) -> usize {
-        (self.first_page_len() << page) as usize
-    }
-
-    /// The slot of `key` if the key is this arena's and its page is allocated.
-    #[inline]
-    fn resolve(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
-        if key.arena() != self.id {
-            return Err(ArenaError::ForeignKey {
-                key_arena: key.arena_id(),
-                arena: self.id.get(),
-            });
-        }
-        let (page, offset) = self.locate(key.index());
-        let base = self.pages[page].load(Ordering::Acquire);
-        if base.is_null() {
-            return Err(ArenaError::OutOfRange {
-                index: key.index(),
-                capacity: self.allocated_slots(),
-            });
-        }
-        // SAFETY: a non-null page has `page_len(page)` slots and `offset` is below that by
-        // `locate`; it stays allocated while `&self` lives (invariant on `pages`).
-        Ok(unsafe { &*base.add(offset) })
-    }
-
-    /// The slot of `key` if it holds the key's value: resolved and `OCCUPIED` at the key's
-    /// generation (an `Acquire` load, pairing with the inserter's `Release` store).
-    #[inline]
-    fn live(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
-        let slot = self.resolve(key)?;
-        let state = slot.state.load(Ordering::Acquire);
-        let live = if cfg!(ferropool_planted = "unchecked_generation") {
-            // PLANTED BUG (loom models only): the generation is not compared.
-            slot::phase(state) == OCCUPIED
-        } else {
-            state == slot::state(key.generation(), OCCUPIED)
-        };
-        if live {
-            Ok(slot)
-        } else {
-            Err(stale(key, state))
-        }
-    }
-
-    /// The slot of an index known to be in an allocated page (it was on a list, or claimed).
-    #[inline]
-    fn slot(&self, index: u32) -> &Slot<T> {
-        let (page, offset) = self.locate(index);
-        let base = self.pages[page].load(Ordering::Acquire);
-        debug_assert!(!base.is_null(), "slot {index} has no page");
-        // SAFETY: callers pass indices taken from a list or claimed below the frontier, whose
-        // pages are allocated and stay so while `&self` lives (invariant on `pages`).
-        unsafe { &*base.add(offset) }
-    }
-
-    fn allocated_slots(&self) -> u64 {
-        self.pages
-            .iter()
-            .enumerate()
-            .filter(|(_, page)| !page.load(Ordering::Acquire).is_null())
-            .map(|(k, _)| self.page_len(k) as u64)
-            .sum()
-    }
-
-    /// Calls `f` on every slot below the frontier in an allocated page.
-    fn for_each_slot<'a>(&'a self, mut f: impl FnMut(u32, &'a Slot<T>)) {
-        let frontier = self.frontier.load(Ordering::Acquire).min(MAX_SLOTS);
-        for (k, page) in self.pages.iter().enumerate() {
-            let start = self.page_start(k);
-            if start >= frontier {
-                break;
-            }
-            let base = page.load(Ordering::Acquire);
-            if base.is_null() {
-                continue;
-            }
-            let used = (frontier - start).min(self.page_len(k) as u64) as usize;
-            for offset in 0..used {
-                // SAFETY: `offset < page_len(k)` and the page stays allocated while `&self`
-                // lives (invariant on `pages`).
-                let slot = unsafe { &*base.add(offset) };
-                f((start + offset as u64) as u32, slot);
-            }
-        }
-    }
-
-    /// The shard of the calling thread.
-    #[inline]
-    fn my_shard(&self) -> usize {
-        thread_shard() & (self.shards.len() - 1)
-    }
-
-    /// A free slot: from the calling thread's shard, else from the others in turn.
-    #[inline]
-    fn pop_free(&self) -> Option<u32> {
-        let mine = self.my_shard();
-        match self.shards[mine].free.pop(|index| &self.slot(index).next) {
-            Some(index) => Some(index),
-            None => self.steal_free(mine),
-        }
-    }
-
-    /// A free slot from a shard other than `mine`.
-    #[cold]
-    #[inline(never)]
-    fn steal_free(&self, mine: usize) -> Option<u32> {
-        let count = self.shards.len();
-        (1..count).find_map(|k| {
-            self.shards[(mine + k) & (count - 1)]
-                .free
-                .pop(|index| &self.slot(index).next)
-        })
-    }
-
-    /// Publishes the chain `head ..= tail` (linked through `next`) on the free list of
-    /// `shard`.
-    fn push_free_chain(&self, shard: usize, head: Link, tail: Link) {
-        self.shards[shard]
-            .free
-            .push_chain(head, &self.slot(tail - 1).next);
-    }
-
-    /// Takes every shard's partial retire batch: `(shard, head of its chain)` for each
-    /// shard that had one.
-    fn take_retired(&self) -> impl Iterator<Item = (usize, Link)> + '_ {
-        self.shards.iter().enumerate().filter_map(|(shard, lists)| {
-            let taken = lists.retired.swap(0, Ordering::AcqRel) as Link;
-            (taken != NIL).then_some((shard, taken))
-        })
-    }
-
-    /// Reclaims every partial retire batch at once. Only with exclusive access to the arena
-    /// (no reader can hold a value), from `shrink` and `drop`.
-    fn reclaim_retired_now(&self) {
-        for (shard, head) in self.take_retired() {
-            self.reclaim_chain(shard, head);
-        }
-    }
-
-    /// Claims a never-used slot index, allocating its page if needed.
-    fn claim_fresh(&self) -> Result<u32, ArenaError> {
-        let index = self.frontier.fetch_add(1, Ordering::Relaxed);
-        if index >= MAX_SLOTS {
-            self.frontier.fetch_sub(1, Ordering::Relaxed);
-            return Err(ArenaError::Full {
-                capacity: MAX_SLOTS,
-            });
-        }
-        let index = index as u32;
-        let (page, _) = self.locate(index);
-        if self.pages[page].load(Ordering::Acquire).is_null() {
-            self.allocate_page(page);
-        }
-        Ok(index)
-    }
-
-    /// Allocates page `page` unless another thread did first.
-    #[cold]
-    fn allocate_page(&self, page: usize) {
-        let floor = self.page_floor[page].load(Ordering::Relaxed);
-        let slots: Box<[Slot<T>]> = (0..self.page_len(page))
-            .map(|_| Slot::vacant(floor))
-            .collect();
-        let fresh = Box::into_raw(slots).cast::<Slot<T>>();
-        if cfg!(ferropool_planted = "page_overwrite") {
-            // PLANTED BUG (loom models only): publish without checking for a racing allocator.
-            self.pages[page].store(fresh, Ordering::Release);
-            return;
-        }
-        if self.pages[page]
-            .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            // SAFETY: `fresh` came from `Box::into_raw` above with this length and was never
-            // published, so it is still exclusively ours.
-            drop(unsafe {
-                Box::from_raw(ptr::slice_from_raw_parts_mut(fresh, self.page_len(page)))
-            });
-        }
-    }
-
-    /// Drops the values of a retired chain and publishes its slots on the free list of
-    /// `shard` (or retires them for good when their generation wrapped).
-    ///
-    /// Called after a grace period, or with exclusive access: no reader can see the values.
-    fn reclaim_chain(&self, shard: usize, head: Link) {
-        let mut link = head;
-        let (mut free_head, mut free_tail) = (NIL, NIL);
-        while link != NIL {
-            let slot = self.slot(link - 1);
-            let next = slot.next.load(Ordering::Relaxed);
-            let state = slot.state.load(Ordering::Acquire);
-            debug_assert_eq!(slot::phase(state), RETIRED);
-            slot.value.with_mut(|value_ptr| {
-                // SAFETY: RETIRED means initialised, and the value is dropped only here: this
-                // chain was taken off the retired list by exactly one party, after a grace
-                // period (or under exclusive access), so no reader still holds it.
-                unsafe { (*value_ptr).assume_init_drop() };
-            });
-            let generation = slot::generation(state);
-            if generation == 0 {
-                // The generation wrapped: retire the slot for good rather than let a key
-                // from 2^32 generations ago resolve again.
-                slot.state.store(slot::state(0, DEAD), Ordering::Release);
-            } else {
-                slot.state
-                    .store(slot::state(generation, FREE), Ordering::Relaxed);
-                slot.next.store(free_head, Ordering::Relaxed);
-                if free_tail == NIL {
-                    free_tail = link;
-                }
-                free_head = link;
-            }
-            link = next;
-        }
-        if free_head != NIL {
-            self.push_free_chain(shard, free_head, free_tail);
-        }
-    }
-
-    /// See [`SlotArena::shrink`]; the caller holds exclusive access to the arena, but
-    /// reclamation batches may still push on the free list concurrently.
-    fn shrink_free_pages(&self) -> u64 {
-        // Take every shard's free list; count their slots per page. Cold path: collect the
-        // lists so that released pages are never walked afterwards.
-        let mut taken_indices = Vec::new();
-        for lists in self.shards.iter() {
-            let mut link = lists.free.take_all();
-            while link != NIL {
-                taken_indices.push(link - 1);
-                link = self.slot(link - 1).next.load(Ordering::Relaxed);
-            }
-        }
-        let mut free_in_page = vec![0u64; self.pages.len()];
-        for &index in &taken_indices {
-            free_in_page[self.locate(index).0] += 1;
-        }
-        // Release trailing pages whose used slots are all on the free list.
-        let mut frontier = self.frontier.load(Ordering::Relaxed).min(MAX_SLOTS);
-        let mut released = 0u64;
-        let mut keep_below = self.pages.len();
-        for k in (0..self.pages.len()).rev() {
-            let base = self.pages[k].load(Ordering::Acquire);
-            if base.is_null() {
-                continue;
-            }
-            let start = self.page_start(k);
-            let used = frontier.saturating_sub(start).min(self.page_len(k) as u64);
-            let releasable = if cfg!(ferropool_planted = "shrink_by_phase") {
-                // PLANTED BUG (loom models only): trust the phase instead of the taken list,
-                // so a slot a concurrent batch is publishing right now looks releasable.
-                (0..used as usize).all(|offset| {
-                    // SAFETY: offset < page_len(k) and the page is allocated.
-                    let state = unsafe { &*base.add(offset) }.state.load(Ordering::Relaxed);
-                    slot::phase(state) == FREE
-                })
-            } else {
-                free_in_page[k] == used
-            };
-            if !releasable {
-                break;
-            }
-            let mut floor = self.page_floor[k].load(Ordering::Relaxed);
-            for offset in 0..used as usize {
-                // SAFETY: offset < page_len(k) and the page is allocated.
-                let state = unsafe { &*base.add(offset) }.state.load(Ordering::Relaxed);
-                floor = floor.max(slot::generation(state));
-            }
-            if floor == u32::MAX {
-                break; // cannot promise fresh generations; keep the page
-            }
-            self.page_floor[k].store(floor, Ordering::Relaxed);
-            self.pages[k].store(ptr::null_mut(), Ordering::Release);
-            // SAFETY: every used slot of the page is FREE and was on the free lists we took,
-            // so no list, reader (`&mut` arena) or reclamation batch refers to it; the page
-            // came from `Box::into_raw` with this length in `allocate_page`.
-            drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(base, self.page_len(k))) });
-            released += self.page_len(k) as u64;
-            frontier = frontier.min(start);
-            keep_below = k;
-        }
-        self.frontier.store(frontier, Ordering::Release);
-        // Put back the slots of the pages we kept, in their original order.
-        let (mut head, mut tail) = (NIL, NIL);
-        for &index in taken_indices.iter().rev() {
-            if self.locate(index).0 >= keep_below {
-                continue;
-            }
-            self.slot(index).next.store(head, Ordering::Relaxed);
-            if tail == NIL {
-                tail = index + 1;
-            }
-            head = index + 1;
-        }
-        if head != NIL {
-            self.push_free_chain(self.my_shard(), head, tail);
-        }
-        released
-    }
-}
-
-impl<T> Drop for Shared<T> {
-    fn drop(&mut self) {
-        for k in 0..self.pages.len() {
-            let base = self.pages[k].load(Ordering::Acquire);
-            if base.is_null() {
-                continue;
-            }
-            let len = self.page_len(k);
-            for offset in 0..len {
-                // SAFETY: offset < len, page allocated; `&mut self` is the last reference.
-                let slot = unsafe { &*base.add(offset) };
-                let phase = slot::phase(slot.state.load(Ordering::Relaxed));
-                if phase == OCCUPIED || phase == RETIRED {
-                    // SAFETY: OCCUPIED or RETIRED means initialised (invariant on `state`),
-                    // and no batch can still refer to it: batches hold an `Arc` to `self`.
-                    slot.value
-                        .with_mut(|value_ptr| unsafe { (*value_ptr).assume_init_drop() });
-                }
-            }
-            // SAFETY: from `Box::into_raw` in `allocate_page` with this length; last owner.
-            drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(base, len)) });
-        }
+        phase: slot::slot_phase(state),
     }
 }
 
@@ -921,59 +891,37 @@ impl<T> Drop for Shared<T> {
 mod tests {
     use super::*;
 
-    /// A slot whose generation would wrap is retired for good: the key issued 2^32
+    /// A slot whose generation would wrap is kept out of use for good: the key issued 2^32
     /// generations earlier can never resolve again.
     #[test]
-    fn generation_wrap_retires_the_slot() {
+    fn generation_wrap_exhausts_the_slot() {
         let collector = Collector::new();
-        let handle = collector.register();
-        let arena = SlotArena::with_config(ArenaConfig {
+        let mut arena = SlotArena::with_config(ArenaConfig {
             first_page_len: 1,
-            retire_batch: 1,
+            removal_batch: 2, // so the removal waits in its batch, which `shrink` recycles
             collector: Some(collector.clone()),
         })
         .unwrap();
         let first = arena.insert(1u32).unwrap();
         assert_eq!(first.generation(), 0);
         // Fast-forward the slot to its last generation, as 2^32 - 1 reuses would.
-        let slot = arena.shared.slot(first.index());
+        let slot = arena.arena.slots.at(first.index());
         let last = u32::MAX;
-        // SAFETY (test): the value is a `u32`, so overwriting the state leaks nothing.
         slot.state
             .store(slot::state(last, OCCUPIED), Ordering::SeqCst);
-        let old = Key::new(arena.shared.id, first.index(), last);
-        {
-            let guard = handle.pin();
-            arena.remove(old, &guard).unwrap();
-        }
-        for _ in 0..64 {
-            handle.pin().flush();
-        }
-        assert_eq!(slot::phase(slot.state.load(Ordering::SeqCst)), DEAD);
+        let old = Key::new(arena.arena.id, first.index(), last);
+        arena.remove(old, &arena.pin()).unwrap();
+        arena.shrink(); // exclusive: recycles the removal now
+        let slot = arena.arena.slots.at(first.index());
+        assert_eq!(slot::phase(slot.state.load(Ordering::SeqCst)), EXHAUSTED);
         let next = arena.insert(2u32).unwrap();
-        assert_ne!(next.index(), first.index(), "a dead slot is never reused");
-        let guard = handle.pin();
+        assert_ne!(
+            next.index(),
+            first.index(),
+            "an exhausted slot is never reused"
+        );
+        let guard = arena.pin();
         assert!(arena.get(first, &guard).is_err());
         assert!(arena.get(old, &guard).is_err());
-    }
-
-    #[test]
-    fn locate_maps_indices_to_doubling_pages() {
-        let arena: SlotArena<u8> = SlotArena::with_config(ArenaConfig {
-            first_page_len: 4,
-            ..ArenaConfig::default()
-        })
-        .unwrap();
-        let s = &arena.shared;
-        assert_eq!(s.locate(0), (0, 0));
-        assert_eq!(s.locate(3), (0, 3));
-        assert_eq!(s.locate(4), (1, 0));
-        assert_eq!(s.locate(11), (1, 7));
-        assert_eq!(s.locate(12), (2, 0));
-        let (last_page, _) = s.locate(u32::MAX - 1);
-        assert!(last_page < s.pages.len());
-        for k in 0..s.pages.len() {
-            assert_eq!(s.locate(s.page_start(k) as u32), (k, 0));
-        }
     }
 }

@@ -1,20 +1,47 @@
 //! One slot of the arena and the encoding of its state word.
 
+use std::fmt;
 use std::mem::MaybeUninit;
 
-use crate::stack::NIL;
-use crate::sync::{AtomicU32, AtomicU64, UnsafeCell};
+use crate::sync::{AtomicU64, UnsafeCell};
 
-/// Phase: no value; the slot is on the free list or beyond the frontier.
-pub(super) const FREE: u64 = 0;
+/// Phase: no value; the slot is on a free list, in a chunk being handed out, or past the
+/// frontier.
+pub(super) const VACANT: u64 = 0;
 /// Phase: holds the value of the current generation.
 pub(super) const OCCUPIED: u64 = 1;
-/// Phase: the value was removed but may still be read by pinned readers; it is dropped when
-/// its retire batch has passed an epoch grace period.
-pub(super) const RETIRED: u64 = 2;
-/// Phase: the generation wrapped around; the slot is never reused, so no old key can alias.
-pub(super) const DEAD: u64 = 3;
+/// Phase: the value was removed but pinned readers may still hold it; it is dropped when its
+/// removal batch is recycled, after an epoch grace period.
+pub(super) const REMOVED: u64 = 2;
+/// Phase: the generation wrapped around; the slot is never used again, so no old key can
+/// alias a new value.
+pub(super) const EXHAUSTED: u64 = 3;
 const PHASE_MASK: u64 = 0b11;
+
+/// Where a slot is in its life, as reported by [`ArenaError::Stale`](crate::ArenaError).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SlotPhase {
+    /// No value: free for the next insert.
+    Vacant,
+    /// Holds a value (of a later generation than the key's, when a key is stale).
+    Occupied,
+    /// Its value was removed and is dropped once no reader can still hold it.
+    Removed,
+    /// Its generation counter is used up; the slot is never used again.
+    Exhausted,
+}
+
+impl fmt::Display for SlotPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Vacant => "vacant",
+            Self::Occupied => "occupied",
+            Self::Removed => "removed",
+            Self::Exhausted => "exhausted",
+        })
+    }
+}
 
 /// Builds a state word.
 #[inline(always)]
@@ -34,32 +61,34 @@ pub(super) const fn phase(state: u64) -> u64 {
     state & PHASE_MASK
 }
 
-/// A human name for a phase, for error messages.
-pub(super) fn phase_name(state: u64) -> &'static str {
+/// The phase of a state word, for error reports.
+pub(super) fn slot_phase(state: u64) -> SlotPhase {
     match phase(state) {
-        FREE => "vacant",
-        OCCUPIED => "occupied",
-        RETIRED => "awaiting reclamation",
-        _ => "retired",
+        VACANT => SlotPhase::Vacant,
+        OCCUPIED => SlotPhase::Occupied,
+        REMOVED => SlotPhase::Removed,
+        _ => SlotPhase::Exhausted,
     }
 }
 
-/// One slot: a state word, a list link and the (maybe uninitialised) value.
+/// One slot: a state word and the (maybe uninitialised) value. Its list link lives in a
+/// table of its own (see `Arena::links`), which is never released, so that a racing list
+/// pop never reads a slot page that `trim` may be releasing.
 pub(super) struct Slot<T> {
     /// `generation << 32 | phase`.
     ///
-    /// Invariant: `value` is initialised exactly when the phase is `OCCUPIED` or `RETIRED`.
+    /// Invariant: `value` is initialised exactly when the phase is `OCCUPIED` or `REMOVED`.
     /// Transitions, each made by exactly one party:
-    /// - `FREE(g) -> OCCUPIED(g)`: the inserter, which popped the slot from the free list (or
-    ///   claimed it past the frontier) and so owns it; a `Release` store after writing `value`.
-    /// - `OCCUPIED(g) -> RETIRED(g + 1)`: the remover whose compare-exchange wins.
-    /// - `RETIRED(g) -> FREE(g)` or `DEAD` (when `g` wrapped to 0): the reclaimer, after the
-    ///   slot's retire batch passed an epoch grace period and `value` was dropped; the slot is
-    ///   then published on the free list by a `Release` compare-exchange.
+    /// - `VACANT(g) -> OCCUPIED(g)`: the inserter, which popped the slot from a free list
+    ///   (or claimed it past the frontier) and so owns it; a `Release` store after writing
+    ///   `value`.
+    /// - `OCCUPIED(g) -> REMOVED(g + 1)`: the remover whose compare-exchange wins.
+    /// - `REMOVED(g) -> VACANT(g)`, or `EXHAUSTED` when `g` wrapped to 0: the recycler, which
+    ///   took the slot's batch from a ready list after the batch's grace period; it changes
+    ///   the state *before* dropping `value`, so a drop that panics has still run once.
+    /// - `OCCUPIED(g) -> VACANT(g + 1)` or `EXHAUSTED`: `take` or the arena's drop, under
+    ///   exclusive access.
     pub(super) state: AtomicU64,
-    /// The next slot on whichever list (free or retired) this slot is on; meaningless otherwise.
-    /// Written only by the party that owns the slot and is about to publish it on a list.
-    pub(super) next: AtomicU32,
     /// The value; see the invariant on `state`.
     pub(super) value: UnsafeCell<MaybeUninit<T>>,
 }
@@ -67,8 +96,7 @@ pub(super) struct Slot<T> {
 impl<T> Slot<T> {
     pub(super) fn vacant(generation: u32) -> Self {
         Self {
-            state: AtomicU64::new(state(generation, FREE)),
-            next: AtomicU32::new(NIL),
+            state: AtomicU64::new(state(generation, VACANT)),
             value: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }

@@ -9,24 +9,33 @@
 //! needs `&mut` on the *only* handle, otherwise it fails with [`GroupError::Shared`]. Hence a
 //! descriptor can never be removed while another handle could be reading it, and reads
 //! resolve their slot through the arena without even an epoch pin.
+//!
+//! Each group keeps a table of its live descriptors: a slot is checked against it before
+//! the arena is touched (so a removed slot never reaches the arena, whose pages
+//! [`AllocationGroup::trim_descriptors`] may release meanwhile), and removing a descriptor,
+//! or counting the other views of a buffer, costs O(1).
 
+mod error;
 mod value;
 
+pub use error::GroupError;
 pub use value::TensorValue;
 
 use std::fmt;
 use std::num::NonZeroU64;
 
 use crate::arena::{Key, SlotArena};
-use crate::error::{GroupError, TensorError};
-use crate::pool::{BufferPool, PoolBuffer};
-use crate::sync::{next_identity, Arc};
-use crate::tensor::{check_dtype, pooled_bytes, DType, Element, Layout, Tensor, TensorRead};
+use crate::identity::next_identity;
+use crate::pool::PoolBuffer;
+use crate::sync::Arc;
+use crate::tensor::{
+    check_dtype, compact_copy, pooled_bytes, DType, Element, Layout, Tensor, TensorError,
+    TensorRead,
+};
 
 /// A descriptor record in the arena.
 #[derive(Debug)]
 pub(crate) struct Descriptor {
-    group: NonZeroU64,
     buffer: u32,
     dtype: DType,
     layout: Layout,
@@ -52,19 +61,23 @@ fn descriptors() -> &'static SlotArena<Descriptor> {
     &ARENA
 }
 
-/// A descriptor's key: which group, which record. `Copy` and opaque.
+/// A descriptor's key: which group, which of its views, which arena record. `Copy` and
+/// opaque.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DescriptorSlot {
     key: Key,
     group: NonZeroU64,
+    /// Index in the group's table of views.
+    view: u32,
 }
 
 impl fmt::Debug for DescriptorSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "DescriptorSlot(group #{}, slot {}, generation {})",
+            "DescriptorSlot(group #{}, view {}, record {} generation {})",
             self.group,
+            self.view,
             self.key.index(),
             self.key.generation()
         )
@@ -90,13 +103,6 @@ pub struct AllocationGroup {
 impl Clone for AllocationGroup {
     /// Shares the group: one atomic increment, no copy.
     fn clone(&self) -> Self {
-        if cfg!(ferropool_planted = "clone_without_count") {
-            // PLANTED BUG (loom models only): a second handle without a count of its own.
-            // SAFETY: none; this is the bug the retain model must catch.
-            return Self {
-                inner: unsafe { Arc::from_raw(Arc::as_ptr(&self.inner)) },
-            };
-        }
         Self {
             inner: Arc::clone(&self.inner),
         }
@@ -105,21 +111,34 @@ impl Clone for AllocationGroup {
 
 struct GroupInner {
     id: NonZeroU64,
-    /// Buffers by index; `None` once extracted or removed. Invariant: every live descriptor
-    /// of this group names a `Some` buffer whose initialised elements cover its layout.
-    buffers: Vec<Option<PoolBuffer>>,
-    /// Keys of this group's live descriptors. Invariant: only this group removes them, and
-    /// only through `&mut` on its unique handle (or when the last handle drops).
-    keys: Vec<Key>,
+    /// Buffers by index; `None` once extracted or no longer viewed.
+    ///
+    /// Invariant: every live view of this group names a `Some` buffer whose initialised
+    /// elements cover its layout, and each buffer's `views` counts its live views.
+    buffers: Vec<Option<Owned>>,
+    /// Arena keys of the live views, by view index; `None` for a removed view.
+    ///
+    /// Invariant: a `Some` key is live in the descriptor arena, and only this group removes
+    /// it: through `&mut` on its unique handle, or when its last handle drops.
+    views: Vec<Option<Key>>,
+    /// Indices of `None` entries of `views`, for reuse.
+    vacant_views: Vec<u32>,
+}
+
+/// A buffer of a group and the number of its live views.
+struct Owned {
+    buffer: PoolBuffer,
+    views: u32,
 }
 
 impl Drop for GroupInner {
     fn drop(&mut self) {
         let arena = descriptors();
         let guard = arena.pin();
-        for key in self.keys.drain(..) {
-            // Our own live key: removal cannot fail; if it did, the record is gone anyway.
-            let _ = arena.remove(key, &guard);
+        for key in self.views.drain(..).flatten() {
+            // Our own live key (invariant on `views`): removal cannot fail.
+            let removed = arena.remove(key, &guard);
+            debug_assert!(removed.is_ok(), "{removed:?}");
         }
     }
 }
@@ -131,7 +150,8 @@ impl AllocationGroup {
             inner: Arc::new(GroupInner {
                 id: next_identity(),
                 buffers: Vec::new(),
-                keys: Vec::new(),
+                views: Vec::new(),
+                vacant_views: Vec::new(),
             }),
         }
     }
@@ -141,7 +161,8 @@ impl AllocationGroup {
     /// # Errors
     ///
     /// [`GroupError::ExternalPayload`] if a tensor is a caller-owned payload (checked before
-    /// anything is moved; the tensors are dropped, so payloads go back to their owners).
+    /// anything is moved; the tensors are dropped, so payloads go back to their owners);
+    /// [`GroupError::Arena`] if the descriptor arena is full.
     pub fn from_tensors(
         tensors: impl IntoIterator<Item = Tensor>,
     ) -> Result<(Self, Vec<DescriptorSlot>), GroupError> {
@@ -163,35 +184,75 @@ impl AllocationGroup {
     ///
     /// # Errors
     ///
-    /// [`GroupError::ExternalPayload`]; [`GroupError::Shared`].
+    /// [`GroupError::ExternalPayload`]; [`GroupError::Shared`]; [`GroupError::Arena`] if
+    /// the descriptor arena is full (the tensor is dropped).
     pub fn append_tensor(&mut self, tensor: Tensor) -> Result<DescriptorSlot, GroupError> {
-        let inner = self.unique()?;
-        let (buffer, dtype, layout) = tensor
-            .into_pooled_parts()
-            .map_err(|t| GroupError::ExternalPayload { dtype: t.dtype() })?;
-        let index = inner.buffers.len() as u32;
-        inner.buffers.push(Some(buffer));
-        Self::insert(inner, index, dtype, layout).inspect_err(|_| {
-            inner.buffers.pop();
-        })
+        self.try_append(tensor).map_err(|(error, _)| error)
     }
 
+    /// As [`append_tensor`](Self::append_tensor), handing the tensor back on error.
+    // The tensor comes back whole, by move; boxing it would allocate on every append.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn try_append(
+        &mut self,
+        tensor: Tensor,
+    ) -> Result<DescriptorSlot, (GroupError, Tensor)> {
+        let inner = match self.unique() {
+            Ok(inner) => inner,
+            Err(error) => return Err((error, tensor)),
+        };
+        let (buffer, dtype, layout) = match tensor.into_pooled_parts() {
+            Ok(parts) => parts,
+            Err(tensor) => {
+                let dtype = tensor.dtype();
+                return Err((GroupError::ExternalPayload { dtype }, tensor));
+            }
+        };
+        let index = inner.buffers.len() as u32;
+        inner.buffers.push(Some(Owned { buffer, views: 0 }));
+        match Self::insert(inner, index, dtype, layout) {
+            Ok(slot) => Ok(slot),
+            Err((error, layout)) => {
+                let owned = inner.buffers.pop().flatten().expect("pushed just above");
+                Err((error, Tensor::pooled(owned.buffer, dtype, layout)))
+            }
+        }
+    }
+
+    /// Adds a view of buffer `buffer` to the arena and the group's table; a refused layout
+    /// comes back with the error.
+    // Moved back whole, not boxed: the error path is rare, the success path is every view.
+    #[allow(clippy::result_large_err)]
     fn insert(
         inner: &mut GroupInner,
         buffer: u32,
         dtype: DType,
         layout: Layout,
-    ) -> Result<DescriptorSlot, GroupError> {
-        let key = descriptors().insert(Descriptor {
-            group: inner.id,
-            buffer,
-            dtype,
-            layout,
-        })?;
-        inner.keys.push(key);
+    ) -> Result<DescriptorSlot, (GroupError, Layout)> {
+        let key = descriptors()
+            .try_insert(Descriptor {
+                buffer,
+                dtype,
+                layout,
+            })
+            .map_err(|(error, refused)| (GroupError::Arena(error), refused.layout))?;
+        let view = match inner.vacant_views.pop() {
+            Some(view) => {
+                inner.views[view as usize] = Some(key);
+                view
+            }
+            None => {
+                inner.views.push(Some(key));
+                (inner.views.len() - 1) as u32
+            }
+        };
+        if let Some(owned) = &mut inner.buffers[buffer as usize] {
+            owned.views += 1;
+        }
         Ok(DescriptorSlot {
             key,
             group: inner.id,
+            view,
         })
     }
 
@@ -201,40 +262,55 @@ impl AllocationGroup {
         Arc::get_mut(&mut self.inner).ok_or(GroupError::Shared { handles })
     }
 
-    /// This group's descriptor for `slot`.
-    fn descriptor(&self, slot: DescriptorSlot) -> Result<&Descriptor, GroupError> {
+    /// Checks that `slot` is a live view of this group.
+    #[inline]
+    fn check(&self, slot: DescriptorSlot) -> Result<(), GroupError> {
         if slot.group != self.inner.id {
             return Err(GroupError::ForeignSlot {
-                slot: format!("{:?}", slot.key),
-                slot_group: slot.group.get(),
+                slot,
                 group: self.inner.id.get(),
             });
         }
-        // SAFETY: the slot is this group's (checked above), and this group's descriptors are
-        // removed only through `&mut` on its unique handle or when its last handle drops;
-        // `&self` excludes both for the lifetime of the returned reference.
-        let descriptor = unsafe { descriptors().get_unpinned(slot.key) }?;
-        debug_assert_eq!(descriptor.group, self.inner.id, "a live key of this group");
-        Ok(descriptor)
+        match self.inner.views.get(slot.view as usize) {
+            Some(Some(key)) if *key == slot.key => Ok(()),
+            _ => Err(GroupError::Removed { slot }),
+        }
+    }
+
+    /// This group's descriptor for `slot`.
+    #[inline]
+    fn descriptor(&self, slot: DescriptorSlot) -> Result<&Descriptor, GroupError> {
+        self.check(slot)?;
+        // SAFETY: `check` found the key in this group's table of live views, so it is live
+        // (invariant on `views`); this group removes it only through `&mut` on its unique
+        // handle or when its last handle drops, and `&self` excludes both while the returned
+        // reference lives.
+        let descriptor = unsafe { descriptors().get_unpinned(slot.key) };
+        Ok(descriptor.expect("a live view resolves (invariant on `views`)"))
     }
 
     /// A read-only view of `slot`. Lock-free; works through any handle, from any thread.
     ///
     /// # Errors
     ///
-    /// [`GroupError::ForeignSlot`] for another group's slot; [`GroupError::Stale`] for a
+    /// [`GroupError::ForeignSlot`] for another group's slot; [`GroupError::Removed`] for a
     /// removed one.
     #[inline]
     pub fn read_view(&self, slot: DescriptorSlot) -> Result<TensorRead<'_>, GroupError> {
         let descriptor = self.descriptor(slot)?;
-        let buffer = self.inner.buffers[descriptor.buffer as usize]
-            .as_ref()
-            .expect("a live descriptor's buffer is present (invariant on `buffers`)");
+        let owned = self.owned(descriptor.buffer);
         Ok(TensorRead::pooled(
-            pooled_bytes(buffer),
+            pooled_bytes(&owned.buffer),
             descriptor.dtype,
             &descriptor.layout,
         ))
+    }
+
+    /// The buffer a live view names (invariant on `buffers`).
+    fn owned(&self, buffer: u32) -> &Owned {
+        self.inner.buffers[buffer as usize]
+            .as_ref()
+            .expect("a live view's buffer is present (invariant on `buffers`)")
     }
 
     /// The dtype and shape of `slot`.
@@ -260,8 +336,8 @@ impl AllocationGroup {
         let inner = self.unique()?;
         let bytes = inner.buffers[buffer as usize]
             .as_mut()
-            .and_then(PoolBuffer::as_bytes_mut)
-            .expect("a live descriptor's buffer is present and initialised");
+            .and_then(|owned| owned.buffer.as_bytes_mut())
+            .expect("a live view's buffer is present and initialised");
         Ok(TensorWrite {
             bytes,
             dtype,
@@ -274,7 +350,8 @@ impl AllocationGroup {
     /// # Errors
     ///
     /// [`GroupError::Tensor`] with [`TensorError::OutOfBounds`] if the layout reaches past
-    /// the buffer; [`GroupError::Shared`]; the errors of [`read_view`](Self::read_view).
+    /// the buffer; [`GroupError::Shared`]; [`GroupError::Arena`]; the errors of
+    /// [`read_view`](Self::read_view).
     pub fn add_view(
         &mut self,
         of: DescriptorSlot,
@@ -284,13 +361,11 @@ impl AllocationGroup {
             let d = self.descriptor(of)?;
             (d.buffer, d.dtype)
         };
-        let inner = self.unique()?;
-        let bytes = inner.buffers[buffer as usize]
-            .as_ref()
-            .map_or(0, PoolBuffer::len);
+        let bytes = self.owned(buffer).buffer.len();
         let size = dtype.size_of().expect("pooled dtypes have a size");
         layout.check_within(bytes / size)?;
-        Self::insert(inner, buffer, dtype, layout)
+        let inner = self.unique()?;
+        Self::insert(inner, buffer, dtype, layout).map_err(|(error, _)| error)
     }
 
     /// A view of `of` under another shape (needs a contiguous layout).
@@ -337,19 +412,6 @@ impl AllocationGroup {
         self.add_view(of, layout)
     }
 
-    /// Other live descriptors of this group on `slot`'s buffer.
-    fn aliases(&self, slot: DescriptorSlot, buffer: u32) -> usize {
-        self.inner
-            .keys
-            .iter()
-            .filter(|&&key| key != slot.key)
-            .filter(|&&key| {
-                // SAFETY: as in `descriptor`: our own keys, and `&self` excludes removal.
-                unsafe { descriptors().get_unpinned(key) }.is_ok_and(|d| d.buffer == buffer)
-            })
-            .count()
-    }
-
     /// Removes `slot`'s descriptor and returns its buffer as a tensor, without copying. Only
     /// when no other descriptor views the buffer and the view covers it compactly.
     ///
@@ -363,36 +425,31 @@ impl AllocationGroup {
             let d = self.descriptor(slot)?;
             (d.buffer, d.dtype, d.layout.clone())
         };
-        if Arc::strong_count(&self.inner) > 1 {
-            return Err(GroupError::Shared {
-                handles: Arc::strong_count(&self.inner),
+        self.unique()?;
+        let owned = self.owned(buffer);
+        if owned.views > 1 {
+            return Err(GroupError::Aliased {
+                aliases: owned.views as usize - 1,
             });
         }
-        let aliases = self.aliases(slot, buffer);
-        if aliases > 0 {
-            return Err(GroupError::Aliased { aliases });
-        }
         let size = dtype.size_of().expect("pooled dtypes have a size");
-        let bytes = self.inner.buffers[buffer as usize]
-            .as_ref()
-            .map_or(0, PoolBuffer::len);
-        if !layout.is_contiguous() || layout.offset() != 0 || layout.numel() * size != bytes {
+        let covers = layout
+            .numel()
+            .checked_mul(size)
+            .is_some_and(|bytes| bytes == owned.buffer.len());
+        if !layout.is_contiguous() || layout.offset() != 0 || !covers {
             return Err(TensorError::NotContiguous {
                 operation: "AllocationGroup::try_extract",
             }
             .into());
         }
-        self.remove_key(slot)?;
-        let inner = self.unique()?;
-        let buffer = inner.buffers[buffer as usize]
-            .take()
-            .expect("checked present above");
-        Ok(Tensor::pooled(buffer, dtype, layout))
+        let owned = self.remove_view(slot)?.expect("its only view was removed");
+        Ok(Tensor::pooled(owned.buffer, dtype, layout))
     }
 
     /// Removes `slot`'s descriptor and returns its elements as a compact tensor: the buffer
-    /// itself when [`try_extract`](Self::try_extract) can, otherwise a copy (in the global
-    /// pool).
+    /// itself when [`try_extract`](Self::try_extract) can, otherwise a copy in the pool the
+    /// buffer came from.
     ///
     /// # Errors
     ///
@@ -404,12 +461,20 @@ impl AllocationGroup {
             Err(
                 GroupError::Aliased { .. } | GroupError::Tensor(TensorError::NotContiguous { .. }),
             ) => {
-                let copy = copy_compact(&self.read_view(slot)?, BufferPool::global())?;
+                let copy = self.copy_out(slot)?;
                 self.remove(slot)?;
                 Ok(copy)
             }
             Err(other) => Err(other),
         }
+    }
+
+    /// A compact copy of `slot`'s elements, in the pool its buffer came from.
+    pub(crate) fn copy_out(&self, slot: DescriptorSlot) -> Result<Tensor, GroupError> {
+        let buffer = &self.owned(self.descriptor(slot)?.buffer).buffer;
+        Ok(compact_copy(&self.read_view(slot)?, |bytes| {
+            buffer.alloc_sibling(bytes)
+        })?)
     }
 
     /// Removes `slot`'s descriptor; its buffer goes back to the pool when no other
@@ -419,39 +484,33 @@ impl AllocationGroup {
     ///
     /// [`GroupError::Shared`]; the errors of [`read_view`](Self::read_view).
     pub fn remove(&mut self, slot: DescriptorSlot) -> Result<(), GroupError> {
-        let buffer = self.descriptor(slot)?.buffer;
-        if Arc::strong_count(&self.inner) > 1 {
-            return Err(GroupError::Shared {
-                handles: Arc::strong_count(&self.inner),
-            });
-        }
-        let orphaned = self.aliases(slot, buffer) == 0;
-        self.remove_key(slot)?;
-        if orphaned {
-            self.unique()?.buffers[buffer as usize] = None;
-        }
-        Ok(())
+        self.remove_view(slot).map(drop)
     }
 
-    fn remove_key(&mut self, slot: DescriptorSlot) -> Result<(), GroupError> {
+    /// Removes a live view; returns its buffer if that was the buffer's last view.
+    fn remove_view(&mut self, slot: DescriptorSlot) -> Result<Option<Owned>, GroupError> {
+        let buffer = self.descriptor(slot)?.buffer;
         let inner = self.unique()?;
         let arena = descriptors();
-        let guard = arena.pin();
-        arena.remove(slot.key, &guard)?;
-        if let Some(i) = inner.keys.iter().position(|&k| k == slot.key) {
-            inner.keys.swap_remove(i);
-        }
-        Ok(())
+        arena
+            .remove(slot.key, &arena.pin())
+            .expect("a live view is removed once (invariant on `views`)");
+        inner.views[slot.view as usize] = None;
+        inner.vacant_views.push(slot.view);
+        let entry = &mut inner.buffers[buffer as usize];
+        let owned = entry.as_mut().expect("a live view's buffer is present");
+        owned.views -= 1;
+        Ok(if owned.views == 0 { entry.take() } else { None })
     }
 
     /// Live descriptors.
     pub fn len(&self) -> usize {
-        self.inner.keys.len()
+        self.inner.views.len() - self.inner.vacant_views.len()
     }
 
     /// Whether the group has no descriptors.
     pub fn is_empty(&self) -> bool {
-        self.inner.keys.is_empty()
+        self.len() == 0
     }
 
     /// Handles sharing this group (1 when this is the only one).
@@ -462,6 +521,20 @@ impl AllocationGroup {
     /// The group's identity, as carried by its slots.
     pub fn id(&self) -> u64 {
         self.inner.id.get()
+    }
+
+    /// Returns the descriptor arena's vacant trailing pages to the system (see
+    /// [`SlotArena::trim`]) and returns the descriptor slots released. The arena is shared
+    /// by every group of the process and grows to the most descriptors ever live at once;
+    /// call this after a phase that held many (say, a large model torn down). Safe to call
+    /// at any time, from any thread.
+    pub fn trim_descriptors() -> u64 {
+        descriptors().trim()
+    }
+
+    /// Descriptor slots the process-wide descriptor arena holds pages for.
+    pub fn descriptor_capacity() -> u64 {
+        descriptors().capacity()
     }
 }
 
@@ -475,28 +548,11 @@ impl fmt::Debug for AllocationGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AllocationGroup")
             .field("id", &self.inner.id)
-            .field("descriptors", &self.inner.keys.len())
+            .field("descriptors", &self.len())
             .field("buffers", &self.inner.buffers.iter().flatten().count())
             .field("handles", &self.handles())
             .finish()
     }
-}
-
-/// Copies a view's elements into a new compact tensor in `pool`.
-fn copy_compact(view: &TensorRead<'_>, pool: &BufferPool) -> Result<Tensor, GroupError> {
-    macro_rules! copy {
-        ($($d:ident => $t:ty),*) => {
-            match view.dtype() {
-                $(DType::$d => Tensor::from_slice_in(pool, &view.to_vec::<$t>()?, view.shape())?,)*
-                other => return Err(GroupError::ExternalPayload { dtype: other }),
-            }
-        };
-    }
-    use crate::tensor::{Bf16, F16};
-    Ok(
-        copy!(F32 => f32, F64 => f64, F16 => F16, BF16 => Bf16, I8 => i8, I32 => i32,
-             I64 => i64, U8 => u8, Bool => bool),
-    )
 }
 
 /// An exclusive writable view of one descriptor.

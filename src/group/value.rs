@@ -1,7 +1,6 @@
 //! `TensorValue`: a tensor, or a descriptor of an allocation group.
 
-use super::{AllocationGroup, DescriptorSlot};
-use crate::error::GroupError;
+use super::{AllocationGroup, DescriptorSlot, GroupError};
 use crate::tensor::{DType, Tensor};
 
 /// A tensor value as the runtime passes it around: an owned tensor, or one descriptor of an
@@ -26,19 +25,18 @@ impl TensorValue {
     }
 
     /// The value as an owned tensor. A grouped value is extracted without a copy when its
-    /// group is not shared and nothing else views its buffer, and copied otherwise.
+    /// group is not shared and nothing else views its buffer, and copied (in the pool its
+    /// buffer came from) otherwise.
     ///
     /// # Errors
     ///
-    /// The errors of [`AllocationGroup::into_tensor`] (after falling back to a copy through
-    /// [`AllocationGroup::read_view`] for a shared group).
+    /// The errors of [`AllocationGroup::into_tensor`], or of the copy for a shared group.
     pub fn into_tensor(self) -> Result<Tensor, GroupError> {
         match self {
             Self::Tensor(tensor) => Ok(tensor),
             Self::Grouped { mut group, slot } => {
                 if group.handles() > 1 {
-                    let view = group.read_view(slot)?;
-                    return super::copy_compact(&view, crate::BufferPool::global());
+                    return group.copy_out(slot);
                 }
                 group.into_tensor(slot)
             }
@@ -46,9 +44,10 @@ impl TensorValue {
     }
 
     /// The group, slot, dtype and shape of a pooled value: a pooled tensor moves into a new
-    /// group of its own (no copy). A caller-owned value, or a grouped value whose slot no
-    /// longer resolves, comes back unchanged in `Err`.
-    // The seed's signature: a value that cannot join a group comes back whole, unchanged.
+    /// group of its own (no copy). A caller-owned value, a grouped value whose slot no
+    /// longer resolves, or a tensor the descriptor arena has no room for, comes back
+    /// unchanged in `Err`.
+    // The runtime's signature: a value that cannot join a group comes back whole, unchanged.
     #[allow(clippy::result_large_err)]
     pub fn try_into_group_parts(
         self,
@@ -58,10 +57,9 @@ impl TensorValue {
             Self::Tensor(tensor) => {
                 let mut group = AllocationGroup::new();
                 let (dtype, shape) = (tensor.dtype(), tensor.shape().to_vec());
-                match group.append_tensor(tensor) {
+                match group.try_append(tensor) {
                     Ok(slot) => Ok((group, slot, dtype, shape)),
-                    // Unreachable for a pooled tensor and a fresh group; nothing to return.
-                    Err(error) => panic!("a pooled tensor could not join a new group: {error}"),
+                    Err((_, tensor)) => Err(Self::Tensor(tensor)),
                 }
             }
             Self::Grouped { group, slot } => match group.describe(slot) {

@@ -11,7 +11,8 @@ use std::cell::RefCell;
 
 use super::stats::{bump, bump_i, ThreadCounters};
 use super::{Block, PoolInner};
-use crate::sync::{next_identity, thread_local, Arc};
+use crate::identity::next_identity;
+use crate::sync::{thread_local, Arc};
 
 #[cfg(not(loom))]
 thread_local! {

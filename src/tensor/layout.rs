@@ -1,6 +1,6 @@
 //! Layouts: shape, element strides and element offset, checked on construction.
 
-use crate::error::TensorError;
+use super::TensorError;
 
 /// Where a tensor's elements sit in a buffer: element `i` (a multi-index) lives at element
 /// `offset + Σ i[k] * strides[k]`.
@@ -269,13 +269,20 @@ impl Layout {
                 reason: format!("range {start}..{start}+{len} of a dimension of {dim}"),
             });
         }
+        // Checked: a zero-element layout skips the extent check, so its strides and offset
+        // may be anything.
+        let offset = start
+            .checked_mul(self.strides[axis])
+            .and_then(|skip| skip.checked_add(self.offset))
+            .ok_or_else(|| TensorError::InvalidLayout {
+                reason: format!(
+                    "narrowing axis {axis} from {start} moves the offset {} past usize::MAX",
+                    self.offset
+                ),
+            })?;
         let mut shape = self.shape.clone();
         shape[axis] = len;
-        Ok(Self::from_parts(
-            shape,
-            self.strides.clone(),
-            self.offset + start * self.strides[axis],
-        ))
+        Ok(Self::from_parts(shape, self.strides.clone(), offset))
     }
 
     /// The element offset of a multi-index.
@@ -290,12 +297,17 @@ impl Layout {
                 shape: self.shape.to_vec(),
             });
         }
-        Ok(self.offset
-            + index
-                .iter()
-                .zip(&*self.strides)
-                .map(|(i, s)| i * s)
-                .sum::<usize>())
+        // Within the extent, which construction checked, so this cannot overflow; checked
+        // all the same, as every offset computation is.
+        index
+            .iter()
+            .zip(&*self.strides)
+            .try_fold(self.offset, |offset, (&i, &stride)| {
+                i.checked_mul(stride)?.checked_add(offset)
+            })
+            .ok_or_else(|| TensorError::InvalidLayout {
+                reason: format!("the offset of index {index:?} overflows usize"),
+            })
     }
 }
 

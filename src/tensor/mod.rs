@@ -2,19 +2,21 @@
 //! payloads, and borrowed read-only views.
 
 mod dtype;
+mod error;
 mod layout;
 mod read;
 
 pub use dtype::{Bf16, DType, Element, F16};
+pub use error::TensorError;
 pub use layout::Layout;
 pub use read::TensorRead;
 
 use std::any::Any;
 use std::fmt;
 
-use crate::error::TensorError;
-use crate::pool::{BufferPool, PoolBuffer};
+use crate::pool::{BufferPool, PoolBuffer, PoolError};
 use layout::numel;
+use read::for_each_offset;
 
 /// A caller-owned value retained by the runtime as is (`DType::External(tag)`).
 ///
@@ -50,6 +52,8 @@ enum Repr {
         dtype: DType,
         layout: Layout,
     },
+    /// Invariant: the element count of `shape` (copied from the payload when the tensor was
+    /// built) fits in `usize`.
     External {
         payload: Box<dyn ExternalPayload>,
         shape: Box<[usize]>,
@@ -107,9 +111,10 @@ impl Tensor {
         iter: impl IntoIterator<Item = T>,
         shape: &[usize],
     ) -> Result<Self, TensorError> {
-        let count = numel(shape)?;
         let layout = Layout::contiguous(shape)?;
-        let mut buffer = pool.alloc(count * std::mem::size_of::<T>())?;
+        let count = layout.numel();
+        let bytes = byte_count(count, std::mem::size_of::<T>(), shape)?;
+        let mut buffer = pool.alloc(bytes)?;
         let base = buffer.as_mut_ptr().cast::<T>();
         let mut iter = iter.into_iter();
         for i in 0..count {
@@ -120,15 +125,16 @@ impl Tensor {
                     found_elements: i,
                 });
             };
-            // SAFETY: `i < count` and the buffer holds `count` elements of `T`, aligned (pool
-            // alignment is at least 8).
+            // SAFETY: `i < count` and the buffer holds `count * size_of::<T>()` bytes (checked
+            // above), aligned for `T` (pool alignment is at least 8).
             unsafe { base.add(i).write(value) };
         }
+        // One more element is enough to know there are too many: the iterator is not drained
+        // (it may never end).
         if iter.next().is_some() {
-            return Err(TensorError::ShapeMismatch {
+            return Err(TensorError::TooManyElements {
                 shape: shape.to_vec(),
                 expected_elements: count,
-                found_elements: count + 1 + iter.count(),
             });
         }
         // SAFETY: the loop wrote all `count` elements.
@@ -156,26 +162,27 @@ impl Tensor {
             dtype,
         })?;
         let layout = Layout::contiguous(shape)?;
-        let bytes = layout
-            .numel()
-            .checked_mul(size)
-            .ok_or_else(|| TensorError::InvalidLayout {
-                reason: format!("{shape:?} x {size} bytes overflows usize"),
-            })?;
+        let bytes = byte_count(layout.numel(), size, shape)?;
         // All-zero bytes are a valid value of every element type (0, 0.0, false).
         let buffer = pool.alloc_zeroed(bytes)?;
         Ok(Self::pooled(buffer, dtype, layout))
     }
 
-    /// A tensor that holds a caller-owned payload as is.
-    pub fn external(payload: impl ExternalPayload) -> Self {
-        let shape = payload.shape().into();
-        Self {
+    /// A tensor that holds a caller-owned payload as is. Its shape is read once, now.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::InvalidLayout`] if the element count of the payload's shape overflows
+    /// `usize`; the payload is dropped.
+    pub fn external(payload: impl ExternalPayload) -> Result<Self, TensorError> {
+        let shape: Box<[usize]> = payload.shape().into();
+        numel(&shape)?;
+        Ok(Self {
             repr: Repr::External {
                 payload: Box::new(payload),
                 shape,
             },
-        }
+        })
     }
 
     /// Wraps a buffer already holding `layout.numel()` initialised elements of `dtype`.
@@ -220,7 +227,11 @@ impl Tensor {
 
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.shape().iter().product()
+        match &self.repr {
+            Repr::Pooled { layout, .. } => layout.numel(),
+            // The count fits (invariant on `Repr::External`).
+            Repr::External { shape, .. } => shape.iter().product(),
+        }
     }
 
     /// Whether this holds a caller-owned payload.
@@ -295,6 +306,54 @@ impl Tensor {
             Repr::External { payload, shape } => TensorRead::of_external(&**payload, shape),
         }
     }
+}
+
+/// Bytes of `count` elements of `size` bytes each, checked.
+fn byte_count(count: usize, size: usize, shape: &[usize]) -> Result<usize, TensorError> {
+    count
+        .checked_mul(size)
+        .ok_or_else(|| TensorError::InvalidLayout {
+            reason: format!("{shape:?} elements of {size} bytes overflow usize"),
+        })
+}
+
+/// A compact (row-major, offset 0) copy of a pooled view's elements, in a buffer from
+/// `alloc`, which is given the byte count.
+pub(crate) fn compact_copy(
+    view: &TensorRead<'_>,
+    alloc: impl FnOnce(usize) -> Result<PoolBuffer, PoolError>,
+) -> Result<Tensor, TensorError> {
+    let Some((bytes, dtype, layout)) = view.pooled_parts() else {
+        return Err(TensorError::ExternalDType {
+            operation: "a compact copy",
+            dtype: view.dtype(),
+        });
+    };
+    let size = dtype.size_of().expect("pooled dtypes have a size");
+    let total = byte_count(layout.numel(), size, layout.shape())?;
+    let mut buffer = alloc(total)?;
+    if layout.is_contiguous() {
+        let start = layout.offset() * size;
+        buffer.copy_from_slice(&bytes[start..start + total])?;
+    } else {
+        let out = buffer.as_uninit_mut();
+        let mut at = 0;
+        for_each_offset(layout, |offset| {
+            let element = &bytes[offset * size..(offset + 1) * size];
+            for (to, &from) in out[at..at + size].iter_mut().zip(element) {
+                to.write(from);
+            }
+            at += size;
+        });
+        debug_assert_eq!(at, total);
+        // SAFETY: the walk visited all `numel` elements and wrote `size` bytes for each.
+        unsafe { buffer.assume_init() };
+    }
+    Ok(Tensor::pooled(
+        buffer,
+        dtype,
+        Layout::contiguous(layout.shape())?,
+    ))
 }
 
 /// The initialised bytes of a buffer that backs a tensor.

@@ -2,8 +2,8 @@
 
 use std::any::Any;
 
+use super::TensorError;
 use super::{check_dtype, DType, Element, ExternalPayload, Layout, Tensor};
-use crate::error::TensorError;
 
 /// A borrowed read-only view: dtype, shape, strides, offset, and the elements.
 ///

@@ -1,5 +1,6 @@
-//! The surface the training runtime codes against (`../shared/seed/checkpoint.rs`), tested
-//! through the public API only, with the seed's names.
+//! The surface the training runtime codes against (retained values, retention containers,
+//! retained input maps and checkpoint chains, and what they use), tested through the public
+//! API only, with the names the runtime uses.
 
 mod common;
 
@@ -94,7 +95,7 @@ fn caller_owned_values_are_retained_as_is_and_returned() {
         label: "tokenizer state",
         returned: Arc::clone(&returned),
     };
-    let value = TensorValue::from_tensor(Tensor::external(payload));
+    let value = TensorValue::from_tensor(Tensor::external(payload).unwrap());
     let retained = RetainedValue::from_tensor_value(value).unwrap();
     assert_eq!(retained.dtype(), DType::External(7));
     assert_eq!(retained.shape(), &[3]);
@@ -126,11 +127,14 @@ fn caller_owned_values_are_retained_as_is_and_returned() {
 #[test]
 fn try_into_group_parts_hands_a_payload_back_unchanged() {
     let returned = Arc::new(AtomicUsize::new(0));
-    let value = TensorValue::from_tensor(Tensor::external(Opaque {
-        shape: vec![1],
-        label: "kept",
-        returned: Arc::clone(&returned),
-    }));
+    let value = TensorValue::from_tensor(
+        Tensor::external(Opaque {
+            shape: vec![1],
+            label: "kept",
+            returned: Arc::clone(&returned),
+        })
+        .unwrap(),
+    );
     let back = value.try_into_group_parts().unwrap_err();
     let tensor = back.into_tensor().unwrap();
     assert_eq!(tensor.external_payload::<Opaque>().unwrap().label, "kept");
@@ -262,7 +266,7 @@ fn group_operations_and_their_typed_errors() {
     ));
     group.remove(square).unwrap();
     assert!(
-        matches!(group.read_view(square), Err(GroupError::Stale(_))),
+        matches!(group.read_view(square), Err(GroupError::Removed { .. })),
         "removed slot"
     );
     let extracted = group.try_extract(whole).unwrap();
@@ -282,7 +286,8 @@ fn group_operations_and_their_typed_errors() {
         shape: vec![],
         label: "no",
         returned: Arc::clone(&returned),
-    });
+    })
+    .unwrap();
     assert!(matches!(
         group.append_tensor(payload),
         Err(GroupError::ExternalPayload {
@@ -327,9 +332,8 @@ fn tensor_bad_input_is_typed() {
     ));
     assert!(matches!(
         Tensor::from_iter_in(&pool, 0..5i64, &[2, 2]),
-        Err(TensorError::ShapeMismatch {
+        Err(TensorError::TooManyElements {
             expected_elements: 4,
-            found_elements: 5,
             ..
         })
     ));
@@ -549,4 +553,64 @@ fn layouts_of_any_rank_view_the_right_elements() {
         group.reshape(permuted, &[48]),
         Err(GroupError::Tensor(TensorError::NotContiguous { .. }))
     ));
+}
+
+/// A strided view copied out of a group goes into the group's own pool, under its budget
+/// and in its statistics (it used to go to the global pool).
+#[test]
+fn into_tensor_copies_into_the_groups_own_pool() {
+    let pool = private_pool();
+    let t = Tensor::from_slice_in(&pool, &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    let (mut group, slots) = AllocationGroup::from_tensors([t]).unwrap();
+    let transposed = group.permute(slots[0], &[1, 0]).unwrap();
+    let copy = group.into_tensor(transposed).unwrap();
+    assert_eq!(
+        copy.as_slice::<f32>().unwrap(),
+        &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
+    );
+    let stats = pool.stats();
+    assert_eq!(stats.allocations, 2, "the copy came from the group's pool");
+    assert_eq!(stats.in_use_bytes, 48);
+    drop((group, copy));
+    assert_eq!(pool.stats().in_use_bytes, 0);
+}
+
+/// Thousands of views of one buffer: each removal is O(1), aliases are counted exactly, and
+/// the buffer goes back with its last view. Removed slots stay removed even after their
+/// view index is reused.
+#[test]
+fn many_views_come_and_go() {
+    let pool = private_pool();
+    let t = Tensor::from_slice_in(&pool, &[1i32, 2, 3, 4], &[4]).unwrap();
+    let (mut group, slots) = AllocationGroup::from_tensors([t]).unwrap();
+    let views: Vec<_> = (0..scaled(5_000))
+        .map(|i| group.narrow(slots[0], 0, i % 4, 1).unwrap())
+        .collect();
+    assert_eq!(group.len(), views.len() + 1);
+    assert!(matches!(
+        group.try_extract(slots[0]),
+        Err(GroupError::Aliased { aliases }) if aliases == views.len()
+    ));
+    for (i, &view) in views.iter().enumerate().rev() {
+        assert_eq!(
+            group.read_view(view).unwrap().get::<i32>(&[0]).unwrap(),
+            (i % 4) as i32 + 1
+        );
+        group.remove(view).unwrap();
+        assert!(matches!(
+            group.read_view(view),
+            Err(GroupError::Removed { .. })
+        ));
+    }
+    let reused = group.narrow(slots[0], 0, 0, 2).unwrap();
+    assert!(matches!(
+        group.read_view(views[0]),
+        Err(GroupError::Removed { .. })
+    ));
+    group.remove(reused).unwrap();
+    let whole = group.try_extract(slots[0]).unwrap();
+    assert_eq!(whole.as_slice::<i32>().unwrap(), &[1, 2, 3, 4]);
+    assert!(group.is_empty());
+    drop(whole);
+    assert_eq!(pool.stats().in_use_bytes, 0);
 }

@@ -1,0 +1,67 @@
+//! The arena's error type.
+
+use super::SlotPhase;
+
+/// Errors of [`SlotArena`](crate::SlotArena).
+///
+/// Every variant says what was asked for and what the arena had instead; an operation that
+/// returns one of these has left the arena unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArenaError {
+    /// The key's slot holds no value of the key's generation: it was removed, or removed and
+    /// reused (the slot is now at `current_generation`).
+    #[error(
+        "slot {index} generation {generation} is not present \
+         (the slot is at generation {current_generation}, {phase})"
+    )]
+    Stale {
+        /// The key's slot index.
+        index: u32,
+        /// The key's generation.
+        generation: u32,
+        /// The slot's generation now.
+        current_generation: u32,
+        /// Where the slot is in its life now.
+        phase: SlotPhase,
+    },
+    /// The key's slot index was never allocated by this arena (or its page was released).
+    #[error("slot {index} is out of range (the arena has {capacity} slots allocated)")]
+    OutOfRange {
+        /// The key's slot index.
+        index: u32,
+        /// Slots the arena has allocated pages for.
+        capacity: u64,
+    },
+    /// The key was issued by another arena.
+    #[error("the key belongs to arena #{key_arena}, not to this arena #{arena}")]
+    ForeignKey {
+        /// The identity of the arena that issued the key.
+        key_arena: u64,
+        /// The identity of this arena.
+        arena: u64,
+    },
+    /// The epoch guard was pinned on another collector (or is `unprotected`), so it cannot
+    /// protect this arena's records.
+    #[error(
+        "the epoch guard belongs to another collector; pin with SlotArena::pin \
+         or with a handle registered on the arena's collector"
+    )]
+    ForeignGuard,
+    /// A configuration field is out of range.
+    #[error("invalid arena configuration: {field} = {value}, expected {expected}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// What the field accepts.
+        expected: &'static str,
+    },
+    /// Every addressable slot index is in use.
+    #[error("the arena is full: all {capacity} slot indices are in use")]
+    Full {
+        /// The number of addressable slots.
+        capacity: u64,
+    },
+}

@@ -1,0 +1,65 @@
+//! Pinning on an arena's collector.
+//!
+//! On crossbeam-epoch's default collector, `epoch::pin()` uses crossbeam's own thread-local
+//! handle. A private collector has no such handle, and registering one per pin costs a
+//! list insertion and removal on the collector (measured: 624 ns for a `with`, against
+//! 14 ns on the default collector). So each thread keeps the handles of the few private
+//! collectors it used last.
+
+use crate::sync::epoch::{Collector, Guard};
+
+/// Private collectors whose handle a thread keeps. A kept handle keeps its collector (and
+/// the garbage queued on it) alive until the thread exits or uses as many other private
+/// collectors, so the bound is small.
+#[cfg(not(loom))]
+const KEPT: usize = 4;
+
+/// Pins the calling thread on `collector`.
+pub(super) fn pin(collector: &Collector, is_default: bool) -> Guard {
+    if is_default {
+        return crate::sync::epoch::pin();
+    }
+    #[cfg(not(loom))]
+    if let Some(guard) = pin_kept(collector) {
+        return guard;
+    }
+    // Under loom, or while thread-locals are being destroyed, or when a destructor run by
+    // a collection on this very thread pins again: a handle of its own.
+    collector.register().pin()
+}
+
+#[cfg(not(loom))]
+fn pin_kept(collector: &Collector) -> Option<Guard> {
+    use std::cell::RefCell;
+
+    use crate::sync::epoch::LocalHandle;
+
+    std::thread_local! {
+        /// The handles, least recently used first.
+        static HANDLES: RefCell<Vec<LocalHandle>> = const { RefCell::new(Vec::new()) };
+    }
+    HANDLES
+        .try_with(|handles| {
+            let mut handles = handles.try_borrow_mut().ok()?;
+            if let Some(last) = handles.last().filter(|h| h.collector() == collector) {
+                return Some(last.pin());
+            }
+            let found = handles.iter().position(|h| h.collector() == collector);
+            let handle = match found {
+                Some(at) => handles.remove(at),
+                None => {
+                    if handles.len() == KEPT {
+                        // Dropping a handle may run deferred functions; they find the
+                        // registry borrowed and register handles of their own.
+                        handles.remove(0);
+                    }
+                    collector.register()
+                }
+            };
+            let guard = handle.pin();
+            handles.push(handle);
+            Some(guard)
+        })
+        .ok()
+        .flatten()
+}

@@ -1,0 +1,97 @@
+//! Releasing vacant trailing pages while other threads keep using the arena.
+//!
+//! `trim` first *freezes* the frontier (sets [`FROZEN`] in it with a compare-exchange), so no
+//! fresh slot can be claimed while it works; claims wait for it. It then takes every free
+//! list, counts the vacant slots it took per page, and unlinks the trailing pages whose used
+//! slots (those below the frontier) it holds all of. A page with a slot some thread is using
+//! (popped, claimed, occupied, removed, being recycled) is never released, because that slot
+//! is not on a free list; a null page below the frontier means a claimer is about to
+//! allocate it, so the trim stops there. Finally it lowers the frontier to the first
+//! released page and unfreezes it in one store, and gives the kept slots back.
+
+use super::slot::{self, Slot};
+use super::{Arena, FROZEN, MAX_SLOTS};
+use crate::paged::Page;
+use crate::stack::NIL;
+use crate::sync::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+impl<T> Arena<T> {
+    /// Releases trailing pages whose used slots are all vacant; `dispose` receives each
+    /// released page once no new reference into it can be made. Returns the slots released.
+    pub(super) fn release_vacant_pages(&self, mut dispose: impl FnMut(Page<Slot<T>>)) -> u64 {
+        let frontier = self.frontier.load(Acquire);
+        if frontier & FROZEN != 0 || frontier > MAX_SLOTS {
+            return 0; // another trim is running, or the arena is full: nothing trails
+        }
+        if self
+            .frontier
+            .compare_exchange(frontier, frontier | FROZEN, AcqRel, Relaxed)
+            .is_err()
+        {
+            return 0; // a claim or another trim moved it: try again later
+        }
+        // Every vacant slot, taken off its list, grouped by page.
+        let mut taken = Vec::new();
+        for shard in self.shards.iter() {
+            let mut link = shard.free.take_all();
+            while link != NIL {
+                taken.push(link - 1);
+                link = self.links.at(link - 1).load(Relaxed);
+            }
+        }
+        let mut vacant_in_page = vec![0u64; self.slots.page_count()];
+        for &index in &taken {
+            vacant_in_page[self.slots.locate(index).0] += 1;
+        }
+        // Unlink trailing pages whose used slots we hold all of.
+        let mut lowered = frontier;
+        let mut released = 0;
+        for k in (0..self.slots.page_count()).rev() {
+            let start = self.slots.page_start(k);
+            let used = frontier
+                .saturating_sub(start)
+                .min(self.slots.page_len(k) as u64);
+            let Some(page) = self.slots.page(k) else {
+                if used > 0 {
+                    break; // a claimer is allocating it
+                }
+                continue;
+            };
+            if vacant_in_page[k] != used {
+                break;
+            }
+            let floor = page[..used as usize]
+                .iter()
+                .map(|slot| slot::generation(slot.state.load(Relaxed)))
+                .fold(self.page_floor[k].load(Relaxed), u32::max);
+            if floor == u32::MAX {
+                break; // cannot promise fresh generations; keep the page
+            }
+            self.page_floor[k].store(floor, Relaxed);
+            // SAFETY: no slot of the page is in use (all used ones are in `taken`, none can
+            // be claimed while the frontier is frozen); readers that reached it before are
+            // kept safe by `dispose` (see `SlotArena::trim` and `shrink`).
+            if let Some(page) = unsafe { self.slots.take_page(k) } {
+                released += page.as_slice().len() as u64;
+                dispose(page);
+            }
+            lowered = lowered.min(start);
+        }
+        // Unfreeze, lowered. Release: a claimer that adds to the frontier after this sees
+        // the floors written above.
+        self.frontier.store(lowered, Release);
+        // Give back the slots of the pages kept.
+        let (mut head, mut tail) = (NIL, NIL);
+        for index in taken.into_iter().filter(|&i| u64::from(i) < lowered) {
+            self.links.at(index).store(head, Relaxed);
+            if tail == NIL {
+                tail = index + 1;
+            }
+            head = index + 1;
+        }
+        if head != NIL {
+            self.push_free(self.my_shard(), head, tail);
+        }
+        released
+    }
+}

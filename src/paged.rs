@@ -1,0 +1,242 @@
+//! `PagedTable<T>`: a table indexed by `u32` whose pages are allocated on demand and double in
+//! size, so that an index finds its page with one `leading_zeros` and a page, once allocated,
+//! never moves. The arena keeps its slots and list links in such tables, the pool its block
+//! records.
+
+use std::ptr::{self, NonNull};
+
+use crate::sync::{AtomicPtr, Ordering};
+
+/// A table of up to `u32::MAX` elements in doubling pages: page `k` holds `first << k`
+/// elements and starts at index `(first << k) - first`.
+pub(crate) struct PagedTable<T> {
+    /// `log2` of the length of page 0.
+    shift: u32,
+    /// Page `k`, or null.
+    ///
+    /// Invariant: a non-null page came from `Box::<[T]>::into_raw` with `page_len(k)`
+    /// elements and stays allocated until [`take_page`](Self::take_page) hands it to a
+    /// caller or the table drops; so a reference obtained through `&self` stays valid while
+    /// no `take_page` runs, and callers of `take_page` keep their own readers safe (the
+    /// arena defers the free past an epoch grace period).
+    pages: Box<[AtomicPtr<T>]>,
+}
+
+/// A page taken out of a table: its elements, owned by whoever holds this.
+pub(crate) struct Page<T> {
+    base: NonNull<T>,
+    len: usize,
+}
+
+// SAFETY: a `Page` owns its elements like a `Box<[T]>` does.
+unsafe impl<T: Send> Send for Page<T> {}
+
+impl<T> Page<T> {
+    /// The elements.
+    pub(crate) fn as_slice(&self) -> &[T] {
+        // SAFETY: `base` holds `len` initialised elements owned by `self` (see `take_page`).
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for Page<T> {
+    fn drop(&mut self) {
+        // SAFETY: from `Box::into_raw` with this length (invariant on `PagedTable::pages`),
+        // and owned by `self` alone.
+        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.base.as_ptr(), self.len)) });
+    }
+}
+
+impl<T> PagedTable<T> {
+    /// An empty table whose first page holds `first_page_len` elements (a power of two).
+    pub(crate) fn new(first_page_len: u32) -> Self {
+        debug_assert!(first_page_len.is_power_of_two());
+        let shift = first_page_len.trailing_zeros();
+        // Enough pages that the last one reaches index `u32::MAX - 1`.
+        let page_count = (33 - shift) as usize;
+        Self {
+            shift,
+            pages: (0..page_count)
+                .map(|_| AtomicPtr::new(ptr::null_mut()))
+                .collect(),
+        }
+    }
+
+    /// The number of pages the table can have.
+    pub(crate) fn page_count(&self) -> usize {
+        self.pages.len()
+    }
+
+    #[inline(always)]
+    fn first_page_len(&self) -> u64 {
+        1 << self.shift
+    }
+
+    /// Page number and offset of `index`.
+    #[inline(always)]
+    pub(crate) fn locate(&self, index: u32) -> (usize, usize) {
+        let shifted = u64::from(index) + self.first_page_len();
+        let page = (63 - shifted.leading_zeros() - self.shift) as usize;
+        let offset = (shifted - (self.first_page_len() << page)) as usize;
+        (page, offset)
+    }
+
+    /// The first index of page `page`.
+    pub(crate) fn page_start(&self, page: usize) -> u64 {
+        (self.first_page_len() << page) - self.first_page_len()
+    }
+
+    /// Elements in page `page`.
+    pub(crate) fn page_len(&self, page: usize) -> usize {
+        (self.first_page_len() << page) as usize
+    }
+
+    /// Whether page `page` is allocated.
+    pub(crate) fn has_page(&self, page: usize) -> bool {
+        !self.pages[page].load(Ordering::Acquire).is_null()
+    }
+
+    /// The elements of page `page`, if it is allocated.
+    #[inline]
+    pub(crate) fn page(&self, page: usize) -> Option<&[T]> {
+        let base = self.pages[page].load(Ordering::Acquire);
+        // SAFETY: a non-null page holds `page_len(page)` elements and stays allocated while
+        // `&self` lives and no `take_page` hands it out (invariant on `pages`).
+        (!base.is_null()).then(|| unsafe { std::slice::from_raw_parts(base, self.page_len(page)) })
+    }
+
+    /// The element at `index`, if its page is allocated.
+    #[inline]
+    pub(crate) fn get(&self, index: u32) -> Option<&T> {
+        let (page, offset) = self.locate(index);
+        let base = self.pages[page].load(Ordering::Acquire);
+        if base.is_null() {
+            return None;
+        }
+        // SAFETY: `offset < page_len(page)` by `locate`, and the page stays allocated while
+        // `&self` lives and no `take_page` hands it out (invariant on `pages`).
+        Some(unsafe { &*base.add(offset) })
+    }
+
+    /// The element at `index`, whose page the caller knows to be allocated.
+    ///
+    /// # Panics
+    ///
+    /// If the page is not allocated, which is a bug in the caller.
+    #[inline]
+    pub(crate) fn at(&self, index: u32) -> &T {
+        match self.get(index) {
+            Some(element) => element,
+            None => unallocated(index),
+        }
+    }
+
+    /// Allocates page `page` with `init(offset)` for each element unless it is allocated
+    /// already (another thread may win the race: then its page stays and ours is dropped).
+    pub(crate) fn ensure_page(&self, page: usize, init: impl FnMut(usize) -> T) {
+        if self.has_page(page) {
+            return;
+        }
+        let fresh: Box<[T]> = (0..self.page_len(page)).map(init).collect();
+        let fresh = Box::into_raw(fresh).cast::<T>();
+        if self.pages[page]
+            .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // SAFETY: `fresh` came from `Box::into_raw` above with this length and was never
+            // published, so it is still ours alone.
+            drop(unsafe {
+                Box::from_raw(ptr::slice_from_raw_parts_mut(fresh, self.page_len(page)))
+            });
+        }
+    }
+
+    /// Unlinks page `page` and hands it to the caller, or `None` if it is not allocated.
+    ///
+    /// # Safety
+    ///
+    /// References into the page obtained earlier through `&self` may still be in use: the
+    /// caller must keep the returned page alive until none is (the arena defers its drop
+    /// past an epoch grace period, or holds exclusive access).
+    pub(crate) unsafe fn take_page(&self, page: usize) -> Option<Page<T>> {
+        let base = self.pages[page].swap(ptr::null_mut(), Ordering::AcqRel);
+        NonNull::new(base).map(|base| Page {
+            base,
+            len: self.page_len(page),
+        })
+    }
+
+    /// Elements in allocated pages.
+    pub(crate) fn allocated(&self) -> u64 {
+        (0..self.pages.len())
+            .filter(|&k| self.has_page(k))
+            .map(|k| self.page_len(k) as u64)
+            .sum()
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn unallocated(index: u32) -> ! {
+    panic!("internal error: index {index} of a paged table has no page")
+}
+
+impl<T> Drop for PagedTable<T> {
+    fn drop(&mut self) {
+        for page in 0..self.pages.len() {
+            // SAFETY: `&mut self`: no reference into the table remains.
+            drop(unsafe { self.take_page(page) });
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for PagedTable<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PagedTable")
+            .field("first_page_len", &self.first_page_len())
+            .field("allocated", &self.allocated())
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locate_maps_indices_to_doubling_pages() {
+        let table: PagedTable<u8> = PagedTable::new(4);
+        assert_eq!(table.locate(0), (0, 0));
+        assert_eq!(table.locate(3), (0, 3));
+        assert_eq!(table.locate(4), (1, 0));
+        assert_eq!(table.locate(11), (1, 7));
+        assert_eq!(table.locate(12), (2, 0));
+        let (last_page, _) = table.locate(u32::MAX - 1);
+        assert!(last_page < table.page_count());
+        for k in 0..table.page_count() {
+            assert_eq!(table.locate(table.page_start(k) as u32), (k, 0));
+        }
+        let table: PagedTable<u8> = PagedTable::new(1);
+        assert_eq!(table.locate(0), (0, 0));
+        assert_eq!(table.locate(1), (1, 0));
+        assert!(table.locate(u32::MAX - 1).0 < table.page_count());
+    }
+
+    #[test]
+    fn pages_are_allocated_once_and_taken_whole() {
+        let table: PagedTable<u32> = PagedTable::new(2);
+        assert!(table.get(5).is_none());
+        table.ensure_page(1, |offset| offset as u32 + 10);
+        table.ensure_page(1, |_| 99); // already there: kept
+        assert_eq!(*table.at(2), 10);
+        assert_eq!(*table.at(5), 13);
+        assert_eq!(table.allocated(), 4);
+        // SAFETY (test): no reference into page 1 is alive.
+        let page = unsafe { table.take_page(1) }.unwrap();
+        assert_eq!(page.as_slice(), &[10, 11, 12, 13]);
+        assert!(table.get(2).is_none());
+        table.ensure_page(1, |_| 7);
+        assert_eq!(*table.at(2), 7, "a page taken can be allocated again");
+        drop(page);
+    }
+}

@@ -1,0 +1,76 @@
+//! The tensor layer's error type.
+
+use super::DType;
+use crate::pool::PoolError;
+
+/// Errors of tensors, layouts and views.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TensorError {
+    /// A typed access asked for one element type; the tensor holds another.
+    #[error("dtype mismatch: asked for {expected}, the tensor holds {found}")]
+    DTypeMismatch {
+        /// The type asked for.
+        expected: DType,
+        /// The tensor's type.
+        found: DType,
+    },
+    /// The data's element count does not match the shape.
+    #[error("shape {shape:?} holds {expected_elements} elements, got {found_elements}")]
+    ShapeMismatch {
+        /// The shape.
+        shape: Vec<usize>,
+        /// Elements the shape holds.
+        expected_elements: usize,
+        /// Elements given.
+        found_elements: usize,
+    },
+    /// An iterator yields more elements than the shape holds (it is not drained to count
+    /// them: it may never end).
+    #[error("shape {shape:?} holds {expected_elements} elements; the iterator yields more than {expected_elements}")]
+    TooManyElements {
+        /// The shape.
+        shape: Vec<usize>,
+        /// Elements the shape holds.
+        expected_elements: usize,
+    },
+    /// A layout reaches past the end of its buffer.
+    #[error("the layout needs {needed} elements, the buffer holds {available}")]
+    OutOfBounds {
+        /// Elements the layout reaches.
+        needed: usize,
+        /// Elements the buffer holds.
+        available: usize,
+    },
+    /// A layout is malformed (rank mismatch, bad permutation or range, overflow).
+    #[error("invalid layout: {reason}")]
+    InvalidLayout {
+        /// What is wrong.
+        reason: String,
+    },
+    /// An index has the wrong rank or exceeds the shape.
+    #[error("index {index:?} is out of range for shape {shape:?}")]
+    IndexOutOfRange {
+        /// The index.
+        index: Vec<usize>,
+        /// The shape.
+        shape: Vec<usize>,
+    },
+    /// The operation needs a contiguous layout.
+    #[error("{operation} needs a contiguous layout (copy the elements out with to_vec, or read them one by one with get)")]
+    NotContiguous {
+        /// The operation.
+        operation: &'static str,
+    },
+    /// The operation needs pooled elements, and got a caller-owned external payload.
+    #[error("{operation} needs pooled elements, but the tensor holds an {dtype} payload")]
+    ExternalDType {
+        /// The operation.
+        operation: &'static str,
+        /// The external dtype.
+        dtype: DType,
+    },
+    /// The pool refused a buffer.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}

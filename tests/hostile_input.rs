@@ -1,0 +1,120 @@
+//! Sizes, shapes, strides and iterators a hostile (but legitimate) caller may pass: every one
+//! is answered with a typed error, never a wrapped size, an out-of-bounds write, a panic or a
+//! hang.
+
+mod common;
+
+use common::assert_pool_consistent;
+use ferropool::{BufferPool, Layout, Tensor, TensorError};
+
+/// The element count fits in `usize` but its byte count does not: before the fix the byte
+/// count wrapped to 4, an 8-byte block was allocated and 4096 elements were written into it.
+#[test]
+fn from_iter_in_rejects_a_byte_count_that_overflows() {
+    let pool = BufferPool::new();
+    let shape = [(1usize << 62) + 1];
+    let result = Tensor::from_iter_in(&pool, (0..4096).map(|_| 1.0f32), &shape);
+    assert!(
+        matches!(result, Err(TensorError::InvalidLayout { .. })),
+        "{result:?}"
+    );
+    let result = Tensor::zeros_in(&pool, ferropool::DType::F32, &shape);
+    assert!(
+        matches!(result, Err(TensorError::InvalidLayout { .. })),
+        "{result:?}"
+    );
+    assert_eq!(pool.stats().allocations, 0, "nothing was allocated");
+}
+
+/// More elements than the shape holds is an error reported without draining the iterator:
+/// an endless iterator used to hang, and `repeat` panicked with "iterator is infinite".
+#[test]
+fn from_iter_in_never_drains_an_endless_iterator() {
+    let pool = BufferPool::new();
+    let endless = std::iter::from_fn(|| Some(1.0f32));
+    let result = Tensor::from_iter_in(&pool, endless, &[4]);
+    assert!(
+        matches!(
+            result,
+            Err(TensorError::TooManyElements {
+                expected_elements: 4,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    let result = Tensor::from_iter_in(&pool, std::iter::repeat(1.0f32), &[4]);
+    let message = result.unwrap_err().to_string();
+    assert!(message.contains("more than 4"), "{message}");
+    let stats = pool.stats();
+    assert_eq!(
+        stats.in_use_bytes, 0,
+        "the partly written buffers went back"
+    );
+    assert_pool_consistent(&stats);
+}
+
+/// A zero-element layout skips the extent check, so its strides may be anything; narrowing
+/// it used to compute `offset + start * stride` with wrapping arithmetic.
+#[test]
+fn narrow_of_a_zero_element_layout_checks_its_offset() {
+    let layout = Layout::new(&[0, 3], &[0, usize::MAX], 0).unwrap();
+    let narrowed = layout.narrow(1, 2, 1);
+    assert!(
+        matches!(narrowed, Err(TensorError::InvalidLayout { .. })),
+        "{narrowed:?}"
+    );
+    // The same with a large offset.
+    let layout = Layout::new(&[3, 0], &[1, 1], usize::MAX - 1).unwrap();
+    assert!(layout.narrow(0, 2, 1).is_err());
+}
+
+/// Every constructor of layouts and tensors refuses shapes whose element count overflows,
+/// and strides whose extent overflows, with a typed error.
+#[test]
+fn overflowing_shapes_and_strides_are_typed_errors() {
+    let huge = [usize::MAX, 3];
+    assert!(Layout::contiguous(&huge).is_err());
+    assert!(Layout::new(&huge, &[3, 1], 0).is_err());
+    assert!(Layout::new(&[2, 2], &[usize::MAX, 1], 0).is_err());
+    assert!(Layout::new(&[2], &[1], usize::MAX).is_err());
+    let ok = Layout::contiguous(&[4, 4]).unwrap();
+    assert!(ok.reshape(&huge).is_err());
+    assert!(ok.narrow(0, usize::MAX, 2).is_err());
+    assert!(ok.element_offset(&[usize::MAX, 0]).is_err());
+    assert!(Tensor::from_slice(&[1.0f32; 3], &huge).is_err());
+    assert!(Tensor::from_iter_in(BufferPool::global(), [1u8], &huge).is_err());
+}
+
+/// A caller-owned payload whose shape's element count overflows is refused when the tensor
+/// is built, so `numel` can never wrap.
+#[test]
+fn external_payload_shapes_are_checked() {
+    #[derive(Debug)]
+    struct Huge;
+    impl ferropool::ExternalPayload for Huge {
+        fn tag(&self) -> u32 {
+            1
+        }
+        fn shape(&self) -> &[usize] {
+            &[usize::MAX, 3]
+        }
+    }
+    let result = Tensor::external(Huge);
+    assert!(
+        matches!(result, Err(TensorError::InvalidLayout { .. })),
+        "{result:?}"
+    );
+}
+
+/// A request above the largest class, and zero-byte requests, are answered without panics.
+#[test]
+fn pool_sizes_at_the_edges() {
+    let pool = BufferPool::new();
+    assert!(pool.alloc(usize::MAX).is_err());
+    assert!(pool.alloc_zeroed(usize::MAX).is_err());
+    let empty = pool.alloc(0).unwrap();
+    assert_eq!(empty.len(), 0);
+    drop(empty);
+    assert_pool_consistent(&pool.stats());
+}
