@@ -791,7 +791,7 @@ fn run(args: &Args) -> Result<(), String> {
     let mut boundaries = Vec::new();
     let started = Instant::now();
     let summary = train(&backend, args, |step, loss| {
-        boundaries.extend(pool.trace_clock_ns());
+        boundaries.extend(pool.trace_now_ns());
         let rate = (step + 1) as f64 / started.elapsed().as_secs_f64();
         match &bar {
             Some(bar) => {
@@ -962,10 +962,10 @@ fn plot(pool: &BufferPool, boundaries: &[u64], path: &PathBuf) -> Result<(), Str
     let mut points: Vec<(f64, f64, f64)> = Vec::with_capacity(events.len());
     for e in &events {
         match e.kind {
-            PoolEventKind::Alloc => in_use += e.size as i64,
-            PoolEventKind::Free => in_use -= e.size as i64,
-            PoolEventKind::SystemAlloc => reserved += e.size as i64,
-            PoolEventKind::SystemFree => reserved -= e.size as i64,
+            PoolEventKind::Alloc => in_use += e.bytes as i64,
+            PoolEventKind::Free => in_use -= e.bytes as i64,
+            PoolEventKind::SystemAlloc => reserved += e.bytes as i64,
+            PoolEventKind::SystemFree => reserved -= e.bytes as i64,
             _ => continue,
         }
         points.push((

@@ -1,18 +1,18 @@
-//! Loom models of the `BufferPool` protocol: the lock-free class lists under cross-thread
-//! frees, allocations and trims.
+//! Loom models of the `BufferPool` protocols: the lock-free class lists under cross-thread
+//! frees, allocations and trims; a thread's cache drained by another thread while its owner
+//! works (the asymmetric handshake, with both fences `SeqCst` under loom); frees that reach
+//! the thread that allocated; and the pool's close and the freeing of its control block.
 //!
-//! The first models run with thread caches off (`thread_cache_bytes: 0`), so every free goes
-//! to the shared class list and every allocation tries it first: that is the shared
-//! protocol. The thread-cache path itself is single-threaded by construction (one owner per
-//! cache); what a cache shares is its retirement at thread exit, which the last two models
-//! cover. They retire the cache with `BufferPool::flush_thread_caches`, the code thread exit
-//! runs, because loom runs a thread's thread-local destructors after `join` returns, outside
-//! the explored order.
+//! Where a model races the main thread against a spawned one, the main thread yields first:
+//! loom starts from the schedule in which the spawning thread runs on, and within a bound of
+//! two preemptions it would otherwise never let the worker get ahead far enough for the race
+//! (a planted bug went uncaught without the yield).
 //!
-//! The pool's system allocations go through loom's tracking allocator here, so any model
-//! that ends with a block neither in use nor returned to the system fails ("Allocation
-//! leaked"). Each model names the property it checks and the bug planted with
-//! `--cfg ferropool_planted="…"` that it catches (`scripts/loom.sh --planted`).
+//! The pool's blocks, pages and control block go through loom's tracking allocator here, so
+//! any model that ends with one neither in use nor returned fails ("Allocation leaked"), and
+//! a double release fails too. Each model names the property it checks and the bug it
+//! catches: a patch in `loom_tests/planted/` that `scripts/loom.sh --planted` applies to a
+//! scratch copy of the crate.
 #![cfg(loom)]
 
 mod common;
@@ -125,70 +125,105 @@ fn cross_thread_free_racing_trim() {
     });
 }
 
-/// **thread-exit flush racing a stats reader**: a worker allocates and frees a buffer (into
-/// its cache), raises a flag, and retires the cache (as at thread exit) while the main thread
-/// reads the stats. Once the flag is seen, the worker's allocation is in every snapshot:
-/// departing counters never vanish from a reader's view. Afterwards the flushed block is on
-/// the shared list, where the next allocation of its class takes it instead of the system,
-/// the counters add up, and a trim returns every block.
+/// **an owner's operations racing a drain of its cache**: a worker allocates and frees the
+/// same class twice (the second allocation is served by its cache) while the main thread
+/// trims, which takes the worker's cache from under it. Every block is released exactly once
+/// (by the trim, or by the final trim), none is handed out twice, and the counters add up.
 ///
-/// Planted bug caught: `retire_unlocked` (folding the departing thread's counters into the
-/// pool's after releasing the registry lock, so a reader in between misses them).
+/// Planted bug caught: `drain_unfenced` (the drainer takes the bins without the handshake:
+/// no heavy fence and no wait for the owner's operation in flight).
 #[test]
-fn thread_exit_flush_racing_stats() {
-    model(|| {
-        let pool = caching_pool();
-        let allocated = Arc::new(AtomicBool::new(false));
-        let worker = {
-            let (pool, allocated) = (pool.clone(), Arc::clone(&allocated));
-            thread::spawn(move || {
-                drop(pool.alloc(100).unwrap()); // into this thread's cache
-                allocated.store(true, Ordering::Release);
-                BufferPool::flush_thread_caches()
-            })
-        };
-        if allocated.load(Ordering::Acquire) {
-            let stats = pool.stats();
-            assert_eq!(
-                stats.allocations, 1,
-                "the worker's count vanished: {stats:?}"
-            );
-        }
-        let moved = worker.join().unwrap();
-        assert_eq!(moved, BufferPool::class_size_for(100).unwrap() as u64);
-        drop(pool.alloc(100).unwrap());
-        assert_eq!(
-            pool.stats().system_allocations,
-            1,
-            "the flushed block was not reused"
-        );
-        BufferPool::flush_thread_caches();
-        assert_quiescent(&pool.stats(), 2);
-        trim_releases_everything(&pool);
-        assert_eq!(pool.stats().system_frees, 1);
-    });
-}
-
-/// **thread-exit flush racing the pool's close**: a worker drops its pool handle and retires
-/// its cache (as at thread exit) while the main thread drops the last handle, closing the
-/// pool. The cached block goes back to the system whichever comes first, never stranded on
-/// the list of a pool nobody can reach; loom's leak check fails the model otherwise.
-///
-/// Planted bug caught: `close_unchecked` (a give-back that checks `closed` before pushing
-/// instead of after, so a close in between empties the lists before the block arrives).
-#[test]
-fn thread_exit_flush_racing_close() {
+fn owner_racing_a_drain_of_its_cache() {
     model(|| {
         let pool = caching_pool();
         let worker = {
             let pool = pool.clone();
             thread::spawn(move || {
                 drop(pool.alloc(100).unwrap()); // into this thread's cache
-                drop(pool);
-                BufferPool::flush_thread_caches();
+                let again = pool.alloc(100).unwrap(); // from the cache, or anew if drained
+                drop(again);
             })
         };
+        thread::yield_now();
+        pool.trim();
+        worker.join().unwrap();
+        assert_quiescent(&pool.stats(), 2);
+        trim_releases_everything(&pool);
+    });
+}
+
+/// **a free reaches the thread that allocated**: the main thread allocates a buffer and hands
+/// it to a worker, which frees it while the main thread allocates the same class again. The
+/// freed block goes where the allocating thread finds it (the shared list, not the worker's
+/// cache), so one block serves both allocations whenever the free comes first, and never
+/// two at once.
+///
+/// Planted bug caught: `free_to_own_cache` (every free goes to the freeing thread's cache,
+/// where the allocating thread never finds it).
+#[test]
+fn a_free_reaches_the_thread_that_allocated() {
+    model(|| {
+        let pool = caching_pool();
+        let buffer = pool.alloc(100).unwrap();
+        let freed = Arc::new(AtomicBool::new(false));
+        let worker = {
+            let freed = Arc::clone(&freed);
+            thread::spawn(move || {
+                drop(buffer);
+                freed.store(true, Ordering::Release);
+            })
+        };
+        thread::yield_now();
+        let was_freed = freed.load(Ordering::Acquire);
+        let again = pool.alloc(100).unwrap();
+        if was_freed {
+            assert_eq!(
+                pool.stats().system_allocations,
+                1,
+                "the freed block was not found"
+            );
+        }
+        drop(again);
+        worker.join().unwrap();
+        assert_quiescent(&pool.stats(), 2);
+        trim_releases_everything(&pool);
+    });
+}
+
+/// **the close racing a free in flight**: a worker drops a buffer (allocated on the main
+/// thread) while the main thread drops the pool's last handle. Whichever comes first, the
+/// block goes back to the system and the pool's control block is freed exactly once, by the
+/// close or by that last free (loom's allocator checks both).
+///
+/// Planted bug caught: `close_without_wait` (the close counts live buffers without waiting
+/// for an operation in flight, which it then misses: nobody frees the pool).
+#[test]
+fn close_racing_a_free_in_flight() {
+    model(|| {
+        let pool = caching_pool();
+        let buffer = pool.alloc(100).unwrap();
+        let worker = thread::spawn(move || drop(buffer));
+        thread::yield_now();
         drop(pool);
+        worker.join().unwrap();
+    });
+}
+
+/// **buffers that outlive their pool, dropped on two threads**: the pool is closed with two
+/// buffers alive; two threads drop them at once. Each block goes back to the system, and
+/// exactly one of the two frees the control block.
+///
+/// Planted bug caught: `remaining_load_store` (the count of live buffers after the close is
+/// decremented with a load and a store, so both frees may see themselves last, or neither).
+#[test]
+fn last_buffers_dropped_on_two_threads() {
+    model(|| {
+        let pool = caching_pool();
+        let (a, b) = (pool.alloc(100).unwrap(), pool.alloc(200).unwrap());
+        drop(pool);
+        let worker = thread::spawn(move || drop(a));
+        thread::yield_now();
+        drop(b);
         worker.join().unwrap();
     });
 }

@@ -31,8 +31,10 @@ planted_cases=(
   "loom_arena:trim_racing_an_insert:trim_unfrozen"
   "loom_pool:cross_thread_free_racing_alloc:stack_push_store"
   "loom_pool:cross_thread_free_racing_trim:take_all_store"
-  "loom_pool:thread_exit_flush_racing_stats:retire_unlocked"
-  "loom_pool:thread_exit_flush_racing_close:close_unchecked"
+  "loom_pool:owner_racing_a_drain_of_its_cache:drain_unfenced"
+  "loom_pool:a_free_reaches_the_thread_that_allocated:free_to_own_cache"
+  "loom_pool:close_racing_a_free_in_flight:close_without_wait"
+  "loom_pool:last_buffers_dropped_on_two_threads:remaining_load_store"
   "loom_retain:clone_read_drop_on_a_shared_group:clone_without_count"
   "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
 )

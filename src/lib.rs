@@ -50,7 +50,8 @@ pub use crossbeam_epoch::{Collector, Guard, LocalHandle};
 pub use error::{Error, ErrorPhase, Result};
 pub use group::{AllocationGroup, DescriptorSlot, GroupError, TensorValue, TensorWrite};
 pub use pool::{
-    BufferPool, PoolBuffer, PoolConfig, PoolError, PoolEvent, PoolEventKind, PoolStats,
+    BlockInfo, BufferPool, ClassStats, MemoryTag, OutOfMemory, PoolBuffer, PoolConfig, PoolError,
+    PoolEvent, PoolEventKind, PoolStats, TagScope,
 };
 pub use retain::{RetainedInputMap, RetainedValue, RetentionContainer};
 pub use tensor::{

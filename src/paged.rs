@@ -3,24 +3,30 @@
 //! never moves. The arena keeps its slots and list links in such tables, the pool its block
 //! records.
 
+use std::alloc::Layout;
 use std::ptr::{self, NonNull};
 
-use crate::sync::{AtomicPtr, Ordering};
+use crate::sync::{system, AtomicPtr, Ordering};
 
 /// A table of up to `u32::MAX` elements in doubling pages: page `k` holds `first << k`
 /// elements and starts at index `(first << k) - first`.
 pub(crate) struct PagedTable<T> {
     /// `log2` of the length of page 0.
     shift: u32,
+    /// Pages in use: enough that the last one reaches index `u32::MAX - 1`.
+    page_count: usize,
     /// Page `k`, or null.
     ///
-    /// Invariant: a non-null page came from `Box::<[T]>::into_raw` with `page_len(k)`
+    /// Invariant: a non-null page came from [`allocate`] with `page_len(k)` initialised
     /// elements and stays allocated until [`take_page`](Self::take_page) hands it to a
     /// caller or the table drops; so a reference obtained through `&self` stays valid while
     /// no `take_page` runs, and callers of `take_page` keep their own readers safe (the
     /// arena defers the free past an epoch grace period).
-    pages: Box<[AtomicPtr<T>]>,
+    pages: [AtomicPtr<T>; MAX_PAGES],
 }
+
+/// Pages of a table whose first page holds one element (the most any table needs).
+const MAX_PAGES: usize = 33;
 
 /// A page taken out of a table: its elements, owned by whoever holds this.
 pub(crate) struct Page<T> {
@@ -28,7 +34,7 @@ pub(crate) struct Page<T> {
     len: usize,
 }
 
-// SAFETY: a `Page` owns its elements like a `Box<[T]>` does.
+// SAFETY: a `Page` owns its elements as a `Box<[T]>` would.
 unsafe impl<T: Send> Send for Page<T> {}
 
 impl<T> Page<T> {
@@ -41,9 +47,43 @@ impl<T> Page<T> {
 
 impl<T> Drop for Page<T> {
     fn drop(&mut self) {
-        // SAFETY: from `Box::into_raw` with this length (invariant on `PagedTable::pages`),
-        // and owned by `self` alone.
-        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.base.as_ptr(), self.len)) });
+        // SAFETY: from `allocate` with this length (invariant on `PagedTable::pages`), and
+        // owned by `self` alone.
+        unsafe { free(self.base.as_ptr(), self.len) };
+    }
+}
+
+/// A page of `len` elements, `init(offset)` each, from the system allocator (never the global
+/// allocator, which may be ferropool's own front end).
+fn allocate<T>(len: usize, mut init: impl FnMut(usize) -> T) -> *mut T {
+    let layout = Layout::array::<T>(len).expect("page sizes fit in isize");
+    if layout.size() == 0 {
+        return NonNull::dangling().as_ptr();
+    }
+    // SAFETY: the layout has a non-zero size.
+    let base = unsafe { system::alloc(layout) }.cast::<T>();
+    if base.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    for offset in 0..len {
+        // SAFETY: `offset < len`, inside the fresh allocation, written once.
+        unsafe { base.add(offset).write(init(offset)) };
+    }
+    base
+}
+
+/// Drops and frees a page from [`allocate`].
+///
+/// # Safety
+///
+/// `base` came from `allocate::<T>(len, ..)` and nothing uses the page afterwards.
+unsafe fn free<T>(base: *mut T, len: usize) {
+    // SAFETY: `len` initialised elements (the caller's contract).
+    unsafe { ptr::drop_in_place(ptr::slice_from_raw_parts_mut(base, len)) };
+    let layout = Layout::array::<T>(len).expect("page sizes fit in isize");
+    if layout.size() != 0 {
+        // SAFETY: allocated with this layout by `allocate`.
+        unsafe { system::dealloc(base.cast(), layout) };
     }
 }
 
@@ -52,19 +92,16 @@ impl<T> PagedTable<T> {
     pub(crate) fn new(first_page_len: u32) -> Self {
         debug_assert!(first_page_len.is_power_of_two());
         let shift = first_page_len.trailing_zeros();
-        // Enough pages that the last one reaches index `u32::MAX - 1`.
-        let page_count = (33 - shift) as usize;
         Self {
             shift,
-            pages: (0..page_count)
-                .map(|_| AtomicPtr::new(ptr::null_mut()))
-                .collect(),
+            page_count: MAX_PAGES - shift as usize,
+            pages: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
         }
     }
 
     /// The number of pages the table can have.
     pub(crate) fn page_count(&self) -> usize {
-        self.pages.len()
+        self.page_count
     }
 
     #[inline(always)]
@@ -137,17 +174,14 @@ impl<T> PagedTable<T> {
         if self.has_page(page) {
             return;
         }
-        let fresh: Box<[T]> = (0..self.page_len(page)).map(init).collect();
-        let fresh = Box::into_raw(fresh).cast::<T>();
+        let fresh = allocate(self.page_len(page), init);
         if self.pages[page]
             .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            // SAFETY: `fresh` came from `Box::into_raw` above with this length and was never
+            // SAFETY: `fresh` came from `allocate` above with this length and was never
             // published, so it is still ours alone.
-            drop(unsafe {
-                Box::from_raw(ptr::slice_from_raw_parts_mut(fresh, self.page_len(page)))
-            });
+            unsafe { free(fresh, self.page_len(page)) };
         }
     }
 
@@ -168,7 +202,7 @@ impl<T> PagedTable<T> {
 
     /// Elements in allocated pages.
     pub(crate) fn allocated(&self) -> u64 {
-        (0..self.pages.len())
+        (0..self.page_count)
             .filter(|&k| self.has_page(k))
             .map(|k| self.page_len(k) as u64)
             .sum()
@@ -183,7 +217,7 @@ fn unallocated(index: u32) -> ! {
 
 impl<T> Drop for PagedTable<T> {
     fn drop(&mut self) {
-        for page in 0..self.pages.len() {
+        for page in 0..self.page_count {
             // SAFETY: `&mut self`: no reference into the table remains.
             drop(unsafe { self.take_page(page) });
         }

@@ -7,12 +7,13 @@
 //! crossbeam-epoch is re-exported as [`epoch`]: with `--cfg crossbeam_loom` and its `loom`
 //! feature it runs on loom as well, which is what makes the arena models meaningful.
 //!
-//! The system allocator calls of the pool also come from here: loom's versions track every
-//! block, so a model that strands one fails.
+//! So do the system allocator calls of the crate's internals (loom's versions track every
+//! block, so a model that strands one fails) and the asymmetric fences of the pool's
+//! per-thread slots.
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
 #[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex};
@@ -21,7 +22,7 @@ pub(crate) use loom::thread_local;
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex};
@@ -36,12 +37,183 @@ pub(crate) use loom::thread::yield_now;
 #[cfg(not(loom))]
 pub(crate) use std::thread::yield_now;
 
-/// The system allocator, as the pool calls it. Under loom these are loom's tracking wrappers,
-/// so a model fails with "Allocation leaked" if any pool block is never returned.
-#[cfg(loom)]
-pub(crate) use loom::alloc::{alloc, alloc_zeroed, dealloc};
-#[cfg(not(loom))]
-pub(crate) use std::alloc::{alloc, alloc_zeroed, dealloc};
+/// The system allocator, as the crate's internals call it: `System` directly, never the
+/// global allocator (which may be ferropool's own front end), so no internal allocation
+/// recurses into it. Under loom these are loom's tracking wrappers, so a model fails with
+/// "Allocation leaked" if any block or page is never returned.
+pub(crate) mod system {
+    use std::alloc::Layout;
+
+    /// Allocates `layout` (non-zero size) from the system.
+    ///
+    /// # Safety
+    ///
+    /// As [`std::alloc::GlobalAlloc::alloc`]: `layout` has a non-zero size.
+    #[inline]
+    pub(crate) unsafe fn alloc(layout: Layout) -> *mut u8 {
+        #[cfg(loom)]
+        // SAFETY: the caller's contract is loom's.
+        return unsafe { loom::alloc::alloc(layout) };
+        #[cfg(not(loom))]
+        // SAFETY: the caller's contract is `GlobalAlloc::alloc`'s.
+        unsafe {
+            std::alloc::GlobalAlloc::alloc(&std::alloc::System, layout)
+        }
+    }
+
+    /// Allocates `layout` (non-zero size) zeroed from the system.
+    ///
+    /// # Safety
+    ///
+    /// As [`std::alloc::GlobalAlloc::alloc_zeroed`].
+    #[inline]
+    pub(crate) unsafe fn alloc_zeroed(layout: Layout) -> *mut u8 {
+        #[cfg(loom)]
+        // SAFETY: the caller's contract is loom's.
+        return unsafe { loom::alloc::alloc_zeroed(layout) };
+        #[cfg(not(loom))]
+        // SAFETY: the caller's contract is `GlobalAlloc::alloc_zeroed`'s.
+        unsafe {
+            std::alloc::GlobalAlloc::alloc_zeroed(&std::alloc::System, layout)
+        }
+    }
+
+    /// Returns `ptr` to the system.
+    ///
+    /// # Safety
+    ///
+    /// As [`std::alloc::GlobalAlloc::dealloc`]: `ptr` came from [`alloc`] or [`alloc_zeroed`]
+    /// with this `layout` and is not used afterwards.
+    #[inline]
+    pub(crate) unsafe fn dealloc(ptr: *mut u8, layout: Layout) {
+        #[cfg(loom)]
+        // SAFETY: the caller's contract is loom's.
+        return unsafe { loom::alloc::dealloc(ptr, layout) };
+        #[cfg(not(loom))]
+        // SAFETY: the caller's contract is `GlobalAlloc::dealloc`'s.
+        unsafe {
+            std::alloc::GlobalAlloc::dealloc(&std::alloc::System, ptr, layout)
+        }
+    }
+}
+
+/// The global allocator (whatever the program installed), as the pool calls it for its
+/// blocks. Under loom, loom's tracking wrappers.
+pub(crate) mod global {
+    #[cfg(loom)]
+    pub(crate) use loom::alloc::{alloc, alloc_zeroed, dealloc};
+    #[cfg(not(loom))]
+    pub(crate) use std::alloc::{alloc, alloc_zeroed, dealloc};
+}
+
+/// Asymmetric fences: a pair of fences for a Dekker-style handshake between a *frequent* side
+/// (a thread's own operations on its pool slot) and a *rare* side (a thread draining another
+/// thread's slot, or closing the pool).
+///
+/// Each side stores its flag, fences, then loads the other's: afterwards at least one of the
+/// two sees the other's store. With plain `SeqCst` fences on both sides that is the usual
+/// store-load ordering. On Linux the frequent side gets away with a compiler fence when the
+/// rare side issues `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, which makes every running
+/// thread of the process execute a full memory barrier before it returns: the frequent side
+/// then pays nothing on its hot path, the rare side a few microseconds. Where `membarrier` is
+/// unavailable (another OS, an old kernel, a sandbox that forbids it, Miri), both sides use
+/// `SeqCst` fences. Under loom both are `SeqCst` fences, which is what the models check.
+pub(crate) mod asymmetric {
+    #[cfg(not(loom))]
+    use std::sync::atomic::{compiler_fence, AtomicU8, Ordering};
+
+    #[cfg(not(loom))]
+    const UNKNOWN: u8 = 0;
+    #[cfg(not(loom))]
+    const MEMBARRIER: u8 = 1;
+    #[cfg(not(loom))]
+    const FENCES: u8 = 2;
+
+    /// Which implementation this process uses; decided once, by [`init`], before any fence
+    /// of either side runs (the pool calls it when it is created). Never changes afterwards.
+    #[cfg(not(loom))]
+    static MODE: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+    /// Decides the implementation (registers with `membarrier` where it can). Idempotent.
+    pub(crate) fn init() {
+        #[cfg(not(loom))]
+        if MODE.load(Ordering::Acquire) == UNKNOWN {
+            let mode = if platform::register() {
+                MEMBARRIER
+            } else {
+                FENCES
+            };
+            let _ = MODE.compare_exchange(UNKNOWN, mode, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// The frequent side's fence.
+    #[inline(always)]
+    pub(crate) fn light() {
+        #[cfg(loom)]
+        loom::sync::atomic::fence(loom::sync::atomic::Ordering::SeqCst);
+        #[cfg(not(loom))]
+        if MODE.load(Ordering::Relaxed) == MEMBARRIER {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+    }
+
+    /// The rare side's fence.
+    pub(crate) fn heavy() {
+        #[cfg(loom)]
+        loom::sync::atomic::fence(loom::sync::atomic::Ordering::SeqCst);
+        #[cfg(not(loom))]
+        {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if MODE.load(Ordering::Relaxed) == MEMBARRIER {
+                platform::barrier();
+            }
+        }
+    }
+
+    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
+    mod platform {
+        const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+        const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+        /// Registers the process for private expedited barriers; whether that worked.
+        pub(super) fn register() -> bool {
+            // SAFETY: membarrier takes two integer arguments and touches no memory of ours.
+            let registered = unsafe {
+                libc::syscall(
+                    libc::SYS_membarrier,
+                    MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+                    0,
+                )
+            } == 0;
+            // Check that a barrier works too: some sandboxes register and then refuse.
+            // SAFETY: as above.
+            registered
+                && unsafe {
+                    libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0)
+                } == 0
+        }
+
+        /// A full memory barrier on every running thread of the process.
+        pub(super) fn barrier() {
+            // SAFETY: as in `register`. It cannot fail once registered (checked there).
+            let done =
+                unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) };
+            debug_assert_eq!(done, 0, "membarrier failed after a successful registration");
+        }
+    }
+
+    #[cfg(all(not(all(target_os = "linux", not(miri))), not(loom)))]
+    mod platform {
+        pub(super) fn register() -> bool {
+            false
+        }
+
+        pub(super) fn barrier() {}
+    }
+}
 
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;

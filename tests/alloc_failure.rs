@@ -14,7 +14,9 @@ use ferropool::{BufferPool, DType, PoolError, Tensor, TensorError};
 
 struct Refusing;
 static ARMED: AtomicBool = AtomicBool::new(false);
-/// Large requests left before the one that is refused.
+/// Whether only one request is refused (else every one from the countdown's end on).
+static ONCE: AtomicBool = AtomicBool::new(true);
+/// Large requests left before the first one that is refused.
 static COUNTDOWN: AtomicUsize = AtomicUsize::new(0);
 const LARGE: usize = 1 << 20;
 
@@ -41,16 +43,34 @@ unsafe impl GlobalAlloc for Refusing {
 }
 
 fn refuse(layout: Layout) -> bool {
-    ARMED.load(Ordering::SeqCst)
-        && layout.size() >= LARGE
-        && COUNTDOWN.fetch_sub(1, Ordering::SeqCst) == 1
+    if !ARMED.load(Ordering::SeqCst) || layout.size() < LARGE {
+        return false;
+    }
+    let left = COUNTDOWN.load(Ordering::SeqCst);
+    if left > 1 {
+        COUNTDOWN.store(left - 1, Ordering::SeqCst);
+        return false;
+    }
+    if left == 1 && ONCE.load(Ordering::SeqCst) {
+        COUNTDOWN.store(0, Ordering::SeqCst);
+        return true;
+    }
+    left == 1
 }
 
 #[global_allocator]
 static GLOBAL: Refusing = Refusing;
 
-/// Refuse the `n`-th large request from now on (1 = the next one).
+/// Refuse the `n`-th large request from now on (1 = the next one), and every later one.
 fn arm(n: usize) {
+    ONCE.store(false, Ordering::SeqCst);
+    COUNTDOWN.store(n, Ordering::SeqCst);
+    ARMED.store(true, Ordering::SeqCst);
+}
+
+/// Refuse only the `n`-th large request from now on.
+fn arm_once(n: usize) {
+    ONCE.store(true, Ordering::SeqCst);
     COUNTDOWN.store(n, Ordering::SeqCst);
     ARMED.store(true, Ordering::SeqCst);
 }
@@ -68,40 +88,46 @@ fn refused_system_allocations_are_typed_and_leave_the_pool_consistent() {
     arm(1);
     let err = pool.alloc(2 * LARGE).unwrap_err();
     disarm();
+    let PoolError::SystemAllocFailed(report) = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(report.requested, 2 * LARGE);
     assert_eq!(
-        err,
-        PoolError::SystemAllocFailed {
-            size: BufferPool::class_size_for(2 * LARGE).unwrap(),
-            align: 64
-        }
+        report.block_bytes,
+        BufferPool::class_size_for(2 * LARGE).unwrap()
+    );
+    assert!(
+        err.to_string().contains("cannot allocate 2.00 MiB"),
+        "{err}"
     );
     let stats = pool.stats();
     assert_eq!(
         (
             stats.allocations,
             stats.reserved_bytes,
-            stats.system_allocations
+            stats.system_allocations,
+            stats.alloc_retries
         ),
-        (0, 0, 0)
+        (0, 0, 0, 1),
+        "nothing counted but the retry"
     );
 
-    // 2. The N-th of a run of allocations fails; the others are intact and usable.
+    // 2. From the N-th of a run of allocations on, the system refuses: the earlier ones are
+    //    intact and usable, the later ones typed errors.
     for n in 1..=5 {
         pool.trim(); // every request below must reach the system
         arm(n);
         let results: Vec<_> = (0..5).map(|i| pool.alloc((3 + i) * LARGE)).collect();
         disarm();
-        assert_eq!(
-            results.iter().filter(|r| r.is_err()).count(),
-            1,
-            "round {n}"
-        );
         for (i, result) in results.iter().enumerate() {
             match result {
-                Ok(buffer) => assert_eq!(buffer.len(), (3 + i) * LARGE),
+                Ok(buffer) => {
+                    assert!(i + 1 < n, "request {i} of round {n} succeeded");
+                    assert_eq!(buffer.len(), (3 + i) * LARGE);
+                }
                 Err(e) => {
-                    assert_eq!(i + 1, n, "only the {n}-th request is refused");
-                    assert!(matches!(e, PoolError::SystemAllocFailed { .. }));
+                    assert!(i + 1 >= n, "request {i} of round {n} was refused");
+                    assert!(matches!(e, PoolError::SystemAllocFailed(_)));
                 }
             }
         }
@@ -112,13 +138,23 @@ fn refused_system_allocations_are_typed_and_leave_the_pool_consistent() {
         common::assert_pool_consistent(&stats);
     }
 
+    // 2b. A refusal while blocks are cached: the pool gives them back and tries again.
+    drop(pool.alloc(5 * LARGE).unwrap()); // cached now
+    arm_once(1);
+    let buffer = pool.alloc(7 * LARGE).unwrap();
+    disarm();
+    let stats = pool.stats();
+    assert_eq!(stats.cached_bytes, 0, "the cached block went back first");
+    assert_eq!(stats.in_use_bytes, buffer.capacity() as u64);
+    drop(buffer);
+
     // 3. Tensors surface the pool's error through their own typed error.
     pool.trim();
     arm(1);
     let err = Tensor::zeros_in(&pool, DType::F32, &[1024, 1024]).unwrap_err();
     disarm();
     assert!(
-        matches!(err, TensorError::Pool(PoolError::SystemAllocFailed { .. })),
+        matches!(err, TensorError::Pool(PoolError::SystemAllocFailed(_))),
         "{err}"
     );
 

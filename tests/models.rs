@@ -63,7 +63,7 @@ proptest! {
                             buffer.fill(0xA5);
                             live.push(buffer);
                         }
-                        Err(PoolError::BudgetExceeded { budget: b, .. }) => prop_assert_eq!(Some(b), budget),
+                        Err(PoolError::BudgetExceeded(report)) => prop_assert_eq!(report.budget, budget),
                         Err(other) => prop_assert!(false, "unexpected {other}"),
                     }
                 }

@@ -145,19 +145,15 @@ fn run(rounds: usize) -> ferropool::PoolStats {
                         }
                     }
                 }
-                // What thread exit would do, but now: a scoped thread's thread-locals are
-                // destroyed after the scope has already returned, which would race the
-                // byte count below.
                 drop(chain);
-                BufferPool::flush_thread_caches();
             });
         }
     });
     drop(tx);
     drop(rx);
     shared.lock().unwrap().clear();
-    // Every thread retired its cache: all that is cached is on the lists, and a trim
-    // releases exactly that.
+    // All that is cached (threads' caches and lists, which belong to the pool, not to the
+    // threads) goes back with one trim.
     let stats = pool.stats();
     assert_eq!(pool.trim(), stats.cached_bytes, "{stats:#?}");
     assert_eq!(pool.stats().reserved_bytes, 0);

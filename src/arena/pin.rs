@@ -34,18 +34,24 @@ fn pin_kept(collector: &Collector) -> Option<Guard> {
 
     use crate::sync::epoch::LocalHandle;
 
+    /// A kept handle, and its collector. The collector is dropped after the handle: a
+    /// handle that drops its collector's last reference itself makes crossbeam-epoch free the
+    /// handle's own record while it is still borrowed (undefined behaviour under Tree
+    /// Borrows, found by Miri), so the handle must never be that last reference.
+    type Kept = (LocalHandle, Collector);
+
     std::thread_local! {
         /// The handles, least recently used first.
-        static HANDLES: RefCell<Vec<LocalHandle>> = const { RefCell::new(Vec::new()) };
+        static HANDLES: RefCell<Vec<Kept>> = const { RefCell::new(Vec::new()) };
     }
     HANDLES
         .try_with(|handles| {
             let mut handles = handles.try_borrow_mut().ok()?;
-            if let Some(last) = handles.last().filter(|h| h.collector() == collector) {
+            if let Some((last, _)) = handles.last().filter(|(_, c)| c == collector) {
                 return Some(last.pin());
             }
-            let found = handles.iter().position(|h| h.collector() == collector);
-            let handle = match found {
+            let found = handles.iter().position(|(_, c)| c == collector);
+            let kept = match found {
                 Some(at) => handles.remove(at),
                 None => {
                     if handles.len() == KEPT {
@@ -53,11 +59,11 @@ fn pin_kept(collector: &Collector) -> Option<Guard> {
                         // registry borrowed and register handles of their own.
                         handles.remove(0);
                     }
-                    collector.register()
+                    (collector.register(), collector.clone())
                 }
             };
-            let guard = handle.pin();
-            handles.push(handle);
+            let guard = kept.0.pin();
+            handles.push(kept);
             Some(guard)
         })
         .ok()

@@ -1,24 +1,34 @@
 //! Block records: one per block of memory the pool holds from the system.
 //!
-//! Records live in a [`PagedTable`] indexed by `u32`, so the per-class lists can link them by
-//! index with an ABA tag (see `crate::stack`). A record is never freed while its pool exists;
-//! when its block goes back to the system the record goes on a spare list for the next block.
+//! Records live in a [`PagedTable`] indexed by `u32`, so lists link them by index with an ABA
+//! tag (see `crate::stack`) and a racing pop reads a stale link, never freed memory. A record
+//! is never freed while its pool exists; when its block goes back to the system the record
+//! goes on a spare list for the next block. A record also says who holds its block now (for
+//! [`BufferPool::snapshot`](super::BufferPool::snapshot)): written with relaxed stores by
+//! whoever moves the block, read as a best-effort picture.
 
 use super::PoolError;
 use crate::paged::PagedTable;
 use crate::stack::{TaggedStack, NIL};
-use crate::sync::{AtomicU32, AtomicUsize, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Records in the table's first page.
 const FIRST_PAGE: u32 = 256;
 
-/// A block's address and its list link.
+/// A block's address, its list link, and what a snapshot reports of it.
 pub(super) struct Record {
     /// The block's address. Written by the thread that obtained the block from the system
-    /// before the record is published on any list (the list push is `Release`).
+    /// before the record is published on any list (list pushes are `Release`).
     pub(super) addr: AtomicUsize,
-    /// The next record on a class list or the spare list; meaningless off a list.
+    /// The next record on whichever list (a class list, a thread's bin, the spare list) the
+    /// record is on; meaningless off a list.
     pub(super) next: AtomicU32,
+    /// While handed out: the thread index of the allocating thread plus one (0 otherwise).
+    pub(super) holder: AtomicU32,
+    /// While handed out: the caller's memory tag (0 for none).
+    pub(super) tag: AtomicU32,
+    /// While handed out: the requested size, and the class in the top 16 bits.
+    pub(super) request: AtomicU64,
 }
 
 /// The table of records. Its pages are never released while the pool lives, so `record`
@@ -60,6 +70,9 @@ impl BlockTable {
         self.records.ensure_page(page, |_| Record {
             addr: AtomicUsize::new(0),
             next: AtomicU32::new(NIL),
+            holder: AtomicU32::new(0),
+            tag: AtomicU32::new(0),
+            request: AtomicU64::new(0),
         });
         Ok(index)
     }
@@ -67,5 +80,86 @@ impl BlockTable {
     /// Returns a record whose block went back to the system.
     pub(super) fn release(&self, index: u32) {
         self.spare.push_chain(index + 1, &self.record(index).next);
+    }
+
+    /// Calls `f` with every record ever claimed.
+    pub(super) fn for_each(&self, mut f: impl FnMut(&Record)) {
+        let claimed = self.claimed.load(Ordering::Acquire);
+        for index in 0..claimed {
+            if let Some(record) = self.records.get(index) {
+                f(record);
+            }
+        }
+    }
+}
+
+impl Record {
+    /// Marks the block handed out to thread `thread` for a request of `size` bytes.
+    #[inline(always)]
+    pub(super) fn hand_out(&self, thread: u32, tag: u32, class: usize, size: usize) {
+        self.holder.store(thread + 1, Ordering::Relaxed);
+        self.tag.store(tag, Ordering::Relaxed);
+        self.request
+            .store(((class as u64) << 48) | size as u64, Ordering::Relaxed);
+    }
+
+    /// Marks the block back in the pool.
+    #[inline(always)]
+    pub(super) fn take_back(&self) {
+        self.holder.store(0, Ordering::Relaxed);
+    }
+}
+
+impl Record {
+    /// The block's address.
+    ///
+    /// # Safety
+    ///
+    /// The record holds a block: it was claimed and given one with
+    /// [`set_block`](Self::set_block), and not released since.
+    #[inline(always)]
+    pub(super) unsafe fn addr(&self) -> std::ptr::NonNull<u8> {
+        let addr = self.addr.load(Ordering::Relaxed) as *mut u8;
+        debug_assert!(!addr.is_null(), "a record without a block");
+        // SAFETY: a record holding a block has its non-null address (the caller's contract).
+        unsafe { std::ptr::NonNull::new_unchecked(addr) }
+    }
+
+    /// Gives a freshly claimed record its block, of `class`.
+    pub(super) fn set_block(&self, addr: std::ptr::NonNull<u8>, class: usize) {
+        self.addr.store(addr.as_ptr() as usize, Ordering::Relaxed);
+        self.holder.store(0, Ordering::Relaxed);
+        self.request.store((class as u64) << 48, Ordering::Relaxed);
+    }
+
+    /// Forgets the block (it went back to the system).
+    pub(super) fn clear_block(&self) {
+        self.addr.store(0, Ordering::Relaxed);
+        self.holder.store(0, Ordering::Relaxed);
+    }
+
+    /// `(class, handed out?)` of a record holding a block, for statistics.
+    pub(super) fn picture(&self) -> Option<(usize, bool)> {
+        if self.addr.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let class = (self.request.load(Ordering::Relaxed) >> 48) as usize;
+        Some((class, self.holder.load(Ordering::Relaxed) != 0))
+    }
+
+    /// What a snapshot reports of a handed-out block.
+    pub(super) fn live_info(&self) -> Option<super::BlockInfo> {
+        let holder = self.holder.load(Ordering::Relaxed);
+        if holder == 0 || self.addr.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let request = self.request.load(Ordering::Relaxed);
+        let class = (request >> 48) as usize;
+        Some(super::BlockInfo {
+            requested: (request & ((1 << 48) - 1)) as usize,
+            block_bytes: super::class::class_size(class),
+            thread: holder - 1,
+            tag: super::tag::MemoryTag::from_raw(self.tag.load(Ordering::Relaxed)),
+        })
     }
 }

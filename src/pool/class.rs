@@ -12,9 +12,9 @@ pub(crate) const MAX_SIZE: usize = 1 << MAX_POWER;
 
 /// The class of a request of `size` bytes, or `None` above [`MAX_SIZE`].
 #[inline]
-pub(crate) fn class_of(size: usize) -> Option<usize> {
+pub(crate) const fn class_of(size: usize) -> Option<usize> {
     if size <= 64 {
-        return Some(size.max(1).div_ceil(8) - 1);
+        return Some(if size == 0 { 0 } else { size.div_ceil(8) - 1 });
     }
     if size > MAX_SIZE {
         return None;

@@ -1,48 +1,38 @@
 //! The pool's error type.
 
+use std::fmt;
+
+use super::stats::HumanBytes;
+
 /// Errors of [`BufferPool`](crate::BufferPool) and [`PoolBuffer`](crate::PoolBuffer).
 ///
-/// A failed allocation leaves the pool's counters and lists as they were.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+/// A failed allocation leaves the pool's counters and lists as they were (but for the cached
+/// memory it released while trying).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PoolError {
     /// Reserving another block would exceed the pool's byte budget, even after the pool
-    /// released what it had cached.
-    #[error(
-        "a {requested}-byte block would exceed the pool budget of {budget} bytes \
-         ({in_use} bytes in use, {cached} cached in other threads' caches); \
-         drop live buffers, call trim() on the threads that cache buffers, \
-         or raise PoolConfig::budget"
-    )]
-    BudgetExceeded {
-        /// Bytes of the block that was needed (the request rounded up to its class).
-        requested: u64,
-        /// The configured budget.
-        budget: u64,
-        /// Bytes in buffers handed out.
-        in_use: u64,
-        /// Bytes still cached (in other threads' caches, which only they can release).
-        cached: u64,
-    },
+    /// released every cached block, its threads' caches included.
+    #[error("{0}")]
+    BudgetExceeded(Box<OutOfMemory>),
+    /// The system allocator returned no memory.
+    #[error("{0}")]
+    SystemAllocFailed(Box<OutOfMemory>),
     /// The request is larger than the largest size class.
-    #[error("a request of {requested} bytes exceeds the largest size class ({max} bytes)")]
+    #[error("a request of {} exceeds the largest size class ({})", HumanBytes(*requested as u64), HumanBytes(*max as u64))]
     TooLarge {
         /// Bytes requested.
         requested: usize,
         /// The largest request served.
         max: usize,
     },
-    /// The system allocator returned no memory.
-    #[error("the system allocator refused {size} bytes aligned to {align}")]
-    SystemAllocFailed {
-        /// Bytes asked of the system.
-        size: usize,
-        /// Alignment asked of the system.
-        align: usize,
-    },
     /// The pool holds 2^32 - 1 blocks and cannot track another.
     #[error("the pool already tracks the maximum of 2^32 - 1 blocks")]
     TooManyBlocks,
+    /// The pool was closed (its last handle dropped); a buffer of it cannot allocate
+    /// another.
+    #[error("the pool was closed: its last handle was dropped")]
+    Closed,
     /// A copy's source length differs from the buffer's.
     #[error("length mismatch: the buffer holds {expected} bytes, the source {found}")]
     LengthMismatch {
@@ -61,4 +51,69 @@ pub enum PoolError {
         /// What the field accepts.
         expected: &'static str,
     },
+}
+
+/// What the pool held when it could not serve an allocation: the figures a person needs to
+/// decide what to do. Its `Display` says it in human units and suggests the next step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutOfMemory {
+    /// Bytes requested.
+    pub requested: usize,
+    /// The request rounded up to its size class: the block that was needed.
+    pub block_bytes: usize,
+    /// The pool's budget, if it has one.
+    pub budget: Option<u64>,
+    /// Bytes handed out.
+    pub in_use: u64,
+    /// Bytes cached in thread caches before the pool released them to make room.
+    pub cached_in_threads: u64,
+    /// Bytes cached on the shared lists before the pool released them.
+    pub cached_in_lists: u64,
+    /// Bytes held from the system when the request failed.
+    pub reserved: u64,
+    /// The most the pool has held from the system.
+    pub peak_reserved: u64,
+    /// The largest cached block before the release (0 if none): a request up to its size
+    /// could have been served without the system.
+    pub largest_cached_block: usize,
+}
+
+impl fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = HumanBytes;
+        write!(
+            f,
+            "out of memory: cannot allocate {} (a block of {})",
+            b(self.requested as u64),
+            b(self.block_bytes as u64)
+        )?;
+        match self.budget {
+            Some(budget) => write!(f, " within the pool's budget of {}", b(budget))?,
+            None => write!(f, " from the system")?,
+        }
+        write!(
+            f,
+            ": {} in use, {} reserved (peak {}); {} was cached ({} in thread caches, {} on \
+             shared lists, largest block {}) and has been released. ",
+            b(self.in_use),
+            b(self.reserved),
+            b(self.peak_reserved),
+            b(self.cached_in_threads + self.cached_in_lists),
+            b(self.cached_in_threads),
+            b(self.cached_in_lists),
+            b(self.largest_cached_block as u64),
+        )?;
+        if self.budget.is_some() {
+            write!(
+                f,
+                "Drop buffers that are no longer needed, or raise PoolConfig::budget."
+            )
+        } else {
+            write!(
+                f,
+                "Drop buffers that are no longer needed, or lower the memory the process uses."
+            )
+        }
+    }
 }

@@ -1,113 +1,82 @@
 //! `BufferPool`: size-classed, thread-cached, budgeted buffers for tensor bytes.
 //!
+//! # Where a block is
+//!
+//! Every block the pool holds from the system is, at every moment, in exactly one place:
+//!
+//! - **handed out**, owned by one [`PoolBuffer`];
+//! - **in a thread cache**: the bin of its class in the slot of the thread that allocated
+//!   it and freed it again (see `slot`); only blocks up to
+//!   [`PoolConfig::thread_cache_max_block`], within the cache's bounds;
+//! - **on a shared list** of its class, where any thread's allocation finds it: blocks
+//!   freed by another thread than the one that allocated them, blocks too large for the
+//!   caches, blocks that did not fit a cache;
+//! - **released** to the system.
+//!
 //! # Paths
 //!
-//! - **alloc**: the calling thread's cache for the size class (no lock, no read-modify-write)
-//!   → the pool's lock-free list for the class (one compare-exchange) → the system, within the
-//!   byte budget. A budget miss first releases cached blocks, then fails with
-//!   [`PoolError::BudgetExceeded`].
-//! - **free** (dropping a [`PoolBuffer`], on any thread): the dropping thread's cache if the
-//!   block fits its bounds, else the class list. Buffers freed by replay threads thus come
-//!   back without any global lock.
-//! - **trim**: releases the class lists and the calling thread's cache to the system; other
-//!   threads release their caches on their next pool operation. **trim_idle** releases only
-//!   the lists of classes no allocation has drawn from lately (the idle policy).
-//! - **thread exit** (or [`BufferPool::flush_thread_caches`]): the thread's cached blocks go
-//!   to the class lists and its counters into the pool's.
+//! - **alloc**: the calling thread's bin for the class (no lock, no read-modify-write) → the
+//!   class's shared list (one compare-exchange) → the system, within the byte budget. A
+//!   budget miss first releases every cached block, other threads' caches included, then
+//!   tries once more, then fails with [`PoolError::BudgetExceeded`].
+//! - **free** (dropping a [`PoolBuffer`], on any thread): the freeing thread's bin if that
+//!   thread allocated the block and it fits, else the shared list. So a buffer allocated on a
+//!   forward thread and dropped on a replay thread is back where the forward thread finds it.
+//! - **trim** releases every cached block now, other threads' caches included;
+//!   **trim_idle** releases the lists of classes nobody drew from lately and the caches of
+//!   threads that made no pool operation lately; **flush_thread_cache** moves the calling
+//!   thread's cache to the shared lists.
+//!
+//! A thread reaches its slot through its thread index (a small number, reused after the
+//! thread exits: a new thread inherits an exited one's cache, and trim takes it back either
+//! way), so finding it costs one table lookup however many pools the process has made.
 //!
 //! # Lifetime
 //!
-//! A pool's control block (class list heads, block records and counters: a few tens of KiB)
-//! is allocated once and lives for the rest of the process. Buffers and thread caches refer to
-//! it by `&'static`, so handing out and returning a buffer never touches a reference count.
-//! When the last [`BufferPool`] handle drops, the pool is closed: its cached memory goes back
-//! to the system, and buffers still alive return their memory to the system when they drop.
+//! Dropping the last [`BufferPool`] handle closes the pool: every cached block goes back to
+//! the system at once (no thread has to come back for it), and buffers still alive go back to
+//! the system when they drop. The pool's control block is freed by whoever finishes last: the
+//! close, or the drop of the last live buffer. See `lifetime` for the protocol.
 
 mod advise;
 mod blocks;
-mod cache;
+mod buffer;
 mod class;
+mod config;
 mod error;
+mod lifetime;
+mod slot;
 mod stats;
+mod tag;
 mod trace;
 
-pub use error::PoolError;
-pub use stats::PoolStats;
+pub use buffer::PoolBuffer;
+pub use config::PoolConfig;
+pub use error::{OutOfMemory, PoolError};
+pub use stats::{BlockInfo, ClassStats, PoolStats};
+pub use tag::{MemoryTag, TagScope};
 pub use trace::{PoolEvent, PoolEventKind};
 
 use std::alloc::Layout;
+use std::collections::HashMap;
 use std::fmt;
-use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
-use crate::identity::next_identity;
-use crate::stack::TaggedStack;
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crossbeam_utils::CachePadded;
+
+use crate::arena::thread_index;
+use crate::paged::PagedTable;
+use crate::stack::{TaggedStack, NIL};
+use crate::sync::{
+    asymmetric, global, system, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering,
+};
 use blocks::BlockTable;
-use stats::{PoolCounters, Sums, ThreadCounters};
+use slot::{bump, Entry, Slot};
+use stats::{raise, PoolCounters};
 use trace::Trace;
 
-/// Configuration of a [`BufferPool`].
-///
-/// ```
-/// use ferropool::{BufferPool, PoolConfig};
-/// let pool = BufferPool::with_config(PoolConfig {
-///     budget: Some(64 << 20),
-///     ..PoolConfig::default()
-/// })?;
-/// let buffer = pool.alloc(1000)?;
-/// assert_eq!(buffer.len(), 1000);
-/// assert_eq!(buffer.capacity(), 1024); // the 1 KiB class
-/// # Ok::<(), ferropool::PoolError>(())
-/// ```
-#[derive(Clone, Debug)]
-pub struct PoolConfig {
-    /// Alignment of every buffer: a power of two from 8 to 4096. Default 64.
-    pub alignment: usize,
-    /// Bytes the pool may hold from the system (live plus cached). `None`: no limit.
-    pub budget: Option<u64>,
-    /// Bytes each thread may cache per pool. Default 64 MiB.
-    pub thread_cache_bytes: usize,
-    /// Blocks larger than this skip the thread caches (they go to the class lists, one
-    /// compare-exchange away). Default 16 MiB.
-    pub thread_cache_max_block: usize,
-    /// Blocks each thread may cache per class. Default 32.
-    pub thread_cache_blocks_per_class: usize,
-    /// Events kept by the trace ring; 0 (the default) turns tracing off.
-    pub trace_capacity: usize,
-    /// Ask for transparent huge pages (`madvise(MADV_HUGEPAGE)` on Linux) for blocks of at
-    /// least `advise_min_block` bytes when they come from the system. Default off.
-    pub huge_pages: bool,
-    /// Fault in blocks of at least `advise_min_block` bytes when they come from the system
-    /// (`madvise(MADV_POPULATE_WRITE)` on Linux, else a write per page), so that the first
-    /// touch does not pay for it. Default off.
-    pub prefault: bool,
-    /// The smallest block that `huge_pages` and `prefault` apply to. Default 2 MiB.
-    pub advise_min_block: usize,
-    /// The idle policy of [`BufferPool::trim_idle`]: a size class that no allocation has
-    /// drawn from the pool's shared lists since this many calls ago has its listed blocks
-    /// released. Default 4.
-    pub idle_rounds: u32,
-}
-
-impl Default for PoolConfig {
-    fn default() -> Self {
-        Self {
-            alignment: 64,
-            budget: None,
-            thread_cache_bytes: 64 << 20,
-            thread_cache_max_block: 16 << 20,
-            thread_cache_blocks_per_class: 32,
-            trace_capacity: 0,
-            huge_pages: false,
-            prefault: false,
-            advise_min_block: 2 << 20,
-            idle_rounds: 4,
-        }
-    }
-}
-
-/// A size-classed pool of aligned byte buffers. Cloning is cheap: clones share one pool.
+/// A size-classed pool of aligned byte buffers. Cloning is cheap: clones share one pool,
+/// which closes when the last of them drops.
 ///
 /// ```
 /// use ferropool::BufferPool;
@@ -121,56 +90,41 @@ impl Default for PoolConfig {
 /// # drop(again);
 /// # Ok::<(), ferropool::PoolError>(())
 /// ```
-#[derive(Clone)]
 pub struct BufferPool {
-    inner: &'static PoolInner,
-    /// Closes the pool when the last handle drops.
-    _open: Arc<OpenHandle>,
+    /// Invariant: points to a live `PoolInner`, which counts this handle in `handles`.
+    inner: NonNull<PoolInner>,
 }
 
-/// Closes its pool on drop.
-struct OpenHandle(&'static PoolInner);
+// SAFETY: `PoolInner` is shared through atomics only; a handle is a counted reference to it.
+unsafe impl Send for BufferPool {}
+// SAFETY: as above.
+unsafe impl Sync for BufferPool {}
 
-impl Drop for OpenHandle {
-    fn drop(&mut self) {
-        self.0.closed.store(true, Ordering::Release);
-        // `trim` bumps the trim count: every thread cache then releases its blocks at its
-        // next operation and, seeing the pool closed, keeps none afterwards.
-        self.0.trim();
-    }
-}
-
-/// A block of memory: its record and address.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Block {
-    record: u32,
-    addr: NonNull<u8>,
-}
-
-// SAFETY: a `Block` is a handle to memory owned by whoever holds it (a thread cache, a list,
-// or one `PoolBuffer`); moving it between threads moves that ownership.
-unsafe impl Send for Block {}
-
-/// The shared state of one pool. See the module docs for why it is `'static`.
+/// The shared state of one pool.
 pub(crate) struct PoolInner {
     id: u64,
     config: PoolConfig,
+    /// Whether blocks come from `System` directly rather than from the global allocator (for
+    /// the pool behind ferropool's own global allocator, which must not call itself).
+    system_blocks: bool,
+    /// `BufferPool` handles alive; the last one to drop closes the pool.
+    handles: AtomicUsize,
+    /// Set once, when the last handle drops.
+    closed: AtomicBool,
+    /// Live blocks after the close, less the frees since: see `lifetime`.
+    remaining: AtomicI64,
     blocks: BlockTable,
-    /// One lock-free list of blocks per size class. Invariant: every block on list `c` holds
+    /// One list of blocks per size class. Invariant: every block on list `c` holds
     /// `class_size(c)` bytes and is owned by the list.
-    lists: Box<[TaggedStack]>,
-    /// Per class, the `idle_round` during which an allocation last missed the thread caches
-    /// for it (drew from its list or from the system). A heuristic for `trim_idle`, never a
-    /// safety matter.
-    last_drawn: Box<[AtomicU64]>,
+    lists: [CachePadded<TaggedStack>; class::CLASSES],
+    /// Per class, the `idle_round` in which an allocation last drew on its list or the
+    /// system: a heuristic for `trim_idle`, never a safety matter.
+    last_drawn: [AtomicU64; class::CLASSES],
     /// Calls of `trim_idle` so far.
     idle_round: AtomicU64,
+    /// Slots by thread index (see `slot`).
+    slots: PagedTable<CachePadded<Slot>>,
     counters: PoolCounters,
-    /// Counters of live threads (read by `stats`).
-    threads: Mutex<Vec<Arc<ThreadCounters>>>,
-    /// Counters of exited threads, and of operations made without a thread cache.
-    retired: ThreadCounters,
-    closed: AtomicBool,
     trace: Option<Trace>,
 }
 
@@ -184,37 +138,22 @@ impl BufferPool {
     ///
     /// # Errors
     ///
-    /// [`PoolError::InvalidConfig`] when the alignment is not a power of two in `8..=4096`.
+    /// [`PoolError::InvalidConfig`] when a field is out of range (see [`PoolConfig`]).
     pub fn with_config(config: PoolConfig) -> Result<Self, PoolError> {
-        if !config.alignment.is_power_of_two() || !(8..=4096).contains(&config.alignment) {
-            return Err(PoolError::InvalidConfig {
-                field: "alignment",
-                value: config.alignment as u64,
-                expected: "a power of two in 8..=4096",
-            });
-        }
-        let trace = (config.trace_capacity > 0).then(|| Trace::new(config.trace_capacity));
-        let inner: &'static PoolInner = Box::leak(Box::new(PoolInner {
-            id: next_identity().get(),
-            config,
-            blocks: BlockTable::new(),
-            lists: (0..class::CLASSES).map(|_| TaggedStack::new()).collect(),
-            last_drawn: (0..class::CLASSES).map(|_| AtomicU64::new(0)).collect(),
-            idle_round: AtomicU64::new(0),
-            counters: PoolCounters::default(),
-            threads: Mutex::new(Vec::new()),
-            retired: ThreadCounters::default(),
-            closed: AtomicBool::new(false),
-            trace,
-        }));
-        keep_reachable(inner as *const PoolInner as usize);
+        Self::build(config, false)
+    }
+
+    /// A pool whose blocks come from `System` (`system_blocks`) or the global allocator.
+    pub(crate) fn build(config: PoolConfig, system_blocks: bool) -> Result<Self, PoolError> {
+        config.validate()?;
+        asymmetric::init();
         Ok(Self {
-            inner,
-            _open: Arc::new(OpenHandle(inner)),
+            inner: lifetime::allocate(config, system_blocks),
         })
     }
 
-    /// The process-wide default pool, created on first use with [`PoolConfig::default`].
+    /// The process-wide default pool, created on first use with [`PoolConfig::default`]. It
+    /// is never closed.
     #[cfg(not(loom))]
     pub fn global() -> &'static BufferPool {
         static GLOBAL: std::sync::OnceLock<BufferPool> = std::sync::OnceLock::new();
@@ -230,16 +169,22 @@ impl BufferPool {
         &GLOBAL
     }
 
+    #[inline(always)]
+    fn inner(&self) -> &PoolInner {
+        // SAFETY: invariant on `inner`: a handle keeps its pool alive.
+        unsafe { self.inner.as_ref() }
+    }
+
     /// A buffer of `size` bytes with unspecified contents.
     ///
     /// # Errors
     ///
     /// [`PoolError::BudgetExceeded`] when the budget cannot hold another block even after
-    /// releasing cached ones; [`PoolError::TooLarge`] above 1 TiB;
+    /// releasing every cached one; [`PoolError::TooLarge`] above 1 TiB;
     /// [`PoolError::SystemAllocFailed`] when the system refuses.
     #[inline]
     pub fn alloc(&self, size: usize) -> Result<PoolBuffer, PoolError> {
-        self.inner.alloc(size, false)
+        PoolInner::alloc(self.inner, size, false)
     }
 
     /// A buffer of `size` zero bytes. A reused block is cleared; a block new from the system
@@ -249,20 +194,25 @@ impl BufferPool {
     ///
     /// As [`alloc`](Self::alloc).
     pub fn alloc_zeroed(&self, size: usize) -> Result<PoolBuffer, PoolError> {
-        self.inner.alloc(size, true)
+        PoolInner::alloc(self.inner, size, true)
     }
 
-    /// Returns cached memory to the system: the class lists and this thread's cache now, the
-    /// other threads' caches at their next pool operation. Returns the bytes released now.
+    /// Returns every cached block to the system now: the shared lists and every thread's
+    /// cache (waiting, at most, for an operation a thread is running on the pool at that
+    /// moment). Returns the bytes released.
     pub fn trim(&self) -> u64 {
-        self.inner.trim()
+        let inner = self.inner();
+        inner.counters.trims.fetch_add(1, Ordering::Relaxed);
+        let released = inner.release_cached();
+        inner.trace(PoolEventKind::Trim, released, 0);
+        released
     }
 
-    /// Releases the listed blocks of every size class that no allocation has drawn from the
-    /// pool's shared lists during the last [`PoolConfig::idle_rounds`] calls: a gentle trim
-    /// for a periodic moment such as the end of a training step. Classes in use keep their
-    /// blocks; thread caches are left alone (they are bounded; [`trim`](Self::trim) empties
-    /// them too). Returns the bytes released.
+    /// A gentle trim for a periodic moment such as the end of a training step: releases the
+    /// listed blocks of every size class that no allocation has drawn from the shared lists
+    /// during the last [`PoolConfig::idle_rounds`] calls, and the caches of threads that made
+    /// no pool operation during them. Classes and threads in use keep their blocks. Returns
+    /// the bytes released.
     ///
     /// ```
     /// use ferropool::{BufferPool, PoolConfig};
@@ -281,62 +231,173 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn trim_idle(&self) -> u64 {
-        self.inner.trim_idle()
+        self.inner().trim_idle()
     }
 
-    /// Hands every block the calling thread has cached, in every pool, back to the pools'
-    /// shared lists, where any thread can reuse it, and merges the thread's counters into
-    /// the pools'. Thread exit does the same; call this when a thread is about to idle for
-    /// long (a worker parking between jobs) so its cache does not hold memory meanwhile.
-    /// Returns the bytes moved. The thread's next allocation starts a fresh cache.
+    /// Moves the calling thread's cached blocks of this pool to the pool's shared lists,
+    /// where any thread can reuse them. Call it when a thread is about to idle for long (a
+    /// worker parking between jobs); `trim` would release them instead. Returns the bytes
+    /// moved.
     ///
     /// ```
     /// use ferropool::BufferPool;
     ///
     /// let pool = BufferPool::new();
     /// drop(pool.alloc(4096)?); // kept in this thread's cache
-    /// assert_eq!(BufferPool::flush_thread_caches(), 4096);
-    /// assert_eq!(BufferPool::flush_thread_caches(), 0);
-    /// assert_eq!(pool.stats().cached_bytes, 4096); // now on the pool's shared list
+    /// assert_eq!(pool.flush_thread_cache(), 4096);
+    /// assert_eq!(pool.flush_thread_cache(), 0);
+    /// assert_eq!(pool.stats().cached_in_lists_bytes, 4096);
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
-    pub fn flush_thread_caches() -> u64 {
-        cache::retire_current()
+    pub fn flush_thread_cache(&self) -> u64 {
+        let inner = self.inner();
+        let slot = inner.slot(thread_index() as u32);
+        slot.drain(
+            |class, record| inner.push_list(class, record),
+            &inner.blocks,
+        )
     }
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> PoolStats {
-        self.inner.stats()
+        self.inner().stats()
+    }
+
+    /// Starts every peak statistic again from its current value (as
+    /// `torch.cuda.reset_peak_memory_stats` does), for example at the start of a step.
+    pub fn reset_peak_stats(&self) {
+        let inner = self.inner();
+        let now = inner.stats();
+        let c = &inner.counters;
+        c.peak_reserved.store(now.reserved_bytes, Ordering::Relaxed);
+        c.peak_in_use.store(now.in_use_bytes, Ordering::Relaxed);
+        c.peak_requested
+            .store(now.requested_bytes, Ordering::Relaxed);
+    }
+
+    /// The blocks of every size class the pool holds, in use or cached (classes it holds
+    /// none of are left out). A scan of the pool's block records.
+    pub fn class_stats(&self) -> Vec<ClassStats> {
+        let mut by_class: HashMap<usize, ClassStats> = HashMap::new();
+        self.inner().blocks.for_each(|record| {
+            if let Some((class, in_use)) = record.picture() {
+                let entry = by_class.entry(class).or_insert_with(|| ClassStats {
+                    block_bytes: class::class_size(class),
+                    ..ClassStats::default()
+                });
+                if in_use {
+                    entry.in_use_blocks += 1;
+                } else {
+                    entry.cached_blocks += 1;
+                }
+            }
+        });
+        let mut classes: Vec<_> = by_class.into_values().collect();
+        classes.sort_by_key(|c| c.block_bytes);
+        classes
+    }
+
+    /// The blocks handed out right now: size, class, allocating thread and tag of each, so a
+    /// caller can see what holds memory. A scan of the pool's block records; blocks moving
+    /// during the scan may be missed or seen twice.
+    pub fn snapshot(&self) -> Vec<BlockInfo> {
+        let mut live = Vec::new();
+        self.inner().blocks.for_each(|record| {
+            if let Some(info) = record.live_info() {
+                live.push(info);
+            }
+        });
+        live
+    }
+
+    /// Bytes in use (class sizes) per memory tag (`None` for untagged buffers), from a
+    /// [`snapshot`](Self::snapshot).
+    pub fn memory_by_tag(&self) -> HashMap<Option<MemoryTag>, u64> {
+        let mut by_tag = HashMap::new();
+        for block in self.snapshot() {
+            *by_tag.entry(block.tag).or_insert(0) += block.block_bytes as u64;
+        }
+        by_tag
     }
 
     /// The traced events, oldest first (empty when tracing is off).
     pub fn trace_events(&self) -> Vec<PoolEvent> {
-        self.inner
+        self.inner()
             .trace
             .as_ref()
             .map_or_else(Vec::new, Trace::events)
     }
 
     /// Nanoseconds on the trace's clock (the `at_ns` of an event recorded now), or `None`
-    /// when tracing is off. Lets a caller mark its own moments, such as step boundaries, on
-    /// the same time axis as the events.
-    pub fn trace_clock_ns(&self) -> Option<u64> {
-        self.inner.trace.as_ref().map(Trace::now_ns)
+    /// when tracing is off.
+    pub fn trace_now_ns(&self) -> Option<u64> {
+        self.inner().trace.as_ref().map(Trace::now_ns)
     }
 
-    /// The traced events as JSON (`{"events":[...]}`).
+    /// Records a caller's own moment in the trace (a [`PoolEventKind::Mark`] event carrying
+    /// `value`), for example a step boundary. Does nothing when tracing is off.
+    pub fn trace_mark(&self, value: u64) {
+        self.inner().trace(PoolEventKind::Mark, value, 0);
+    }
+
+    /// The traced events in the Chrome Trace Event format, which Perfetto
+    /// (<https://ui.perfetto.dev>) and `chrome://tracing` open: an instant event per
+    /// allocation, free, system call, trim and mark on the track of the thread that made it
+    /// (with bytes, class and tag), and a counter track with the bytes in use, cached and
+    /// reserved. Timestamps are microseconds since the pool was created.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolConfig};
+    /// let pool = BufferPool::with_config(PoolConfig { trace_capacity: 64, ..PoolConfig::default() })?;
+    /// drop(pool.alloc(4096)?);
+    /// let json = pool.trace_json();
+    /// assert!(json.starts_with("{\"displayTimeUnit\""));
+    /// assert!(json.contains("\"ph\":\"C\""));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn trace_json(&self) -> String {
-        trace::to_json(&self.trace_events())
+        trace::to_chrome_json(self.inner().id, &self.trace_events())
     }
 
     /// The configuration.
     pub fn config(&self) -> &PoolConfig {
-        &self.inner.config
+        &self.inner().config
+    }
+
+    /// This pool's identity.
+    pub fn id(&self) -> u64 {
+        self.inner().id
+    }
+
+    /// Pools of this process whose control block is still allocated: those with a handle or
+    /// a buffer alive. A leak check for programs that make a pool per job: it goes back down
+    /// when a job's pool and buffers are gone.
+    pub fn pools_alive() -> usize {
+        lifetime::alive()
     }
 
     /// The rounded size a request of `size` bytes occupies, or `None` if too large.
     pub fn class_size_for(size: usize) -> Option<usize> {
         class::class_of(size).map(class::class_size)
+    }
+}
+
+impl Clone for BufferPool {
+    fn clone(&self) -> Self {
+        // Relaxed: a new handle is made from a live one, like `Arc::clone`.
+        self.inner().handles.fetch_add(1, Ordering::Relaxed);
+        Self { inner: self.inner }
+    }
+}
+
+impl Drop for BufferPool {
+    fn drop(&mut self) {
+        if self.inner().handles.fetch_sub(1, Ordering::Release) != 1 {
+            return;
+        }
+        crate::sync::fence(Ordering::Acquire);
+        // SAFETY: this was the last handle; `close` is the pool's close, run once.
+        unsafe { lifetime::close(self.inner) };
     }
 }
 
@@ -349,135 +410,271 @@ impl Default for BufferPool {
 impl fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BufferPool")
-            .field("id", &self.inner.id)
-            .field("config", &self.inner.config)
-            .field("stats", &self.inner.stats())
+            .field("id", &self.inner().id)
+            .field("config", &self.inner().config)
+            .field("stats", &self.stats())
             .finish()
     }
 }
 
+/// A block just taken for a buffer.
+pub(super) struct Taken {
+    record: u32,
+    addr: NonNull<u8>,
+    /// Whether its bytes are known to be zero.
+    zeroed: bool,
+}
+
 impl PoolInner {
+    /// The slot of thread `thread`, allocating its page on first use.
+    #[inline(always)]
+    fn slot(&self, thread: u32) -> &Slot {
+        match self.slots.get(thread) {
+            Some(slot) => slot,
+            None => self.new_slot(thread),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn new_slot(&self, thread: u32) -> &Slot {
+        let (page, _) = self.slots.locate(thread);
+        self.slots
+            .ensure_page(page, |_| CachePadded::new(Slot::new()));
+        self.slots.at(thread)
+    }
+
+    /// Allocates a buffer from the pool at `this`.
     #[inline]
-    fn alloc(&'static self, size: usize, zeroed: bool) -> Result<PoolBuffer, PoolError> {
+    pub(super) fn alloc(
+        this: NonNull<PoolInner>,
+        size: usize,
+        zeroed: bool,
+    ) -> Result<PoolBuffer, PoolError> {
+        // SAFETY: the caller holds a handle or a live buffer of the pool, which keeps it alive.
+        let inner = unsafe { this.as_ref() };
         let class = class::class_of(size).ok_or(PoolError::TooLarge {
             requested: size,
             max: class::MAX_SIZE,
         })?;
         let class_bytes = class::class_size(class);
-        let mut thread = 0;
-        let cached = cache::with_cache(self, |cache| {
-            thread = cache.thread;
-            cache.take(class, class_bytes, size)
-        });
-        let (block, zero_done) = match cached {
-            Some(Some(block)) => (block, false),
-            has_cache => {
-                // Counted only once it succeeds, so a refused request leaves the counters be.
-                let taken = self.take_shared(class, class_bytes, zeroed, thread)?;
-                let counted = has_cache.is_some()
-                    && cache::with_cache(self, |cache| cache.count_miss(class_bytes, size))
-                        .is_some();
-                if !counted {
-                    self.retired.count_shared(1, class_bytes, size);
+        let thread = thread_index() as u32;
+        let slot = inner.slot(thread);
+        let tag = tag::current();
+        let mut taken = None;
+        if inner.config.caches(class_bytes) {
+            match slot.enter(&inner.closed) {
+                Entry::Closed => return Err(PoolError::Closed),
+                Entry::Open { bins } => {
+                    if let Some(record) = bins
+                        .then(|| slot.pop(class, class_bytes, &inner.blocks))
+                        .flatten()
+                    {
+                        let rec = inner.blocks.record(record);
+                        rec.hand_out(thread, tag, class, size);
+                        inner.count_alloc(slot, class_bytes, size, true);
+                        slot.leave();
+                        // SAFETY: a record on a bin holds its block's non-null address.
+                        let addr = unsafe { rec.addr() };
+                        taken = Some(Taken {
+                            record,
+                            addr,
+                            zeroed: false,
+                        });
+                    } else {
+                        slot.leave();
+                    }
                 }
-                taken
             }
+        }
+        let taken = match taken {
+            Some(taken) => taken,
+            None => inner.alloc_slow(slot, class, class_bytes, size, zeroed, thread, tag)?,
         };
-        if zeroed && !zero_done {
+        if zeroed && !taken.zeroed {
             // SAFETY: the block holds `class_bytes >= size` bytes and is exclusively ours.
-            unsafe { block.addr.as_ptr().write_bytes(0, size) };
+            unsafe { taken.addr.as_ptr().write_bytes(0, size) };
         }
-        if let Some(trace) = &self.trace {
-            trace.record(
-                PoolEventKind::Alloc,
-                class_bytes as u64,
-                class as u32,
-                thread,
-            );
+        inner.trace(PoolEventKind::Alloc, class_bytes as u64, class);
+        Ok(PoolBuffer::new(
+            this,
+            taken.addr,
+            size,
+            taken.record,
+            thread,
+            class,
+            zeroed,
+        ))
+    }
+
+    /// A block from the class's shared list or the system, handed out to `thread`.
+    #[cold]
+    #[allow(clippy::too_many_arguments)] // the hot path's locals, passed on as they are
+    fn alloc_slow(
+        &self,
+        slot: &Slot,
+        class: usize,
+        class_bytes: usize,
+        size: usize,
+        zeroed: bool,
+        thread: u32,
+        tag: u32,
+    ) -> Result<Taken, PoolError> {
+        self.mark_drawn(class);
+        let taken = match self.pop_list(class) {
+            Some(taken) => taken,
+            None => self.system_alloc(class, class_bytes, size, zeroed)?,
+        };
+        match slot.enter(&self.closed) {
+            Entry::Closed => {
+                // Only a buffer's `alloc_sibling` allocates without a handle; the pool
+                // closed meanwhile, and its lists are drained for good: release the block.
+                self.release(taken.record, class);
+                Err(PoolError::Closed)
+            }
+            Entry::Open { .. } => {
+                self.blocks
+                    .record(taken.record)
+                    .hand_out(thread, tag, class, size);
+                self.count_alloc(slot, class_bytes, size, false);
+                slot.leave();
+                Ok(taken)
+            }
         }
-        Ok(PoolBuffer {
-            block,
-            len: size,
-            capacity: class_bytes,
-            class: class as u32,
-            initialized: zeroed,
-            pool: self,
+    }
+
+    /// Counts an allocation in the calling thread's slot (inside an operation).
+    #[inline(always)]
+    fn count_alloc(&self, slot: &Slot, class_bytes: usize, requested: usize, hit: bool) {
+        let c = &slot.counters;
+        bump(&c.allocations, 1);
+        bump(&c.allocated_bytes, class_bytes as u64);
+        bump(&c.allocated_requested, requested as u64);
+        if hit {
+            bump(&c.hits, 1);
+        }
+        if self.config.exact_peaks {
+            self.counters
+                .exact_alloc(class_bytes as u64, requested as u64);
+        }
+    }
+
+    /// Gives a buffer's block back (its `Drop`). Returns whether the caller must free the
+    /// pool: the pool was closed and this was its last live block.
+    #[inline]
+    pub(super) fn free(&self, record: u32, class: usize, allocator: u32, requested: usize) -> bool {
+        let class_bytes = class::class_size(class);
+        let thread = thread_index() as u32;
+        let slot = self.slot(thread);
+        self.blocks.record(record).take_back();
+        match slot.enter(&self.closed) {
+            Entry::Closed => lifetime::free_after_close(self, record, class),
+            Entry::Open { bins } => {
+                let config = &self.config;
+                let cached = bins
+                    && allocator == thread
+                    && config.caches(class_bytes)
+                    && slot.push(
+                        class,
+                        class_bytes,
+                        record,
+                        &self.blocks,
+                        config.thread_cache_blocks_per_class,
+                        config.thread_cache_bytes,
+                    );
+                if !cached {
+                    self.push_list(class, record);
+                }
+                let c = &slot.counters;
+                bump(&c.frees, 1);
+                bump(&c.freed_bytes, class_bytes as u64);
+                bump(&c.freed_requested, requested as u64);
+                if config.exact_peaks {
+                    self.counters
+                        .exact_free(class_bytes as u64, requested as u64);
+                }
+                // Inside the operation: after `leave`, a closing thread may free the pool.
+                self.trace(PoolEventKind::Free, class_bytes as u64, class);
+                slot.leave();
+                false
+            }
+        }
+    }
+
+    /// Pops a block from the shared list of `class`.
+    #[inline]
+    fn pop_list(&self, class: usize) -> Option<Taken> {
+        let record = self.lists[class].pop(|i| &self.blocks.record(i).next)?;
+        // SAFETY: a listed record holds its block's non-null address (written before the
+        // Release push that our Acquire pop synchronises with).
+        let addr = unsafe { self.blocks.record(record).addr() };
+        Some(Taken {
+            record,
+            addr,
+            zeroed: false,
         })
     }
 
-    /// A block from the class list or the system. Returns whether it is already zeroed.
-    fn take_shared(
-        &'static self,
-        class: usize,
-        class_bytes: usize,
-        zeroed: bool,
-        thread: u32,
-    ) -> Result<(Block, bool), PoolError> {
-        self.mark_drawn(class);
-        if let Some(record) = self.lists[class].pop(|i| &self.blocks.record(i).next) {
-            let addr = self.blocks.record(record).addr.load(Ordering::Relaxed);
-            // SAFETY: a listed record holds the non-null address of its block (written before
-            // the Release push that our Acquire pop synchronises with).
-            let addr = unsafe { NonNull::new_unchecked(addr as *mut u8) };
-            return Ok((Block { record, addr }, false));
-        }
-        self.system_alloc(class, class_bytes, zeroed, thread)
+    /// Puts a block on the shared list of its class.
+    #[inline]
+    fn push_list(&self, class: usize, record: u32) {
+        self.lists[class].push_chain(record + 1, &self.blocks.record(record).next);
     }
 
+    /// A block new from the system, within the budget.
     #[cold]
     fn system_alloc(
-        &'static self,
+        &self,
         class: usize,
         class_bytes: usize,
+        size: usize,
         zeroed: bool,
-        thread: u32,
-    ) -> Result<(Block, bool), PoolError> {
+    ) -> Result<Taken, PoolError> {
+        let mut released = None;
         if !self.reserve(class_bytes as u64) {
-            // Release what is cached and try once more.
-            cache::release_current(self);
-            self.release_lists();
+            // Release every cached block, other threads' caches included, and try once more.
+            released = Some(self.release_for_room());
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
             if !self.reserve(class_bytes as u64) {
                 self.counters
                     .budget_failures
                     .fetch_add(1, Ordering::Relaxed);
-                let stats = self.stats();
-                return Err(PoolError::BudgetExceeded {
-                    requested: class_bytes as u64,
-                    budget: self.config.budget.unwrap_or(u64::MAX),
-                    in_use: stats.in_use_bytes,
-                    cached: stats.cached_bytes,
-                });
+                let report = self.out_of_memory(size, class_bytes, released);
+                return Err(PoolError::BudgetExceeded(Box::new(report)));
             }
         }
         let layout = self.layout(class_bytes);
         // SAFETY: `layout` has a non-zero size (every class is at least 8 bytes).
-        let raw = unsafe {
-            if zeroed {
-                crate::sync::alloc_zeroed(layout)
-            } else {
-                crate::sync::alloc(layout)
+        let allocate = || unsafe {
+            match (self.system_blocks, zeroed) {
+                (true, true) => system::alloc_zeroed(layout),
+                (true, false) => system::alloc(layout),
+                (false, true) => global::alloc_zeroed(layout),
+                (false, false) => global::alloc(layout),
             }
         };
+        let mut raw = allocate();
+        if raw.is_null() && released.is_none() {
+            // The system is short: give it back what is cached, then try once more.
+            released = Some(self.release_for_room());
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
+            raw = allocate();
+        }
         let Some(addr) = NonNull::new(raw) else {
             self.unreserve(class_bytes as u64);
-            return Err(PoolError::SystemAllocFailed {
-                size: class_bytes,
-                align: self.config.alignment,
-            });
+            let report = self.out_of_memory(size, class_bytes, released);
+            return Err(PoolError::SystemAllocFailed(Box::new(report)));
         };
         let record = match self.blocks.claim() {
             Ok(record) => record,
             Err(error) => {
                 // SAFETY: allocated just above with `layout`, never shared.
-                unsafe { crate::sync::dealloc(addr.as_ptr(), layout) };
+                unsafe { self.dealloc_block(addr.as_ptr(), layout) };
                 self.unreserve(class_bytes as u64);
                 return Err(error);
             }
         };
-        self.blocks
-            .record(record)
-            .addr
-            .store(addr.as_ptr() as usize, Ordering::Relaxed);
+        self.blocks.record(record).set_block(addr, class);
         let config = &self.config;
         if (config.huge_pages || config.prefault) && class_bytes >= config.advise_min_block {
             advise::advise(
@@ -487,23 +684,55 @@ impl PoolInner {
                 config.prefault,
             );
         }
-        self.counters
-            .system_allocations
-            .fetch_add(1, Ordering::Relaxed);
-        if let Some(trace) = &self.trace {
-            trace.record(
-                PoolEventKind::SystemAlloc,
-                class_bytes as u64,
-                class as u32,
-                thread,
-            );
+        let c = &self.counters;
+        c.system_allocations.fetch_add(1, Ordering::Relaxed);
+        // The peak moves only once the memory is really held (a refused request never
+        // counts).
+        raise(&c.peak_reserved, c.reserved.load(Ordering::Relaxed));
+        if !config.exact_peaks {
+            let (in_use, requested) = self.sum_in_use();
+            raise(&c.peak_in_use, in_use + class_bytes as u64);
+            raise(&c.peak_requested, requested + size as u64);
         }
-        Ok((Block { record, addr }, zeroed))
+        self.trace(PoolEventKind::SystemAlloc, class_bytes as u64, class);
+        Ok(Taken {
+            record,
+            addr,
+            zeroed,
+        })
     }
 
+    /// The layout of a block of `class_bytes`: the configured alignment, or 2 MiB for a block
+    /// that gets transparent huge pages, so that huge pages can cover it end to end.
     fn layout(&self, class_bytes: usize) -> Layout {
-        Layout::from_size_align(class_bytes, self.config.alignment)
+        const HUGE_PAGE: usize = 2 << 20;
+        let config = &self.config;
+        let align = if config.huge_pages
+            && class_bytes >= config.advise_min_block
+            && class_bytes >= HUGE_PAGE
+        {
+            HUGE_PAGE
+        } else {
+            config.alignment
+        };
+        Layout::from_size_align(class_bytes, align)
             .expect("class sizes and alignments are validated")
+    }
+
+    /// Returns a block's memory to where `system_alloc` got it.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `system_alloc` with `layout`, and nothing uses it afterwards.
+    unsafe fn dealloc_block(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, and `system_blocks` names the allocator it came from.
+        unsafe {
+            if self.system_blocks {
+                system::dealloc(ptr, layout);
+            } else {
+                global::dealloc(ptr, layout);
+            }
+        }
     }
 
     /// Adds `bytes` to `reserved` if the budget allows.
@@ -521,12 +750,7 @@ impl PoolInner {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => {
-                    self.counters
-                        .peak_reserved
-                        .fetch_max(next, Ordering::Relaxed);
-                    return true;
-                }
+                Ok(_) => return true,
                 Err(actual) => current = actual,
             }
         }
@@ -536,97 +760,101 @@ impl PoolInner {
         self.counters.reserved.fetch_sub(bytes, Ordering::Relaxed);
     }
 
-    #[inline]
-    fn free(&'static self, block: Block, class: usize, class_bytes: usize, requested: usize) {
-        let mut thread = 0;
-        let leftover = cache::with_cache(self, |cache| {
-            thread = cache.thread;
-            cache.put(block, class, class_bytes, requested)
-        });
-        match leftover {
-            Some(None) => {}
-            Some(Some(block)) => self.give_back(block, class),
-            None => {
-                self.retired.count_shared(-1, class_bytes, requested);
-                self.give_back(block, class);
-            }
-        }
-        if let Some(trace) = &self.trace {
-            trace.record(
-                PoolEventKind::Free,
-                class_bytes as u64,
-                class as u32,
-                thread,
-            );
-        }
-    }
-
-    /// Puts a block on its class list; if the pool is closed, that list goes back to the
-    /// system.
-    ///
-    /// The check comes after the push, so a block given back while the last handle closes
-    /// the pool is never stranded: the push is a compare-exchange with acquire on the list
-    /// head and the close empties every list with a release compare-exchange after setting
-    /// `closed`, so either the close takes this block or this check sees `closed` and
-    /// releases the list (loom: `thread_exit_flush_racing_close`).
-    fn give_back(&'static self, block: Block, class: usize) {
-        self.lists[class].push_chain(block.record + 1, &self.blocks.record(block.record).next);
-        if self.is_closed() {
-            self.release_list(class);
-        }
-    }
-
-    /// Returns a block's memory to the system.
-    fn release_block(&self, block: Block, class: usize) {
+    /// Returns a block's memory to the system and its record to the spare list.
+    fn release(&self, record: u32, class: usize) {
         let class_bytes = class::class_size(class);
-        // SAFETY: the block was allocated with this class's layout by `system_alloc` and is
-        // owned by the caller, which gives it up here.
-        unsafe { crate::sync::dealloc(block.addr.as_ptr(), self.layout(class_bytes)) };
-        self.blocks.release(block.record);
+        let rec = self.blocks.record(record);
+        // SAFETY: the caller owns the block (taken off a list or bin, or handed back), which
+        // was allocated by `system_alloc` with this class's layout.
+        unsafe { self.dealloc_block(rec.addr().as_ptr(), self.layout(class_bytes)) };
+        rec.clear_block();
+        self.blocks.release(record);
         self.unreserve(class_bytes as u64);
         self.counters.system_frees.fetch_add(1, Ordering::Relaxed);
-        if let Some(trace) = &self.trace {
-            trace.record(
-                PoolEventKind::SystemFree,
-                class_bytes as u64,
-                class as u32,
-                0,
-            );
-        }
-    }
-
-    /// Releases every block on the class lists. Returns the bytes released.
-    fn release_lists(&self) -> u64 {
-        (0..self.lists.len())
-            .map(|class| self.release_list(class))
-            .sum()
+        self.trace(PoolEventKind::SystemFree, class_bytes as u64, class);
     }
 
     /// Releases every block on the list of `class`. Returns the bytes released.
     fn release_list(&self, class: usize) -> u64 {
-        let class_bytes = class::class_size(class);
         let mut released = 0;
         let mut link = self.lists[class].take_all();
-        while link != crate::stack::NIL {
+        while link != NIL {
             let record = link - 1;
-            let rec = self.blocks.record(record);
-            link = rec.next.load(Ordering::Relaxed);
-            let addr = rec.addr.load(Ordering::Relaxed);
-            released += class_bytes as u64;
-            // SAFETY: listed records hold their block's non-null address.
-            let addr = unsafe { NonNull::new_unchecked(addr as *mut u8) };
-            self.release_block(Block { record, addr }, class);
+            link = self.blocks.record(record).next.load(Ordering::Relaxed);
+            released += class::class_size(class) as u64;
+            self.release(record, class);
         }
         released
     }
 
-    fn trim(&'static self) -> u64 {
-        self.counters.trims.fetch_add(1, Ordering::Release);
-        let released = cache::release_current(self) + self.release_lists();
-        if let Some(trace) = &self.trace {
-            trace.record(PoolEventKind::Trim, released, 0, 0);
+    /// Calls `f` with every slot.
+    fn for_each_slot(&self, mut f: impl FnMut(&Slot)) {
+        for page in 0..self.slots.page_count() {
+            if let Some(slots) = self.slots.page(page) {
+                slots.iter().for_each(|slot| f(slot));
+            }
         }
-        released
+    }
+
+    /// Releases every cached block: every thread's cache and every list. Returns the bytes
+    /// released.
+    fn release_cached(&self) -> u64 {
+        let mut released = 0;
+        self.for_each_slot(|slot| {
+            released += slot.drain(|class, record| self.release(record, class), &self.blocks);
+        });
+        (0..class::CLASSES)
+            .map(|c| self.release_list(c))
+            .sum::<u64>()
+            + released
+    }
+
+    /// Releases every cached block to make room for an allocation; returns what was cached
+    /// before, for the error report should the room still not suffice.
+    fn release_for_room(&self) -> CachedPicture {
+        let picture = self.cached_picture();
+        self.release_cached();
+        picture
+    }
+
+    /// Where cached memory is, for an out-of-memory report.
+    fn cached_picture(&self) -> CachedPicture {
+        let mut in_threads = 0;
+        self.for_each_slot(|slot| in_threads += slot.binned());
+        let mut largest = 0;
+        self.blocks.for_each(|record| {
+            if let Some((class, false)) = record.picture() {
+                largest = largest.max(class::class_size(class));
+            }
+        });
+        let (in_use, _) = self.sum_in_use();
+        let reserved = self.counters.reserved.load(Ordering::Relaxed);
+        CachedPicture {
+            in_threads,
+            in_lists: reserved.saturating_sub(in_use).saturating_sub(in_threads),
+            largest,
+        }
+    }
+
+    fn out_of_memory(
+        &self,
+        requested: usize,
+        block_bytes: usize,
+        released: Option<CachedPicture>,
+    ) -> OutOfMemory {
+        let before = released.unwrap_or_else(|| self.cached_picture());
+        let (in_use, _) = self.sum_in_use();
+        OutOfMemory {
+            requested,
+            block_bytes,
+            budget: self.config.budget,
+            in_use,
+            cached_in_threads: before.in_threads,
+            cached_in_lists: before.in_lists,
+            reserved: self.counters.reserved.load(Ordering::Relaxed),
+            peak_reserved: self.counters.peak_reserved.load(Ordering::Relaxed),
+            largest_cached_block: before.largest,
+        }
     }
 
     /// Records that an allocation drew on `class` in the current idle round. Stores only on
@@ -641,216 +869,91 @@ impl PoolInner {
     fn trim_idle(&self) -> u64 {
         let round = self.idle_round.fetch_add(1, Ordering::Relaxed) + 1;
         let idle_rounds = u64::from(self.config.idle_rounds);
-        let released = (0..self.lists.len())
+        let mut released: u64 = (0..class::CLASSES)
             .filter(|&class| {
                 // Saturating: a racing call may have advanced the round already.
                 round.saturating_sub(self.last_drawn[class].load(Ordering::Relaxed)) > idle_rounds
             })
             .map(|class| self.release_list(class))
             .sum();
-        if let Some(trace) = &self.trace {
-            trace.record(PoolEventKind::Trim, released, 0, 0);
-        }
+        // A thread's cache is idle if the thread made no operation since the last round.
+        self.for_each_slot(|slot| {
+            let c = &slot.counters;
+            let operations = c.operations.load(Ordering::Relaxed);
+            if c.seen_operations.swap(operations, Ordering::Relaxed) == operations {
+                released += slot.drain(|class, record| self.release(record, class), &self.blocks);
+            }
+        });
+        self.trace(PoolEventKind::Trim, released, 0);
         released
     }
 
-    #[inline]
-    fn trim_count(&self) -> u64 {
-        self.counters.trims.load(Ordering::Acquire)
-    }
-
-    #[inline]
-    pub(super) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    fn register_thread(&self, counters: Arc<ThreadCounters>) {
-        self.threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(counters);
-    }
-
-    /// Moves a departing cache's counters into `retired`. Both steps happen under the lock
-    /// `stats` takes, so no reader sees the thread's counts missing or twice.
-    fn retire_thread(&self, counters: &Arc<ThreadCounters>) {
-        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(index) = threads.iter().position(|c| Arc::ptr_eq(c, counters)) {
-            threads.swap_remove(index);
-        }
-        counters.fold_into(&self.retired);
+    /// Bytes in use and requested, summed over the slots.
+    fn sum_in_use(&self) -> (u64, u64) {
+        let (mut allocated, mut freed, mut asked, mut given) = (0u64, 0u64, 0u64, 0u64);
+        self.for_each_slot(|slot| {
+            let c = &slot.counters;
+            allocated = allocated.wrapping_add(c.allocated_bytes.load(Ordering::Relaxed));
+            freed = freed.wrapping_add(c.freed_bytes.load(Ordering::Relaxed));
+            asked = asked.wrapping_add(c.allocated_requested.load(Ordering::Relaxed));
+            given = given.wrapping_add(c.freed_requested.load(Ordering::Relaxed));
+        });
+        (allocated.saturating_sub(freed), asked.saturating_sub(given))
     }
 
     fn stats(&self) -> PoolStats {
-        let mut sums = Sums::default();
-        {
-            let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-            self.retired.sum_into(&mut sums);
-            for counters in threads.iter() {
-                counters.sum_into(&mut sums);
-            }
-        }
+        let mut s = PoolStats::default();
+        let mut freed_requested = 0u64;
+        let mut allocated_requested = 0u64;
+        self.for_each_slot(|slot| {
+            let c = &slot.counters;
+            s.allocations += c.allocations.load(Ordering::Relaxed);
+            s.frees += c.frees.load(Ordering::Relaxed);
+            s.cache_hits += c.hits.load(Ordering::Relaxed);
+            s.allocated_bytes_total += c.allocated_bytes.load(Ordering::Relaxed);
+            s.freed_bytes_total += c.freed_bytes.load(Ordering::Relaxed);
+            allocated_requested += c.allocated_requested.load(Ordering::Relaxed);
+            freed_requested += c.freed_requested.load(Ordering::Relaxed);
+            s.cached_in_threads_bytes += slot.binned();
+        });
         let c = &self.counters;
-        let reserved = c.reserved.load(Ordering::Relaxed);
-        let in_use = sums.in_use.max(0) as u64;
-        let requested = sums.requested.max(0) as u64;
-        let cached = reserved.saturating_sub(in_use);
-        let allocations = sums.hits + sums.misses;
-        let peak =
-            |counter: &AtomicU64, now: u64| counter.fetch_max(now, Ordering::Relaxed).max(now);
-        PoolStats {
-            in_use_bytes: in_use,
-            peak_in_use_bytes: peak(&c.peak_in_use, in_use),
-            requested_bytes: requested,
-            peak_requested_bytes: peak(&c.peak_requested, requested),
-            cached_bytes: cached,
-            peak_cached_bytes: peak(&c.peak_cached, cached),
-            reserved_bytes: reserved,
-            peak_reserved_bytes: c.peak_reserved.load(Ordering::Relaxed),
-            allocations,
-            frees: sums.frees,
-            cache_hits: sums.hits,
-            cache_misses: sums.misses,
-            system_allocations: c.system_allocations.load(Ordering::Relaxed),
-            system_frees: c.system_frees.load(Ordering::Relaxed),
-            trims: c.trims.load(Ordering::Relaxed),
-            budget_failures: c.budget_failures.load(Ordering::Relaxed),
+        s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
+        s.requested_bytes = allocated_requested.saturating_sub(freed_requested);
+        s.in_use_blocks = s.allocations.saturating_sub(s.frees);
+        s.cache_misses = s.allocations - s.cache_hits;
+        s.reserved_bytes = c.reserved.load(Ordering::Relaxed);
+        s.cached_bytes = s.reserved_bytes.saturating_sub(s.in_use_bytes);
+        s.cached_in_threads_bytes = s.cached_in_threads_bytes.min(s.cached_bytes);
+        s.cached_in_lists_bytes = s.cached_bytes - s.cached_in_threads_bytes;
+        s.peak_reserved_bytes = c
+            .peak_reserved
+            .load(Ordering::Relaxed)
+            .max(s.reserved_bytes);
+        s.peak_in_use_bytes = raise(&c.peak_in_use, s.in_use_bytes);
+        s.peak_requested_bytes = raise(&c.peak_requested, s.requested_bytes);
+        s.system_allocations = c.system_allocations.load(Ordering::Relaxed);
+        s.system_frees = c.system_frees.load(Ordering::Relaxed);
+        s.alloc_retries = c.retries.load(Ordering::Relaxed);
+        s.budget_failures = c.budget_failures.load(Ordering::Relaxed);
+        s.trims = c.trims.load(Ordering::Relaxed);
+        s
+    }
+
+    /// Records an event if tracing is on.
+    #[inline(always)]
+    fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
+        if let Some(trace) = &self.trace {
+            trace.record(kind, bytes, class, thread_index() as u32);
         }
     }
 }
 
-/// An aligned byte buffer from a [`BufferPool`]; it returns itself to the pool when dropped,
-/// from any thread.
-///
-/// Its bytes start uninitialised (unless it came from
-/// [`alloc_zeroed`](BufferPool::alloc_zeroed)): write them through
-/// [`as_uninit_mut`](Self::as_uninit_mut) or [`fill`](Self::fill), after which
-/// [`as_bytes`](Self::as_bytes) gives them back.
-pub struct PoolBuffer {
-    block: Block,
-    /// Requested bytes; the block holds at least this many.
-    len: usize,
-    /// Bytes of the block: `class_size(class)`, kept to spare the free path a lookup.
-    capacity: usize,
-    class: u32,
-    /// Whether all `len` bytes have been written.
-    initialized: bool,
-    pool: &'static PoolInner,
-}
-
-// SAFETY: a `PoolBuffer` owns its bytes exclusively (like a `Box<[u8]>`), and its pool is
-// `Sync`: dropping it on another thread returns the block through that thread's cache.
-unsafe impl Send for PoolBuffer {}
-// SAFETY: `&PoolBuffer` only reads the bytes.
-unsafe impl Sync for PoolBuffer {}
-
-impl PoolBuffer {
-    /// Requested length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the length is zero.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes the block actually holds (the size class).
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Start of the bytes; aligned to the pool's alignment.
-    pub fn as_ptr(&self) -> *const u8 {
-        self.block.addr.as_ptr()
-    }
-
-    /// Start of the bytes, for writing.
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.block.addr.as_ptr()
-    }
-
-    /// The bytes, if all have been written (or the buffer came zeroed).
-    pub fn as_bytes(&self) -> Option<&[u8]> {
-        // SAFETY: `len` bytes of the block are ours, and `initialized` says they are written.
-        self.initialized
-            .then(|| unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) })
-    }
-
-    /// The bytes for writing, if all have been written (or the buffer came zeroed).
-    pub fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
-        let (ptr, len) = (self.as_mut_ptr(), self.len);
-        // SAFETY: as in `as_bytes`, and `&mut self` makes the access exclusive.
-        self.initialized
-            .then(|| unsafe { std::slice::from_raw_parts_mut(ptr, len) })
-    }
-
-    /// The bytes as possibly uninitialised memory, for a first write.
-    pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
-        // SAFETY: `len` bytes of the block are exclusively ours; `MaybeUninit` makes no claim
-        // about their contents.
-        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr().cast(), self.len) }
-    }
-
-    /// Declares every byte written.
-    ///
-    /// # Safety
-    ///
-    /// All [`len`](Self::len) bytes must have been initialised (for example through
-    /// [`as_uninit_mut`](Self::as_uninit_mut) or [`as_mut_ptr`](Self::as_mut_ptr)).
-    pub unsafe fn assume_init(&mut self) {
-        self.initialized = true;
-    }
-
-    /// Sets every byte to `byte`.
-    pub fn fill(&mut self, byte: u8) {
-        // SAFETY: `len` bytes of the block are exclusively ours.
-        unsafe { self.as_mut_ptr().write_bytes(byte, self.len) };
-        self.initialized = true;
-    }
-
-    /// Copies `src` into the buffer.
-    ///
-    /// # Errors
-    ///
-    /// [`PoolError::LengthMismatch`] unless `src.len() == self.len()`; the buffer is unchanged.
-    pub fn copy_from_slice(&mut self, src: &[u8]) -> Result<(), PoolError> {
-        if src.len() != self.len {
-            return Err(PoolError::LengthMismatch {
-                expected: self.len,
-                found: src.len(),
-            });
-        }
-        // SAFETY: `src` and our `len` bytes do not overlap (we own ours exclusively).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_mut_ptr(), src.len()) };
-        self.initialized = true;
-        Ok(())
-    }
-}
-
-impl PoolBuffer {
-    /// A buffer of `size` bytes from the pool this one came from.
-    pub(crate) fn alloc_sibling(&self, size: usize) -> Result<PoolBuffer, PoolError> {
-        self.pool.alloc(size, false)
-    }
-}
-
-impl Drop for PoolBuffer {
-    fn drop(&mut self) {
-        self.pool
-            .free(self.block, self.class as usize, self.capacity, self.len);
-    }
-}
-
-impl fmt::Debug for PoolBuffer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolBuffer")
-            .field("len", &self.len)
-            .field("capacity", &self.capacity())
-            .field("initialized", &self.initialized)
-            .field("addr", &self.block.addr)
-            .finish()
-    }
+/// Where cached memory was before a release.
+#[derive(Clone, Copy)]
+struct CachedPicture {
+    in_threads: u64,
+    in_lists: u64,
+    largest: usize,
 }
 
 impl fmt::Debug for PoolInner {
@@ -859,14 +962,4 @@ impl fmt::Debug for PoolInner {
             .field("id", &self.id)
             .finish_non_exhaustive()
     }
-}
-
-/// Records the address of an allocation the pool keeps for the rest of the process on
-/// purpose (its control block), so that leak checkers (LeakSanitizer, Miri) find it
-/// reachable instead of reporting it. Bookkeeping outside any protocol a model checks.
-fn keep_reachable(address: usize) {
-    static KEPT: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
-    KEPT.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(address);
 }

@@ -1,16 +1,35 @@
-//! Pool statistics: per-thread counters with a single writer each (no read-modify-write on
-//! the hot path), merged on read with the pool-wide counters of the slow paths.
+//! Pool statistics: what each thread counted in its slot (single writer, no read-modify-
+//! write on the hot path), summed on read with the pool-wide counters of the slow paths.
 
-use crate::sync::{AtomicI64, AtomicU64, Ordering};
+use std::fmt;
 
-/// A snapshot of a pool's counters. Byte counts are in bytes; `peak_*` are high-water marks.
+use super::tag::MemoryTag;
+use crate::sync::{AtomicU64, Ordering};
+
+/// A snapshot of a pool's counters, in the spirit of `torch.cuda.memory_stats()`: current and
+/// peak bytes and blocks, totals since the pool was made, and what the pool did to get them.
 ///
-/// `cached_bytes` is `reserved_bytes - in_use_bytes`: whatever the pool holds from the
-/// system and has not handed out is cached somewhere (a thread cache or a class list).
+/// `cached_bytes` is `reserved_bytes - in_use_bytes`: memory the pool holds from the system
+/// and has not handed out, split into what threads keep in their caches and what waits on the
+/// pool's shared lists.
 ///
-/// `peak_reserved_bytes` is exact. The other peaks are sampled whenever the pool reserves or
-/// releases system memory and whenever stats are read, so they can miss a short spike that
-/// neither event saw; they never exceed `peak_reserved_bytes`.
+/// `peak_reserved_bytes` is exact. `peak_in_use_bytes` and `peak_requested_bytes` are exact
+/// when [`PoolConfig::exact_peaks`](super::PoolConfig::exact_peaks) is on; otherwise they are
+/// taken whenever the pool reserves memory and whenever statistics are read (never below the
+/// current value). [`BufferPool::reset_peak_stats`](super::BufferPool::reset_peak_stats)
+/// starts every peak again from the current value.
+///
+/// Its `Display` is a summary in human units:
+///
+/// ```
+/// let pool = ferropool::BufferPool::new();
+/// let buffer = pool.alloc(3 << 20)?;
+/// let text = pool.stats().to_string();
+/// assert!(text.contains("in use"), "{text}");
+/// assert!(text.contains("3.00 MiB"), "{text}");
+/// # drop(buffer);
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolStats {
@@ -22,31 +41,42 @@ pub struct PoolStats {
     pub requested_bytes: u64,
     /// High-water mark of `requested_bytes`.
     pub peak_requested_bytes: u64,
-    /// Bytes in blocks cached by the pool (its lists and the threads' caches): reserved and
-    /// not in use.
+    /// Blocks handed out.
+    pub in_use_blocks: u64,
+    /// Bytes held from the system and not handed out: `cached_in_threads_bytes +
+    /// cached_in_lists_bytes`.
     pub cached_bytes: u64,
-    /// High-water mark of `cached_bytes`.
-    pub peak_cached_bytes: u64,
+    /// Of `cached_bytes`, what threads keep in their caches.
+    pub cached_in_threads_bytes: u64,
+    /// Of `cached_bytes`, what waits on the pool's shared lists.
+    pub cached_in_lists_bytes: u64,
     /// Bytes held from the system: `in_use_bytes + cached_bytes`.
     pub reserved_bytes: u64,
     /// High-water mark of `reserved_bytes` (exact).
     pub peak_reserved_bytes: u64,
+    /// Bytes handed out since the pool was made (class sizes).
+    pub allocated_bytes_total: u64,
+    /// Bytes given back since the pool was made (class sizes).
+    pub freed_bytes_total: u64,
     /// Allocations served.
     pub allocations: u64,
-    /// Buffers returned.
+    /// Buffers given back.
     pub frees: u64,
     /// Allocations served by the calling thread's cache.
     pub cache_hits: u64,
-    /// Allocations the thread cache could not serve (from the pool's lists or the system).
+    /// Allocations the thread cache could not serve (from the shared lists or the system).
     pub cache_misses: u64,
     /// Blocks obtained from the system.
     pub system_allocations: u64,
     /// Blocks returned to the system.
     pub system_frees: u64,
+    /// Allocations that first failed for the budget, released cached memory, and were tried
+    /// again.
+    pub alloc_retries: u64,
+    /// Allocations refused for the budget, after that retry.
+    pub budget_failures: u64,
     /// Calls to `trim`.
     pub trims: u64,
-    /// Allocations refused for the budget.
-    pub budget_failures: u64,
 }
 
 impl PoolStats {
@@ -65,82 +95,110 @@ impl PoolStats {
     }
 }
 
-/// Counters one thread writes (relaxed load + store: one writer, so no read-modify-write)
-/// and any thread reads. The signed ones move in both directions: a buffer allocated on one
-/// thread and freed on another adds on the first and subtracts on the second.
-///
-/// Cached bytes are not counted here: they are whatever is reserved and not in use.
-#[derive(Default, Debug)]
-pub(super) struct ThreadCounters {
-    pub(super) in_use: AtomicI64,
-    pub(super) requested: AtomicI64,
-    /// Allocations served by a thread cache.
-    pub(super) hits: AtomicU64,
-    /// Allocations served from a class list or the system.
-    pub(super) misses: AtomicU64,
-    pub(super) frees: AtomicU64,
-}
-
-/// Adds `delta` to a counter that only the calling thread writes.
-#[inline(always)]
-pub(super) fn bump_i(counter: &AtomicI64, delta: i64) {
-    counter.store(counter.load(Ordering::Relaxed) + delta, Ordering::Relaxed);
-}
-
-/// Adds 1 to a counter that only the calling thread writes.
-#[inline(always)]
-pub(super) fn bump(counter: &AtomicU64) {
-    counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-}
-
-impl ThreadCounters {
-    /// Counts an allocation (`sign` 1, a miss) or a free (`sign` -1) on shared counters, for
-    /// operations made without a thread cache (read-modify-writes: these are shared).
-    pub(super) fn count_shared(&self, sign: i64, class_bytes: usize, requested: usize) {
-        let event = if sign > 0 { &self.misses } else { &self.frees };
-        event.fetch_add(1, Ordering::Relaxed);
-        self.in_use
-            .fetch_add(sign * class_bytes as i64, Ordering::Relaxed);
-        self.requested
-            .fetch_add(sign * requested as i64, Ordering::Relaxed);
+impl fmt::Display for PoolStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = Bytes;
+        writeln!(
+            f,
+            "in use    {:>11}  peak {:>11}  ({} blocks; requested {}, peak {})",
+            b.of(self.in_use_bytes),
+            b.of(self.peak_in_use_bytes),
+            self.in_use_blocks,
+            b.of(self.requested_bytes),
+            b.of(self.peak_requested_bytes),
+        )?;
+        writeln!(
+            f,
+            "cached    {:>11}  ({} in thread caches, {} on shared lists)",
+            b.of(self.cached_bytes),
+            b.of(self.cached_in_threads_bytes),
+            b.of(self.cached_in_lists_bytes),
+        )?;
+        writeln!(
+            f,
+            "reserved  {:>11}  peak {:>11}",
+            b.of(self.reserved_bytes),
+            b.of(self.peak_reserved_bytes),
+        )?;
+        writeln!(
+            f,
+            "totals    {} allocations ({:.1}% from thread caches), {} frees; {} allocated, {} freed",
+            self.allocations,
+            100.0 * self.cache_hit_rate(),
+            self.frees,
+            b.of(self.allocated_bytes_total),
+            b.of(self.freed_bytes_total),
+        )?;
+        write!(
+            f,
+            "system    {} allocations, {} frees; {} retries after releasing cached memory, {} refused for the budget; {} trims",
+            self.system_allocations,
+            self.system_frees,
+            self.alloc_retries,
+            self.budget_failures,
+            self.trims,
+        )
     }
+}
 
-    /// Adds this thread's counters into `into` (with read-modify-writes: `into` is shared).
-    pub(super) fn fold_into(&self, into: &ThreadCounters) {
-        for (from, to) in [
-            (&self.in_use, &into.in_use),
-            (&self.requested, &into.requested),
-        ] {
-            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+/// Formats byte counts in binary units ("1.50 MiB").
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bytes;
+
+impl Bytes {
+    pub(crate) fn of(self, bytes: u64) -> HumanBytes {
+        HumanBytes(bytes)
+    }
+}
+
+/// A byte count that displays in binary units.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HumanBytes(pub(crate) u64);
+
+impl fmt::Display for HumanBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+        let mut value = self.0 as f64;
+        let mut unit = 0;
+        while value >= 1024.0 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
         }
-        let events = [
-            (&self.hits, &into.hits),
-            (&self.misses, &into.misses),
-            (&self.frees, &into.frees),
-        ];
-        for (from, to) in events {
-            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-    }
-
-    /// Adds this thread's counters into a plain sum.
-    pub(super) fn sum_into(&self, sum: &mut Sums) {
-        sum.in_use += self.in_use.load(Ordering::Relaxed);
-        sum.requested += self.requested.load(Ordering::Relaxed);
-        sum.hits += self.hits.load(Ordering::Relaxed);
-        sum.misses += self.misses.load(Ordering::Relaxed);
-        sum.frees += self.frees.load(Ordering::Relaxed);
+        let text = if unit == 0 {
+            format!("{} B", self.0)
+        } else {
+            format!("{value:.2} {}", UNITS[unit])
+        };
+        f.pad(&text)
     }
 }
 
-/// A plain sum of [`ThreadCounters`].
-#[derive(Default, Debug)]
-pub(super) struct Sums {
-    pub(super) in_use: i64,
-    pub(super) requested: i64,
-    pub(super) hits: u64,
-    pub(super) misses: u64,
-    pub(super) frees: u64,
+/// The blocks of one size class, as [`BufferPool::class_stats`](super::BufferPool::class_stats)
+/// reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClassStats {
+    /// Bytes a block of the class holds.
+    pub block_bytes: usize,
+    /// Blocks of the class handed out.
+    pub in_use_blocks: u64,
+    /// Blocks of the class the pool holds and has not handed out.
+    pub cached_blocks: u64,
+}
+
+/// One live block, as [`BufferPool::snapshot`](super::BufferPool::snapshot) reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BlockInfo {
+    /// Bytes requested.
+    pub requested: usize,
+    /// Bytes of the block (its class).
+    pub block_bytes: usize,
+    /// The thread index of the allocating thread (small numbers, reused after a thread
+    /// exits).
+    pub thread: u32,
+    /// The tag current on that thread when it allocated the block.
+    pub tag: Option<MemoryTag>,
 }
 
 /// Pool-wide counters of the slow paths (read-modify-writes are fine there).
@@ -150,9 +208,57 @@ pub(super) struct PoolCounters {
     pub(super) peak_reserved: AtomicU64,
     pub(super) peak_in_use: AtomicU64,
     pub(super) peak_requested: AtomicU64,
-    pub(super) peak_cached: AtomicU64,
+    /// Bytes in use and requested, when `exact_peaks` is on (else unused).
+    pub(super) exact_in_use: AtomicU64,
+    pub(super) exact_requested: AtomicU64,
     pub(super) system_allocations: AtomicU64,
     pub(super) system_frees: AtomicU64,
     pub(super) trims: AtomicU64,
+    pub(super) retries: AtomicU64,
     pub(super) budget_failures: AtomicU64,
+}
+
+impl PoolCounters {
+    /// Counts an allocation of `bytes` (`requested`) in the exact counters.
+    #[inline]
+    pub(super) fn exact_alloc(&self, bytes: u64, requested: u64) {
+        let in_use = self.exact_in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        raise(&self.peak_in_use, in_use);
+        let requested = self.exact_requested.fetch_add(requested, Ordering::Relaxed) + requested;
+        raise(&self.peak_requested, requested);
+    }
+
+    /// Counts a free in the exact counters.
+    #[inline]
+    pub(super) fn exact_free(&self, bytes: u64, requested: u64) {
+        self.exact_in_use.fetch_sub(bytes, Ordering::Relaxed);
+        self.exact_requested.fetch_sub(requested, Ordering::Relaxed);
+    }
+}
+
+/// Raises a high-water mark to `value` (a load first: in steady state no write at all).
+#[inline]
+pub(super) fn raise(peak: &AtomicU64, value: u64) -> u64 {
+    let seen = peak.load(Ordering::Relaxed);
+    if value > seen {
+        peak.fetch_max(value, Ordering::Relaxed).max(value)
+    } else {
+        seen
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_display_in_binary_units() {
+        assert_eq!(HumanBytes(0).to_string(), "0 B");
+        assert_eq!(HumanBytes(1023).to_string(), "1023 B");
+        assert_eq!(HumanBytes(1024).to_string(), "1.00 KiB");
+        assert_eq!(HumanBytes(3 << 19).to_string(), "1.50 MiB");
+        assert_eq!(HumanBytes(1 << 40).to_string(), "1.00 TiB");
+        assert_eq!(HumanBytes(u64::MAX).to_string(), "16384.00 PiB");
+        assert_eq!(format!("{:>8}", HumanBytes(1024)), "1.00 KiB");
+    }
 }

@@ -1,13 +1,15 @@
-//! The pool's event trace: a bounded ring of events, off unless configured.
+//! The pool's event trace: a bounded ring of events, off unless configured, exported in the
+//! Chrome Trace Event format that Perfetto and `chrome://tracing` open.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::time::Instant;
 
+use super::tag::MemoryTag;
 use crate::sync::Mutex;
 
 /// What happened to the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum PoolEventKind {
     /// A buffer was handed out.
@@ -18,8 +20,10 @@ pub enum PoolEventKind {
     SystemAlloc,
     /// A block went back to the system.
     SystemFree,
-    /// `trim` ran (`size` is the bytes it released).
+    /// A trim ran (`bytes` is what it released).
     Trim,
+    /// A caller's own moment (see [`BufferPool::trace_mark`](super::BufferPool::trace_mark)).
+    Mark,
 }
 
 impl PoolEventKind {
@@ -30,30 +34,46 @@ impl PoolEventKind {
             Self::SystemAlloc => "system_alloc",
             Self::SystemFree => "system_free",
             Self::Trim => "trim",
+            Self::Mark => "mark",
         }
     }
 }
 
 /// One traced event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolEvent {
     /// Nanoseconds since the pool was created.
     pub at_ns: u64,
     /// What happened.
     pub kind: PoolEventKind,
-    /// Block bytes (the class size), or the bytes released for `Trim`.
-    pub size: u64,
-    /// The size class index (0 for `Trim`).
+    /// Block bytes (the class size); for `Trim`, the bytes released; for `Mark`, the
+    /// caller's value.
+    pub bytes: u64,
+    /// The size class index (0 for `Trim` and `Mark`).
     pub class: u32,
-    /// A small per-process index of the thread that caused the event.
+    /// The thread index of the thread that caused the event.
     pub thread: u32,
+    /// The memory tag current on that thread.
+    pub tag: Option<MemoryTag>,
+    /// After the event: bytes handed out, and bytes held from the system, as the trace
+    /// counts them (from its own events, so they start at zero when tracing starts).
+    pub in_use_after: u64,
+    /// See `in_use_after`.
+    pub reserved_after: u64,
 }
 
-/// The ring.
+/// The ring, and running totals for the counter tracks.
 pub(super) struct Trace {
     started: Instant,
     capacity: usize,
-    ring: Mutex<VecDeque<PoolEvent>>,
+    ring: Mutex<Ring>,
+}
+
+struct Ring {
+    events: VecDeque<PoolEvent>,
+    in_use: u64,
+    reserved: u64,
 }
 
 impl Trace {
@@ -61,7 +81,11 @@ impl Trace {
         Self {
             started: Instant::now(),
             capacity,
-            ring: Mutex::new(VecDeque::with_capacity(capacity.min(1 << 16))),
+            ring: Mutex::new(Ring {
+                events: VecDeque::with_capacity(capacity.min(1 << 16)),
+                in_use: 0,
+                reserved: 0,
+            }),
         }
     }
 
@@ -69,24 +93,36 @@ impl Trace {
         self.started.elapsed().as_nanos() as u64
     }
 
-    pub(super) fn record(&self, kind: PoolEventKind, size: u64, class: u32, thread: u32) {
+    pub(super) fn record(&self, kind: PoolEventKind, bytes: u64, class: usize, thread: u32) {
         let at_ns = self.now_ns();
+        let tag = MemoryTag::from_raw(super::tag::current());
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        if ring.len() == self.capacity {
-            ring.pop_front();
+        match kind {
+            PoolEventKind::Alloc => ring.in_use += bytes,
+            PoolEventKind::Free => ring.in_use = ring.in_use.saturating_sub(bytes),
+            PoolEventKind::SystemAlloc => ring.reserved += bytes,
+            PoolEventKind::SystemFree => ring.reserved = ring.reserved.saturating_sub(bytes),
+            PoolEventKind::Trim | PoolEventKind::Mark => {}
         }
-        ring.push_back(PoolEvent {
+        if ring.events.len() == self.capacity {
+            ring.events.pop_front();
+        }
+        let event = PoolEvent {
             at_ns,
             kind,
-            size,
-            class,
+            bytes,
+            class: class as u32,
             thread,
-        });
+            tag,
+            in_use_after: ring.in_use,
+            reserved_after: ring.reserved,
+        };
+        ring.events.push_back(event);
     }
 
     pub(super) fn events(&self) -> Vec<PoolEvent> {
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        ring.iter().copied().collect()
+        ring.events.iter().copied().collect()
     }
 }
 
@@ -98,24 +134,55 @@ impl std::fmt::Debug for Trace {
     }
 }
 
-/// Renders events as JSON: `{"events":[{"t_ns":..,"kind":"alloc",..},..]}`.
-pub(super) fn to_json(events: &[PoolEvent]) -> String {
-    let mut out = String::with_capacity(32 + events.len() * 80);
-    out.push_str("{\"events\":[");
-    for (i, e) in events.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
+/// Renders events in the Chrome Trace Event format (`{"traceEvents":[...]}`): an instant
+/// event per allocation, free, system call, trim and mark, on the track of the thread that
+/// made it, and a counter track `"pool <id> memory"` with the bytes in use, cached and
+/// reserved after each event. Timestamps are microseconds since the pool was created.
+pub(super) fn to_chrome_json(pool: u64, events: &[PoolEvent]) -> String {
+    let mut out = String::with_capacity(64 + events.len() * 240);
+    out.push_str("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[");
+    let _ = write!(
+        out,
+        "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pool},\"tid\":0,\"args\":{{\"name\":\"ferropool pool {pool}\"}}}}"
+    );
+    for e in events {
+        let ts = e.at_ns as f64 / 1000.0;
+        let tag = e
+            .tag
+            .map_or(String::from("null"), |t| json_string(t.name()));
         let _ = write!(
             out,
-            "{{\"t_ns\":{},\"kind\":\"{}\",\"size\":{},\"class\":{},\"thread\":{}}}",
-            e.at_ns,
+            ",{{\"name\":\"{}\",\"cat\":\"pool\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts:.3},\"pid\":{pool},\"tid\":{},\"args\":{{\"bytes\":{},\"class\":{},\"tag\":{tag}}}}}",
             e.kind.name(),
-            e.size,
+            e.thread,
+            e.bytes,
             e.class,
-            e.thread
+        );
+        let cached = e.reserved_after.saturating_sub(e.in_use_after);
+        let _ = write!(
+            out,
+            ",{{\"name\":\"pool {pool} memory\",\"ph\":\"C\",\"ts\":{ts:.3},\"pid\":{pool},\"args\":{{\"in_use\":{},\"cached\":{cached},\"reserved\":{}}}}}",
+            e.in_use_after, e.reserved_after,
         );
     }
     out.push_str("]}");
+    out
+}
+
+/// `text` as a JSON string literal.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
     out
 }

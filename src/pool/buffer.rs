@@ -1,0 +1,184 @@
+//! `PoolBuffer`: an aligned byte buffer from a pool, which gives itself back when dropped.
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+
+use super::{class, lifetime, PoolError, PoolInner};
+
+/// An aligned byte buffer from a [`BufferPool`](super::BufferPool); it returns itself to the
+/// pool when dropped, from any thread.
+///
+/// Its bytes start uninitialised (unless it came from
+/// [`alloc_zeroed`](super::BufferPool::alloc_zeroed)): write them through
+/// [`as_uninit_mut`](Self::as_uninit_mut) or [`fill`](Self::fill), after which
+/// [`as_bytes`](Self::as_bytes) gives them back.
+pub struct PoolBuffer {
+    /// The block: at least `len` bytes (its class size), aligned to the pool's alignment.
+    addr: NonNull<u8>,
+    /// Requested bytes.
+    len: usize,
+    /// The pool. Invariant: alive while this buffer is (a live buffer is counted, and the
+    /// pool is freed only once none is; see `lifetime`).
+    pool: NonNull<PoolInner>,
+    /// The block's record in the pool.
+    record: u32,
+    /// The thread index of the allocating thread: a free on that same thread may keep the
+    /// block in its cache.
+    thread: u32,
+    class: u16,
+    /// Whether all `len` bytes have been written.
+    initialized: bool,
+}
+
+// SAFETY: a `PoolBuffer` owns its bytes exclusively (like a `Box<[u8]>`), and its pool is
+// shared through atomics only: dropping it on another thread returns the block from there.
+unsafe impl Send for PoolBuffer {}
+// SAFETY: `&PoolBuffer` only reads the bytes.
+unsafe impl Sync for PoolBuffer {}
+
+impl PoolBuffer {
+    pub(super) fn new(
+        pool: NonNull<PoolInner>,
+        addr: NonNull<u8>,
+        len: usize,
+        record: u32,
+        thread: u32,
+        class: usize,
+        initialized: bool,
+    ) -> Self {
+        Self {
+            addr,
+            len,
+            pool,
+            record,
+            thread,
+            class: class as u16,
+            initialized,
+        }
+    }
+
+    /// Requested length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the length is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes the block actually holds (the size class).
+    pub fn capacity(&self) -> usize {
+        class::class_size(usize::from(self.class))
+    }
+
+    /// Start of the bytes; aligned to the pool's alignment.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.addr.as_ptr()
+    }
+
+    /// Start of the bytes, for writing.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.addr.as_ptr()
+    }
+
+    /// The bytes, if all have been written (or the buffer came zeroed).
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        // SAFETY: `len` bytes of the block are ours, and `initialized` says they are written.
+        self.initialized
+            .then(|| unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) })
+    }
+
+    /// The bytes for writing, if all have been written (or the buffer came zeroed).
+    pub fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        let (ptr, len) = (self.as_mut_ptr(), self.len);
+        // SAFETY: as in `as_bytes`, and `&mut self` makes the access exclusive.
+        self.initialized
+            .then(|| unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+    }
+
+    /// The bytes as possibly uninitialised memory, for a first write.
+    pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
+        // SAFETY: `len` bytes of the block are exclusively ours; `MaybeUninit` makes no claim
+        // about their contents.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr().cast(), self.len) }
+    }
+
+    /// Declares every byte written.
+    ///
+    /// # Safety
+    ///
+    /// All [`len`](Self::len) bytes must have been initialised (for example through
+    /// [`as_uninit_mut`](Self::as_uninit_mut) or [`as_mut_ptr`](Self::as_mut_ptr)).
+    pub unsafe fn assume_init(&mut self) {
+        self.initialized = true;
+    }
+
+    /// Sets every byte to `byte`.
+    pub fn fill(&mut self, byte: u8) {
+        // SAFETY: `len` bytes of the block are exclusively ours.
+        unsafe { self.as_mut_ptr().write_bytes(byte, self.len) };
+        self.initialized = true;
+    }
+
+    /// Copies `src` into the buffer.
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::LengthMismatch`] unless `src.len() == self.len()`; the buffer is unchanged.
+    pub fn copy_from_slice(&mut self, src: &[u8]) -> Result<(), PoolError> {
+        if src.len() != self.len {
+            return Err(PoolError::LengthMismatch {
+                expected: self.len,
+                found: src.len(),
+            });
+        }
+        // SAFETY: `src` and our `len` bytes do not overlap (we own ours exclusively).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_mut_ptr(), src.len()) };
+        self.initialized = true;
+        Ok(())
+    }
+
+    /// A buffer of `size` bytes from the pool this one came from.
+    ///
+    /// # Errors
+    ///
+    /// As [`BufferPool::alloc`](super::BufferPool::alloc), and [`PoolError::Closed`] if the
+    /// pool's last handle was dropped.
+    pub fn alloc_sibling(&self, size: usize) -> Result<PoolBuffer, PoolError> {
+        PoolInner::alloc(self.pool, size, false)
+    }
+
+    /// The identity of the pool this buffer came from.
+    pub fn pool_id(&self) -> u64 {
+        // SAFETY: invariant on `pool`.
+        unsafe { self.pool.as_ref() }.id
+    }
+}
+
+impl Drop for PoolBuffer {
+    fn drop(&mut self) {
+        let last = {
+            // SAFETY: invariant on `pool`: alive until this buffer is given back.
+            let pool = unsafe { self.pool.as_ref() };
+            pool.free(self.record, usize::from(self.class), self.thread, self.len)
+        };
+        if last {
+            // SAFETY: the pool was closed and this was its last buffer: nothing else refers
+            // to it (the borrow above has ended).
+            unsafe { lifetime::destroy(self.pool) };
+        }
+    }
+}
+
+impl fmt::Debug for PoolBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolBuffer")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity())
+            .field("initialized", &self.initialized)
+            .field("addr", &self.addr)
+            .finish()
+    }
+}

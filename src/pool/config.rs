@@ -1,0 +1,113 @@
+//! `PoolConfig`: the settings of a pool, checked when the pool is built.
+
+use super::class;
+use super::PoolError;
+
+/// The largest block a thread cache may keep (the caches have a bin for each class up to it).
+pub(super) const MAX_CACHED_BLOCK: usize = 1 << 20;
+
+/// Configuration of a [`BufferPool`](super::BufferPool).
+///
+/// ```
+/// use ferropool::{BufferPool, PoolConfig};
+/// let pool = BufferPool::with_config(PoolConfig {
+///     budget: Some(64 << 20),
+///     ..PoolConfig::default()
+/// })?;
+/// let buffer = pool.alloc(1000)?;
+/// assert_eq!(buffer.len(), 1000);
+/// assert_eq!(buffer.capacity(), 1024); // the 1 KiB class
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Alignment of every buffer: a power of two from 8 to 4096. Default 64.
+    pub alignment: usize,
+    /// Bytes the pool may hold from the system (in use plus cached). `None`: no limit.
+    pub budget: Option<u64>,
+    /// Bytes each thread may keep cached per pool, in blocks it allocated itself and freed
+    /// again (blocks freed by another thread go to the pool's shared lists, where the thread
+    /// that allocates next finds them). 0 turns the thread caches off. Default 4 MiB.
+    pub thread_cache_bytes: usize,
+    /// Blocks larger than this skip the thread caches. At most 1 MiB. Default 1 MiB.
+    pub thread_cache_max_block: usize,
+    /// Blocks each thread may keep cached per size class. Default 8.
+    pub thread_cache_blocks_per_class: usize,
+    /// Events kept by the trace ring; 0 (the default) turns tracing off.
+    pub trace_capacity: usize,
+    /// Ask for transparent huge pages (`madvise(MADV_HUGEPAGE)` on Linux) for blocks of at
+    /// least `advise_min_block` bytes, which are then also aligned to 2 MiB, so that a large
+    /// buffer is covered by huge pages end to end. Default on.
+    pub huge_pages: bool,
+    /// Fault in blocks of at least `advise_min_block` bytes when they come from the system
+    /// (`madvise(MADV_POPULATE_WRITE)` on Linux, else a write per page), so that the first
+    /// touch does not pay for it. Default off.
+    pub prefault: bool,
+    /// The smallest block that `huge_pages` and `prefault` apply to. Default 2 MiB.
+    pub advise_min_block: usize,
+    /// The idle policy of [`BufferPool::trim_idle`](super::BufferPool::trim_idle): a size
+    /// class that no allocation has drawn from the shared lists since this many calls ago
+    /// has its listed blocks released, and so do the caches of threads that made no pool
+    /// operation since then. Default 4.
+    pub idle_rounds: u32,
+    /// Track the bytes in use in one pool-wide counter, so that `peak_in_use_bytes` and
+    /// `peak_requested_bytes` are exact at every moment. It costs two shared read-modify-writes
+    /// per allocation and free (a few nanoseconds on one thread, contention on many). When
+    /// off (the default), each thread counts on its own and those two peaks are taken when
+    /// the pool reserves memory and when statistics are read.
+    pub exact_peaks: bool,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            alignment: 64,
+            budget: None,
+            thread_cache_bytes: 4 << 20,
+            thread_cache_max_block: MAX_CACHED_BLOCK,
+            thread_cache_blocks_per_class: 8,
+            trace_capacity: 0,
+            huge_pages: true,
+            prefault: false,
+            advise_min_block: 2 << 20,
+            idle_rounds: 4,
+            exact_peaks: false,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// Checks every field.
+    pub(super) fn validate(&self) -> Result<(), PoolError> {
+        let invalid = |field, value: usize, expected| {
+            Err(PoolError::InvalidConfig {
+                field,
+                value: value as u64,
+                expected,
+            })
+        };
+        if !self.alignment.is_power_of_two() || !(8..=4096).contains(&self.alignment) {
+            return invalid("alignment", self.alignment, "a power of two in 8..=4096");
+        }
+        if self.thread_cache_max_block > MAX_CACHED_BLOCK {
+            return invalid(
+                "thread_cache_max_block",
+                self.thread_cache_max_block,
+                "at most 1 MiB (1048576)",
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether blocks of `class` go through the thread caches.
+    #[inline]
+    pub(super) fn caches(&self, class_bytes: usize) -> bool {
+        class_bytes <= self.thread_cache_max_block && self.thread_cache_bytes > 0
+    }
+}
+
+/// Classes with a thread-cache bin: every class up to [`MAX_CACHED_BLOCK`].
+pub(super) const BIN_CLASSES: usize = match class::class_of(MAX_CACHED_BLOCK) {
+    Some(class) => class + 1,
+    None => panic!("the largest cached block has a class"),
+};

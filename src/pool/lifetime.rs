@@ -1,0 +1,138 @@
+//! A pool's lifetime: the control block is freed by whoever finishes last, the close (when
+//! the last handle drops) or the drop of the last buffer still alive then.
+//!
+//! # Protocol
+//!
+//! Before the close, nothing counts live buffers in a shared place: each thread counts the
+//! blocks it hands out and gives back in its own slot. The close then:
+//!
+//! 1. sets `closed` and issues a heavy asymmetric fence, so every operation that starts
+//!    afterwards sees the pool closed (see `slot`);
+//! 2. waits, slot by slot, for the one operation the owner may be running (a few
+//!    instructions; it never waits for a thread to come back), so that every operation that
+//!    saw the pool open has ended;
+//! 3. sums the slots' counters: `live` blocks are still out;
+//! 4. releases every cached block (bins and lists) to the system, and adds `live` to
+//!    `remaining`.
+//!
+//! A buffer dropped after it sees the pool closed releases its block to the system and
+//! subtracts one from `remaining` as its very last access to the pool. Those frees may come
+//! before step 4 (then `remaining` is negative for a while) or after; either way `remaining`
+//! reaches zero exactly once, after the close and every live buffer are done, and whoever
+//! brings it there frees the control block. `live` counts exactly the blocks that will take
+//! that path: the frees that saw the pool open ended before step 3 and are in the counters.
+
+use std::alloc::Layout;
+use std::ptr::{addr_of_mut, NonNull};
+
+use crossbeam_utils::CachePadded;
+
+use super::blocks::BlockTable;
+use super::stats::PoolCounters;
+use super::trace::Trace;
+use super::{class, PoolConfig, PoolInner};
+use crate::identity::next_identity;
+use crate::paged::PagedTable;
+use crate::stack::TaggedStack;
+use crate::sync::{asymmetric, system, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+
+/// Control blocks allocated and not yet freed, in the whole process. Bookkeeping outside any
+/// protocol (it counts, it synchronises nothing), hence `std`'s atomic even under loom.
+static ALIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// See [`BufferPool::pools_alive`](super::BufferPool::pools_alive).
+pub(super) fn alive() -> usize {
+    ALIVE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A new pool's control block, in memory of its own from the system allocator (never the
+/// global allocator, which may be ferropool's own front end). Built in place: it holds a
+/// list head per size class and is too large to build on a small stack first.
+pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolInner> {
+    let layout = Layout::new::<PoolInner>();
+    // SAFETY: `PoolInner` is not zero-sized.
+    let raw = unsafe { system::alloc(layout) }.cast::<PoolInner>();
+    let Some(ptr) = NonNull::new(raw) else {
+        std::alloc::handle_alloc_error(layout);
+    };
+    let p = ptr.as_ptr();
+    let trace = (config.trace_capacity > 0).then(|| Trace::new(config.trace_capacity));
+    // SAFETY: `p` is fresh memory for one `PoolInner`; each field is written exactly once,
+    // through raw pointers (no reference to the uninitialised whole is made), and the array
+    // fields element by element.
+    unsafe {
+        addr_of_mut!((*p).id).write(next_identity().get());
+        addr_of_mut!((*p).config).write(config);
+        addr_of_mut!((*p).system_blocks).write(system_blocks);
+        addr_of_mut!((*p).handles).write(AtomicUsize::new(1));
+        addr_of_mut!((*p).closed).write(AtomicBool::new(false));
+        addr_of_mut!((*p).remaining).write(AtomicI64::new(0));
+        addr_of_mut!((*p).blocks).write(BlockTable::new());
+        let lists = addr_of_mut!((*p).lists).cast::<CachePadded<TaggedStack>>();
+        let last_drawn = addr_of_mut!((*p).last_drawn).cast::<AtomicU64>();
+        for class in 0..class::CLASSES {
+            lists.add(class).write(CachePadded::new(TaggedStack::new()));
+            last_drawn.add(class).write(AtomicU64::new(0));
+        }
+        addr_of_mut!((*p).idle_round).write(AtomicU64::new(0));
+        addr_of_mut!((*p).slots).write(PagedTable::new(4));
+        addr_of_mut!((*p).counters).write(PoolCounters::default());
+        addr_of_mut!((*p).trace).write(trace);
+    }
+    ALIVE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ptr
+}
+
+/// Drops and frees a control block.
+///
+/// # Safety
+///
+/// `pool` came from [`allocate`], and nothing refers to it any more: every handle is gone,
+/// and `remaining` reached zero (no live buffer, the close done).
+pub(super) unsafe fn destroy(pool: NonNull<PoolInner>) {
+    // SAFETY: the caller's contract: last reference to a block from `allocate`.
+    unsafe {
+        pool.as_ptr().drop_in_place();
+        system::dealloc(pool.as_ptr().cast(), Layout::new::<PoolInner>());
+    }
+    ALIVE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Closes the pool (steps 1 to 4 above), and frees its control block if no buffer is alive.
+///
+/// # Safety
+///
+/// The last handle of `pool` was just dropped, and the close runs once.
+pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
+    let last = {
+        // SAFETY: the pool is alive: `remaining` cannot reach zero before this close adds
+        // the live count.
+        let inner = unsafe { pool.as_ref() };
+        inner.closed.store(true, Ordering::SeqCst);
+        asymmetric::heavy();
+        // Every operation that saw the pool open ends here, so the counts below are final.
+        inner.for_each_slot(|slot| slot.wait_out());
+        let (mut allocations, mut frees) = (0u64, 0u64);
+        inner.for_each_slot(|slot| {
+            allocations += slot.counters.allocations.load(Ordering::Acquire);
+            frees += slot.counters.frees.load(Ordering::Acquire);
+        });
+        inner.release_cached();
+        let live = allocations.wrapping_sub(frees) as i64;
+        inner.remaining.fetch_add(live, Ordering::AcqRel) + live == 0
+    };
+    if last {
+        // SAFETY: no handle is left and no buffer is alive (`remaining` is zero).
+        unsafe { destroy(pool) };
+    }
+}
+
+/// A free after the close: the block goes back to the system, and the pool is told one
+/// buffer less is out. Returns whether the caller must now free the pool (this was the last
+/// one, and the close is done); the caller then touches the pool no more.
+pub(super) fn free_after_close(inner: &PoolInner, record: u32, class: usize) -> bool {
+    inner.release(record, class);
+    debug_assert!(class < class::CLASSES);
+    // The last access to the pool: after it, the close or a later free may free it.
+    inner.remaining.fetch_sub(1, Ordering::AcqRel) == 1
+}

@@ -1,0 +1,94 @@
+//! Memory tags: names a caller gives to what its buffers are for (a checkpoint chain, a
+//! model's weights), so that a pool's snapshot can say how much memory each holds.
+
+use std::cell::Cell;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::{Mutex, PoisonError};
+
+/// The names of the tags made so far; tag `n` is `NAMES[n - 1]`. Bookkeeping outside any
+/// concurrency protocol.
+static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+std::thread_local! {
+    /// The tag buffers allocated by this thread get (0 for none). No destructor.
+    static CURRENT: Cell<u32> = const { Cell::new(0) };
+}
+
+/// A name for memory: every buffer allocated while a tag is [entered](Self::enter) on a
+/// thread carries it, and [`BufferPool::memory_by_tag`](crate::BufferPool::memory_by_tag)
+/// sums the bytes each tag holds.
+///
+/// ```
+/// use ferropool::{BufferPool, MemoryTag};
+/// let pool = BufferPool::new();
+/// let activations = MemoryTag::new("activations");
+/// let held = {
+///     let _scope = activations.enter();
+///     pool.alloc(1 << 20)?
+/// };
+/// let by_tag = pool.memory_by_tag();
+/// assert_eq!(by_tag.get(&Some(activations)), Some(&(1 << 20)));
+/// # drop(held);
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemoryTag(NonZeroU32);
+
+impl MemoryTag {
+    /// A new tag named `name` (names need not be unique; each call makes a distinct tag).
+    pub fn new(name: &str) -> Self {
+        let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+        // Tags live for the whole process, as their names do.
+        names.push(Box::leak(name.to_owned().into_boxed_str()));
+        let id = u32::try_from(names.len()).expect("fewer than 2^32 tags");
+        Self(NonZeroU32::new(id).expect("ids start at 1"))
+    }
+
+    /// The tag's name.
+    pub fn name(&self) -> &'static str {
+        NAMES.lock().unwrap_or_else(PoisonError::into_inner)[self.0.get() as usize - 1]
+    }
+
+    /// Tags the buffers this thread allocates until the returned scope drops (scopes nest:
+    /// dropping one restores the tag that was current before).
+    pub fn enter(self) -> TagScope {
+        let previous = CURRENT.try_with(|c| c.replace(self.0.get())).unwrap_or(0);
+        TagScope { previous }
+    }
+
+    pub(super) fn from_raw(raw: u32) -> Option<Self> {
+        NonZeroU32::new(raw).map(Self)
+    }
+}
+
+/// The tag of buffers allocated now on this thread (0 for none).
+#[inline(always)]
+pub(super) fn current() -> u32 {
+    CURRENT.try_with(Cell::get).unwrap_or(0)
+}
+
+impl fmt::Debug for MemoryTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MemoryTag({:?})", self.name())
+    }
+}
+
+impl fmt::Display for MemoryTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The scope of an [entered](MemoryTag::enter) tag.
+#[derive(Debug)]
+#[must_use = "the tag applies only while the scope lives"]
+pub struct TagScope {
+    previous: u32,
+}
+
+impl Drop for TagScope {
+    fn drop(&mut self) {
+        let _ = CURRENT.try_with(|c| c.set(self.previous));
+    }
+}
