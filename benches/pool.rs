@@ -103,6 +103,35 @@ fn cold_blocks(c: &mut Criterion) {
     group.finish();
 }
 
+/// The training-step trace with its buffers allocated on one thread and freed on another,
+/// every step: system allocations and faults per steady-state step, and the time against the
+/// floor of touching the same pages in buffers never freed.
+fn producer_consumer(pool: &Pool) {
+    let sizes = step_sizes();
+    let mut resident: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![1u8; s]).collect();
+    let floor_step = {
+        let started = std::time::Instant::now();
+        for _ in 0..5 {
+            for buf in &mut resident {
+                touch(black_box(buf.as_mut_ptr()), buf.len());
+            }
+        }
+        started.elapsed() / 5
+    };
+    drop(resident);
+    trace_steps(pool, 2, 1); // warm up: the pool reserves what a step needs
+    let before = pool.0.stats().system_allocations;
+    let (step, faults) = trace_steps(pool, 0, 5);
+    let system = pool.0.stats().system_allocations - before;
+    println!(
+        "producer/consumer step ferropool: {:.2} ms vs floor {:.2} ms ({:.2}x), {faults:.1} faults/step, {:.1} system allocations/step",
+        step.as_secs_f64() * 1e3,
+        floor_step.as_secs_f64() * 1e3,
+        step.as_secs_f64() / floor_step.as_secs_f64(),
+        system as f64 / 5.0
+    );
+}
+
 fn main() {
     let pool = Pool(BufferPool::new());
     let glibc = System("glibc_vec");
@@ -122,6 +151,9 @@ fn main() {
     c.final_summary();
     fault_table(&pool);
     fault_table(&glibc);
+    producer_consumer(&pool);
+    scaling_table(&pool);
+    scaling_table(&glibc);
     let stats = pool.0.stats();
     println!(
         "ferropool stats: {} allocations, hit rate {:.3}, {} system allocations, peak reserved {} MiB",

@@ -20,4 +20,5 @@ fn main() {
     training_trace(&mut c, &mimalloc);
     c.final_summary();
     fault_table(&mimalloc);
+    scaling_table(&mimalloc);
 }

@@ -222,7 +222,7 @@ fn a_reentrant_drop_keeps_recursion_bounded() {
         })
         .unwrap()
     });
-    BUDGET.store(200_000, Ordering::Relaxed);
+    BUDGET.store(common::scaled(200_000), Ordering::Relaxed);
     // A small stack makes a runaway recursion fail fast instead of by chance.
     std::thread::Builder::new()
         .stack_size(256 << 10)
@@ -370,4 +370,35 @@ fn panicking_closures_leave_the_arena_as_it_was() {
     drop(guard);
     drop(arena);
     ledger.assert_exactly_once(0..8);
+}
+
+/// An insert recycles a batch whose value panics while dropping, and the value it was given
+/// panics when dropped too: the insert drops it inside a catch before resuming the first
+/// panic, so the process does not abort with two panics at once (found by the fuzzer).
+#[test]
+fn an_insert_that_resumes_a_panic_drops_its_own_panicking_value_safely() {
+    let ledger = DropLedger::new(3);
+    let collector = Collector::new();
+    let arena = private(&collector, 1);
+    let key = arena.insert(bomb(&ledger, 0, true)).unwrap();
+    // Fill the shard's chunk so that the next insert must recycle.
+    let fillers: Vec<_> = (0..7)
+        .map(|_| arena.insert(bomb(&DropLedger::new(1), 0, false)).unwrap())
+        .collect();
+    arena.remove(key, &collector.register().pin()).unwrap(); // a batch of one, deferred
+    drive(&collector);
+    let result = quiet(|| arena.insert(bomb(&ledger, 1, true)));
+    assert!(result.is_err(), "the recycled value's panic surfaced");
+    assert_eq!(ledger.drops(0), 1);
+    assert_eq!(
+        ledger.drops(1),
+        1,
+        "the value given to the insert was dropped once"
+    );
+    // The slot came back: the next insert takes it without growing the arena.
+    let capacity = arena.capacity();
+    arena.insert(bomb(&ledger, 2, false)).unwrap();
+    assert_eq!(arena.capacity(), capacity);
+    drop((fillers, arena));
+    ledger.assert_exactly_once(0..3);
 }

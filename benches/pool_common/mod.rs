@@ -2,7 +2,7 @@
 //! `benches/pool_mimalloc.rs` (the same `Vec` workloads with mimalloc as global allocator).
 
 use std::hint::black_box;
-use std::sync::mpsc;
+use std::sync::{mpsc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
@@ -170,4 +170,85 @@ pub fn fault_table<S: Source>(source: &S) {
         source.name(),
         step.as_secs_f64() * 1e3
     );
+}
+
+/// The thread-scaling workload: `threads` threads, each allocating buffers of mixed sizes
+/// (4 KiB to 3 MiB, a fixed pseudo-random sequence per thread), writing their first and last
+/// byte, and freeing half of them itself and handing the other half to its neighbour, which
+/// frees them (when its inbox holds fewer than 64; else it frees them itself, so that a
+/// descheduled neighbour cannot make the live set grow). Returns allocations per second, all
+/// threads together.
+pub fn scaling<S: Source>(source: &S, threads: usize, per_thread: usize) -> f64 {
+    let inboxes: Vec<Mutex<Vec<S::Buf>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
+    let start = Barrier::new(threads + 1);
+    let elapsed = std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (inboxes, start) = (&inboxes, &start);
+            scope.spawn(move || {
+                let neighbour = &inboxes[(t + 1) % threads];
+                let mut rng = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut outgoing = Vec::with_capacity(16);
+                start.wait();
+                for i in 0..per_thread {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let size = 4 * KIB + (rng % (3 * MIB as u64 - 4 * KIB as u64)) as usize;
+                    let mut buf = source.get(size);
+                    let ptr = S::ptr(&mut buf);
+                    // SAFETY (bench): the buffer holds `size` bytes.
+                    unsafe {
+                        ptr.write_volatile(1);
+                        ptr.add(size - 1).write_volatile(1);
+                    }
+                    if rng & (1 << 40) == 0 {
+                        drop(buf);
+                    } else {
+                        outgoing.push(buf);
+                    }
+                    if outgoing.len() == 16 || i + 1 == per_thread {
+                        let mut inbox = neighbour.lock().unwrap();
+                        if inbox.len() < 64 {
+                            inbox.append(&mut outgoing);
+                        }
+                        drop(inbox);
+                        // A neighbour that has not kept up (descheduled): free them here, so
+                        // the live set stays bounded.
+                        outgoing.clear();
+                        let mine = std::mem::take(&mut *inboxes[t].lock().unwrap());
+                        drop(mine);
+                    }
+                }
+                start.wait();
+            });
+        }
+        start.wait();
+        let started = Instant::now();
+        start.wait();
+        started.elapsed()
+    });
+    drop(inboxes);
+    (threads * per_thread) as f64 / elapsed.as_secs_f64()
+}
+
+/// Prints the scaling workload's throughput at 1, 2, 4, 8 and 16 threads (medians of 5).
+pub fn scaling_table<S: Source>(source: &S) {
+    let per_thread = 200_000;
+    let mut one = 0.0;
+    for threads in [1, 2, 4, 8, 16] {
+        let mut runs: Vec<f64> = (0..5)
+            .map(|_| scaling(source, threads, per_thread / threads.min(4)))
+            .collect();
+        runs.sort_by(f64::total_cmp);
+        let median = runs[2];
+        if threads == 1 {
+            one = median;
+        }
+        println!(
+            "scaling {:<12} {threads:>2} threads: {:>8.2} M allocations/s ({:.2}x one thread)",
+            source.name(),
+            median / 1e6,
+            median / one
+        );
+    }
 }

@@ -286,10 +286,25 @@ impl<T: Send + 'static> SlotArena<T> {
         let shard = arena.my_shard();
         let index = match arena.shards[shard].free.pop(|i| arena.links.at(i)) {
             Some(index) => index,
-            None => match self.refill(shard) {
-                Ok(index) => index,
-                Err(error) => return Err((error, value)),
-            },
+            None => {
+                let mut panics = Panics::default();
+                let refilled = self.refill(shard, &mut panics);
+                if panics.caught() {
+                    // A recycled value's drop panicked. Give the slot back, drop `value` (in
+                    // a catch: its own drop may panic too, and a second panic while unwinding
+                    // would abort), then resume the first panic.
+                    if let Ok(index) = refilled {
+                        arena.push_free(shard, index + 1, index + 1);
+                    }
+                    panics.catch(|| drop(value));
+                    panics.resume();
+                    unreachable!("a caught panic was resumed");
+                }
+                match refilled {
+                    Ok(index) => index,
+                    Err(error) => return Err((error, value)),
+                }
+            }
         };
         let slot = arena.slots.at(index);
         // The slot is VACANT and ours alone: it came off a free list or from a fresh chunk.
@@ -560,23 +575,21 @@ impl<T: Send + 'static> SlotArena<T> {
     /// shard, or fresh.
     #[cold]
     #[inline(never)]
-    fn refill(&self, shard: usize) -> Result<u32, ArenaError> {
+    fn refill(&self, shard: usize, panics: &mut Panics) -> Result<u32, ArenaError> {
         let arena = &self.arena;
         let shards = arena.shards.len();
         let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
-        let mut panics = Panics::default();
         let recycled = recycle::recycling(|| {
             // Batches of this shard, then of the others, recycled onto this shard's list.
-            self.recycle_ready(shard, shard, &mut panics);
+            self.recycle_ready(shard, shard, panics);
             if arena.shards[shard].free.is_empty() {
                 for from in others() {
-                    if self.recycle_ready(from, shard, &mut panics) {
+                    if self.recycle_ready(from, shard, panics) {
                         break;
                     }
                 }
             }
         });
-        panics.resume();
         if let Some(index) = arena.pop_free(shard) {
             return Ok(index);
         }
@@ -588,9 +601,8 @@ impl<T: Send + 'static> SlotArena<T> {
             // its grace period (no user code runs there), and recycle it.
             self.pin().flush();
             recycle::recycling(|| {
-                self.recycle_ready(shard, shard, &mut panics);
+                self.recycle_ready(shard, shard, panics);
             });
-            panics.resume();
             if let Some(index) = arena.pop_free(shard) {
                 return Ok(index);
             }

@@ -167,6 +167,11 @@ impl Panics {
         }
     }
 
+    /// Whether a panic was caught.
+    pub(super) fn caught(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// Resumes the first caught panic, if any.
     pub(super) fn resume(&mut self) {
         if let Some(payload) = self.0.take() {
