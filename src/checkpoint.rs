@@ -82,6 +82,33 @@ impl<G, K, A> Drop for CheckpointNode<G, K, A> {
 }
 
 impl<G, K, A> CheckpointNode<G, K, A> {
+    /// A new node on top of the chain `prev` (the newest node first, as the collectors
+    /// walk).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap};
+    /// let chain = CheckpointNode::push(None, Arc::new("segment 0"), "x", 0u32, Arc::new(RetainedInputMap::new()));
+    /// let chain = CheckpointNode::push(Some(chain), Arc::new("segment 1"), "y", 1u32, Arc::new(RetainedInputMap::new()));
+    /// assert_eq!(chain.depth(), 2);
+    /// assert_eq!(chain.lookup_alias(&"x"), Some(&0));
+    /// ```
+    pub fn push(
+        prev: Option<Arc<Self>>,
+        graph: Arc<G>,
+        alias_key: K,
+        alias_target: A,
+        old_inputs: Arc<RetainedInputMap<K>>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            graph,
+            alias_key,
+            alias_target,
+            old_inputs,
+            prev,
+        })
+    }
+
     /// The nodes from this one to the oldest.
     pub fn iter(&self) -> impl Iterator<Item = &Self> {
         std::iter::successors(Some(self), |node| node.prev.as_deref())

@@ -49,13 +49,15 @@ pub use checkpoint::CheckpointNode;
 pub use crossbeam_epoch::{Collector, Guard, LocalHandle};
 pub use error::{Error, ErrorPhase, Result};
 pub use group::{AllocationGroup, DescriptorSlot, GroupError, TensorValue, TensorWrite};
+/// The `half` crate, whose `f16` and `bf16` are this crate's 16-bit float elements.
+pub use half;
 pub use pool::{
-    BlockInfo, BufferPool, ClassStats, MemoryTag, OutOfMemory, PoolBuffer, PoolConfig, PoolError,
-    PoolEvent, PoolEventKind, PoolStats, TagScope,
+    BlockInfo, BufferPool, ClassStats, MemoryTag, OutOfMemory, PoolAllocator, PoolBuffer,
+    PoolConfig, PoolError, PoolEvent, PoolEventKind, PoolStats, TagScope,
 };
 pub use retain::{RetainedInputMap, RetainedValue, RetentionContainer};
 pub use tensor::{
-    Bf16, DType, Element, ExternalPayload, Layout, Tensor, TensorError, TensorRead, F16,
+    DType, Element, ExternalPayload, Layout, RawView, Tensor, TensorError, TensorRead, UninitTensor,
 };
 
 /// The README's examples, compiled and run as doctests.

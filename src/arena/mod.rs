@@ -36,7 +36,7 @@ mod trim;
 
 pub use error::ArenaError;
 pub use key::Key;
-pub(crate) use shard::thread_index;
+pub(crate) use shard::{owned_thread_index, thread_index};
 pub use slot::SlotPhase;
 
 use std::fmt;

@@ -45,23 +45,37 @@ pub(super) fn shard_count() -> usize {
     unreachable!()
 }
 
+/// The calling thread's index, for spreading threads over shards: its own index when it has
+/// one, else 0 (threads may share a shard).
+#[inline]
+pub(crate) fn thread_index() -> usize {
+    owned_thread_index().unwrap_or(0)
+}
+
 #[cfg(not(loom))]
-pub(crate) use std_index::thread_index;
+pub(crate) use std_index::owned_thread_index;
 
 /// Thread indices for real threads: a registry of free indices, refilled by each thread's
-/// exit. Indices only spread contention; two threads may share one (for a moment, when a
-/// thread-local is unavailable) without any harm to correctness.
+/// exit. While a thread holds an index, no other thread has it. The registry's storage comes
+/// from the system allocator directly, so handing an index back (which runs in a thread-local
+/// destructor, under the registry's lock) never calls a global allocator that might itself
+/// ask for an index.
 #[cfg(not(loom))]
 mod std_index {
     use std::cell::{Cell, RefCell};
     use std::sync::{Mutex, PoisonError};
 
-    /// The next index never handed out, and the indices of exited threads.
-    static REGISTRY: Mutex<(usize, Vec<usize>)> = Mutex::new((0, Vec::new()));
+    use crate::paged::PagedTable;
+    use crate::sync::{AtomicUsize, Ordering};
+
+    /// The next index never handed out, and how many free indices `FREE` holds.
+    static REGISTRY: Mutex<(usize, usize)> = Mutex::new((0, 0));
+    /// Free indices (a stack: entries `0..len` of `REGISTRY`), used under its lock.
+    static FREE: std::sync::OnceLock<PagedTable<AtomicUsize>> = std::sync::OnceLock::new();
 
     thread_local! {
-        /// This thread's index once claimed (`usize::MAX` before). No destructor, so it
-        /// stays readable while thread-locals are being destroyed.
+        /// This thread's index once claimed (`usize::MAX` before, and after it was given
+        /// back). No destructor, so it stays readable while thread-locals are destroyed.
         static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
         /// Gives the index back when the thread exits.
         static OWNER: RefCell<Option<Owner>> = const { RefCell::new(None) };
@@ -71,57 +85,61 @@ mod std_index {
 
     impl Drop for Owner {
         fn drop(&mut self) {
+            // From now on this thread has no index: operations that need one fall back to
+            // paths that share.
             let _ = INDEX.try_with(|index| index.set(usize::MAX));
-            give_back(self.0);
+            let free = FREE.get_or_init(|| PagedTable::new(64));
+            let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+            let at = registry.1;
+            let (page, _) = free.locate(at as u32);
+            free.ensure_page(page, |_| AtomicUsize::new(0));
+            free.at(at as u32).store(self.0, Ordering::Relaxed);
+            registry.1 += 1;
         }
     }
 
-    fn give_back(index: usize) {
-        REGISTRY
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .1
-            .push(index);
-    }
-
-    /// The calling thread's index.
+    /// The calling thread's own index, claiming one on first use; `None` while the thread's
+    /// thread-locals are being destroyed (it cannot hold an index then), or if the registry
+    /// is busy on this very thread.
     #[inline]
-    pub(crate) fn thread_index() -> usize {
+    pub(crate) fn owned_thread_index() -> Option<usize> {
         match INDEX.try_with(Cell::get) {
-            Ok(index) if index != usize::MAX => index,
+            Ok(index) if index != usize::MAX => Some(index),
             _ => claim(),
         }
     }
 
     #[cold]
-    fn claim() -> usize {
+    fn claim() -> Option<usize> {
+        // Only a thread that can register the index's return may hold one.
+        let can_own = OWNER
+            .try_with(|owner| owner.try_borrow().map(|o| o.is_none()).unwrap_or(false))
+            .unwrap_or(false);
+        if !can_own {
+            return None;
+        }
         let index = {
-            let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
-            match registry.1.pop() {
-                Some(index) => index,
-                None => {
-                    registry.0 += 1;
-                    registry.0 - 1
-                }
+            // `try_lock`: the registry's lock may be held by this thread's own `Owner::drop`.
+            let mut registry = REGISTRY.try_lock().ok()?;
+            if registry.1 > 0 {
+                registry.1 -= 1;
+                let free = FREE.get().expect("free indices were stored");
+                free.at(registry.1 as u32).load(Ordering::Relaxed)
+            } else {
+                registry.0 += 1;
+                registry.0 - 1
             }
         };
-        let owned = OWNER
-            .try_with(|owner| owner.try_borrow_mut().map(|mut o| *o = Some(Owner(index))))
-            .is_ok_and(|set| set.is_ok());
-        if owned {
-            let _ = INDEX.try_with(|cell| cell.set(index));
-        } else {
-            // Thread-locals are being destroyed: use the index once and give it back.
-            give_back(index);
-        }
-        index
+        let _ = OWNER.try_with(|owner| *owner.borrow_mut() = Some(Owner(index)));
+        let _ = INDEX.try_with(|cell| cell.set(index));
+        Some(index)
     }
 }
 
 /// Under loom the numbering restarts with every execution (a per-execution `lazy_static`),
-/// so that replaying a schedule replays the shards.
+/// so that replaying a schedule replays the shards and slots. Indices are not reused.
 #[cfg(loom)]
-pub(crate) fn thread_index() -> usize {
+pub(crate) fn owned_thread_index() -> Option<usize> {
     use std::cell::Cell;
     loom::lazy_static! {
         static ref NEXT: crate::sync::Mutex<usize> = crate::sync::Mutex::new(0);
@@ -129,14 +147,14 @@ pub(crate) fn thread_index() -> usize {
     loom::thread_local! {
         static INDEX: Cell<usize> = Cell::new(usize::MAX);
     }
-    INDEX.with(|index| {
+    Some(INDEX.with(|index| {
         if index.get() == usize::MAX {
             let mut next = NEXT.lock().unwrap();
             index.set(*next);
             *next += 1;
         }
         index.get()
-    })
+    }))
 }
 
 #[cfg(all(test, not(loom)))]

@@ -20,6 +20,7 @@ pub(super) const MAX_CACHED_BLOCK: usize = 1 << 20;
 /// # Ok::<(), ferropool::PoolError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PoolConfig {
     /// Alignment of every buffer: a power of two from 8 to 4096. Default 64.
     pub alignment: usize,

@@ -33,6 +33,10 @@ pub enum PoolError {
     /// another.
     #[error("the pool was closed: its last handle was dropped")]
     Closed,
+    /// [`BufferPool::configure_global`](crate::BufferPool::configure_global) came after the
+    /// process-wide pool's first use.
+    #[error("the process-wide pool is in use already; configure it before its first use")]
+    AlreadyInitialized,
     /// A copy's source length differs from the buffer's.
     #[error("length mismatch: the buffer holds {expected} bytes, the source {found}")]
     LengthMismatch {

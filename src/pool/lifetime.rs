@@ -30,7 +30,7 @@ use crossbeam_utils::CachePadded;
 use super::blocks::BlockTable;
 use super::stats::PoolCounters;
 use super::trace::Trace;
-use super::{class, PoolConfig, PoolInner};
+use super::{class, PoolConfig, PoolInner, SlotlessCounters};
 use crate::identity::next_identity;
 use crate::paged::PagedTable;
 use crate::stack::TaggedStack;
@@ -76,6 +76,8 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
         }
         addr_of_mut!((*p).idle_round).write(AtomicU64::new(0));
         addr_of_mut!((*p).slots).write(PagedTable::new(4));
+        addr_of_mut!((*p).slotless_busy).write(AtomicUsize::new(0));
+        addr_of_mut!((*p).slotless).write(SlotlessCounters::default());
         addr_of_mut!((*p).counters).write(PoolCounters::default());
         addr_of_mut!((*p).trace).write(trace);
     }
@@ -112,7 +114,12 @@ pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
         asymmetric::heavy();
         // Every operation that saw the pool open ends here, so the counts below are final.
         inner.for_each_slot(|slot| slot.wait_out());
-        let (mut allocations, mut frees) = (0u64, 0u64);
+        while inner.slotless_busy.load(Ordering::Acquire) != 0 {
+            crate::sync::yield_now();
+        }
+        let slotless = &inner.slotless;
+        let mut allocations = slotless.allocations.load(Ordering::Acquire);
+        let mut frees = slotless.frees.load(Ordering::Acquire);
         inner.for_each_slot(|slot| {
             allocations += slot.counters.allocations.load(Ordering::Acquire);
             frees += slot.counters.frees.load(Ordering::Acquire);

@@ -39,12 +39,16 @@
 //! close, or the drop of the last live buffer. See `lifetime` for the protocol.
 
 mod advise;
+#[cfg(feature = "allocator-api2")]
+mod allocator_api;
 mod blocks;
 mod buffer;
 mod class;
 mod config;
 mod error;
+mod front;
 mod lifetime;
+mod raw;
 mod slot;
 mod stats;
 mod tag;
@@ -53,6 +57,7 @@ mod trace;
 pub use buffer::PoolBuffer;
 pub use config::PoolConfig;
 pub use error::{OutOfMemory, PoolError};
+pub use front::PoolAllocator;
 pub use stats::{BlockInfo, ClassStats, PoolStats};
 pub use tag::{MemoryTag, TagScope};
 pub use trace::{PoolEvent, PoolEventKind};
@@ -64,7 +69,7 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::arena::thread_index;
+use crate::arena::owned_thread_index;
 use crate::paged::PagedTable;
 use crate::stack::{TaggedStack, NIL};
 use crate::sync::{
@@ -124,6 +129,11 @@ pub(crate) struct PoolInner {
     idle_round: AtomicU64,
     /// Slots by thread index (see `slot`).
     slots: PagedTable<CachePadded<Slot>>,
+    /// Operations of threads that hold no thread index (their thread-locals are being
+    /// destroyed) and so have no slot: they count here, with read-modify-writes, and the
+    /// close waits for `slotless_busy` to fall to zero as it waits for each slot's owner.
+    slotless_busy: AtomicUsize,
+    slotless: SlotlessCounters,
     counters: PoolCounters,
     trace: Option<Trace>,
 }
@@ -150,23 +160,6 @@ impl BufferPool {
         Ok(Self {
             inner: lifetime::allocate(config, system_blocks),
         })
-    }
-
-    /// The process-wide default pool, created on first use with [`PoolConfig::default`]. It
-    /// is never closed.
-    #[cfg(not(loom))]
-    pub fn global() -> &'static BufferPool {
-        static GLOBAL: std::sync::OnceLock<BufferPool> = std::sync::OnceLock::new();
-        GLOBAL.get_or_init(BufferPool::new)
-    }
-
-    /// The default pool of the current loom execution.
-    #[cfg(loom)]
-    pub fn global() -> &'static BufferPool {
-        loom::lazy_static! {
-            static ref GLOBAL: BufferPool = BufferPool::new();
-        }
-        &GLOBAL
     }
 
     #[inline(always)]
@@ -251,7 +244,10 @@ impl BufferPool {
     /// ```
     pub fn flush_thread_cache(&self) -> u64 {
         let inner = self.inner();
-        let slot = inner.slot(thread_index() as u32);
+        let Some(thread) = owned_thread_index() else {
+            return 0; // no slot, no cache
+        };
+        let slot = inner.slot(thread as u32);
         slot.drain(
             |class, record| inner.push_list(class, record),
             &inner.blocks,
@@ -458,9 +454,12 @@ impl PoolInner {
             max: class::MAX_SIZE,
         })?;
         let class_bytes = class::class_size(class);
-        let thread = thread_index() as u32;
-        let slot = inner.slot(thread);
         let tag = tag::current();
+        let Some(thread) = owned_thread_index() else {
+            return inner.alloc_slotless(this, class, class_bytes, size, zeroed, tag);
+        };
+        let thread = thread as u32;
+        let slot = inner.slot(thread);
         let mut taken = None;
         if inner.config.caches(class_bytes) {
             match slot.enter(&inner.closed) {
@@ -564,9 +563,12 @@ impl PoolInner {
     #[inline]
     pub(super) fn free(&self, record: u32, class: usize, allocator: u32, requested: usize) -> bool {
         let class_bytes = class::class_size(class);
-        let thread = thread_index() as u32;
-        let slot = self.slot(thread);
         self.blocks.record(record).take_back();
+        let Some(thread) = owned_thread_index() else {
+            return self.free_slotless(record, class, requested);
+        };
+        let thread = thread as u32;
+        let slot = self.slot(thread);
         match slot.enter(&self.closed) {
             Entry::Closed => lifetime::free_after_close(self, record, class),
             Entry::Open { bins } => {
@@ -599,6 +601,71 @@ impl PoolInner {
                 false
             }
         }
+    }
+
+    /// Starts an operation of a thread without a slot: the pool's open (and the operation
+    /// counted, so the close waits for it), or closed.
+    fn enter_slotless(&self) -> bool {
+        self.slotless_busy.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.slotless_busy.fetch_sub(1, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// [`alloc`](Self::alloc) for a thread without a slot: from the shared lists or the
+    /// system, counted in the pool's shared counters.
+    #[cold]
+    fn alloc_slotless(
+        &self,
+        this: NonNull<PoolInner>,
+        class: usize,
+        class_bytes: usize,
+        size: usize,
+        zeroed: bool,
+        tag: u32,
+    ) -> Result<PoolBuffer, PoolError> {
+        if !self.enter_slotless() {
+            return Err(PoolError::Closed);
+        }
+        let taken = self
+            .pop_list(class)
+            .map_or_else(|| self.system_alloc(class, class_bytes, size, zeroed), Ok);
+        if let Ok(taken) = &taken {
+            self.blocks
+                .record(taken.record)
+                .hand_out(SLOTLESS, tag, class, size);
+            self.slotless.count(class_bytes, size, true);
+        }
+        self.slotless_busy.fetch_sub(1, Ordering::Release);
+        let taken = taken?;
+        if zeroed && !taken.zeroed {
+            // SAFETY: the block holds `class_bytes >= size` bytes and is exclusively ours.
+            unsafe { taken.addr.as_ptr().write_bytes(0, size) };
+        }
+        Ok(PoolBuffer::new(
+            this,
+            taken.addr,
+            size,
+            taken.record,
+            SLOTLESS,
+            class,
+            zeroed,
+        ))
+    }
+
+    /// [`free`](Self::free) for a thread without a slot: to the shared list.
+    #[cold]
+    fn free_slotless(&self, record: u32, class: usize, requested: usize) -> bool {
+        if !self.enter_slotless() {
+            return lifetime::free_after_close(self, record, class);
+        }
+        self.push_list(class, record);
+        self.slotless
+            .count(class::class_size(class), requested, false);
+        self.slotless_busy.fetch_sub(1, Ordering::Release);
+        false
     }
 
     /// Pops a block from the shared list of `class`.
@@ -898,6 +965,11 @@ impl PoolInner {
             asked = asked.wrapping_add(c.allocated_requested.load(Ordering::Relaxed));
             given = given.wrapping_add(c.freed_requested.load(Ordering::Relaxed));
         });
+        let o = &self.slotless;
+        allocated = allocated.wrapping_add(o.allocated_bytes.load(Ordering::Relaxed));
+        freed = freed.wrapping_add(o.freed_bytes.load(Ordering::Relaxed));
+        asked = asked.wrapping_add(o.allocated_requested.load(Ordering::Relaxed));
+        given = given.wrapping_add(o.freed_requested.load(Ordering::Relaxed));
         (allocated.saturating_sub(freed), asked.saturating_sub(given))
     }
 
@@ -916,6 +988,13 @@ impl PoolInner {
             freed_requested += c.freed_requested.load(Ordering::Relaxed);
             s.cached_in_threads_bytes += slot.binned();
         });
+        let o = &self.slotless;
+        s.allocations += o.allocations.load(Ordering::Relaxed);
+        s.frees += o.frees.load(Ordering::Relaxed);
+        s.allocated_bytes_total += o.allocated_bytes.load(Ordering::Relaxed);
+        s.freed_bytes_total += o.freed_bytes.load(Ordering::Relaxed);
+        allocated_requested += o.allocated_requested.load(Ordering::Relaxed);
+        freed_requested += o.freed_requested.load(Ordering::Relaxed);
         let c = &self.counters;
         s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
         s.requested_bytes = allocated_requested.saturating_sub(freed_requested);
@@ -943,8 +1022,40 @@ impl PoolInner {
     #[inline(always)]
     fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
         if let Some(trace) = &self.trace {
-            trace.record(kind, bytes, class, thread_index() as u32);
+            let thread = owned_thread_index().map_or(SLOTLESS, |t| t as u32);
+            trace.record(kind, bytes, class, thread);
         }
+    }
+}
+
+/// The thread of operations made by a thread without a slot (it matches no slot).
+const SLOTLESS: u32 = u32::MAX;
+
+/// The counters of operations made by threads without a slot (shared: read-modify-writes).
+#[derive(Default)]
+struct SlotlessCounters {
+    allocations: AtomicU64,
+    allocated_bytes: AtomicU64,
+    allocated_requested: AtomicU64,
+    frees: AtomicU64,
+    freed_bytes: AtomicU64,
+    freed_requested: AtomicU64,
+}
+
+impl SlotlessCounters {
+    fn count(&self, class_bytes: usize, requested: usize, allocation: bool) {
+        let (count, bytes, asked) = if allocation {
+            (
+                &self.allocations,
+                &self.allocated_bytes,
+                &self.allocated_requested,
+            )
+        } else {
+            (&self.frees, &self.freed_bytes, &self.freed_requested)
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add(class_bytes as u64, Ordering::Relaxed);
+        asked.fetch_add(requested as u64, Ordering::Relaxed);
     }
 }
 

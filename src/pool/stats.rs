@@ -32,6 +32,7 @@ use crate::sync::{AtomicU64, Ordering};
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PoolStats {
     /// Bytes in blocks handed out (rounded up to their class).
     pub in_use_bytes: u64,
@@ -177,6 +178,7 @@ impl fmt::Display for HumanBytes {
 /// reports them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ClassStats {
     /// Bytes a block of the class holds.
     pub block_bytes: usize,
@@ -189,6 +191,7 @@ pub struct ClassStats {
 /// One live block, as [`BufferPool::snapshot`](super::BufferPool::snapshot) reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BlockInfo {
     /// Bytes requested.
     pub requested: usize,

@@ -92,3 +92,20 @@ impl Drop for TagScope {
         let _ = CURRENT.try_with(|c| c.set(self.previous));
     }
 }
+
+/// Serialized as its name; deserializing makes a new tag of that name (tags are distinct per
+/// process, names need not be).
+#[cfg(feature = "serde")]
+impl serde::Serialize for MemoryTag {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for MemoryTag {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Ok(MemoryTag::new(&name))
+    }
+}

@@ -11,6 +11,7 @@ use crate::sync::Mutex;
 /// What happened to the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum PoolEventKind {
     /// A buffer was handed out.
     Alloc,
@@ -42,6 +43,7 @@ impl PoolEventKind {
 /// One traced event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PoolEvent {
     /// Nanoseconds since the pool was created.
     pub at_ns: u64,

@@ -12,9 +12,9 @@ pub enum DType {
     F32,
     /// 64-bit float.
     F64,
-    /// IEEE 754 half precision, stored as [`F16`] bits.
+    /// IEEE 754 half precision: [`half::f16`].
     F16,
-    /// bfloat16, stored as [`Bf16`] bits.
+    /// bfloat16: [`half::bf16`].
     BF16,
     /// 8-bit signed integer.
     I8,
@@ -65,34 +65,26 @@ impl fmt::Display for DType {
     }
 }
 
-/// IEEE 754 half-precision bits.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct F16(pub u16);
-
-/// bfloat16 bits (the upper half of an `f32`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct Bf16(pub u16);
-
-impl Bf16 {
-    /// Truncates an `f32` to bfloat16.
-    pub fn from_f32(value: f32) -> Self {
-        Self((value.to_bits() >> 16) as u16)
-    }
-
-    /// Widens to `f32` exactly.
-    pub fn to_f32(self) -> f32 {
-        f32::from_bits(u32::from(self.0) << 16)
-    }
-}
-
 mod sealed {
     pub trait Sealed {}
 }
 
 /// A Rust type that can be an element of a pooled tensor: the types of the non-external
-/// [`DType`]s. Sealed: every bit pattern the crate stores for `T` is a valid `T`, because
+/// [`DType`]s (16-bit floats are the `half` crate's [`half::f16`] and [`half::bf16`], with
+/// its conversions: round to nearest even, NaN kept NaN).
+///
+/// ```
+/// use ferropool::{DType, Tensor};
+/// use half::bf16;
+/// let t = Tensor::from_slice(&[bf16::from_f32(1.0058594), bf16::NAN], &[2])?;
+/// assert_eq!(t.dtype(), DType::BF16);
+/// let read = t.as_slice::<bf16>()?;
+/// assert_eq!(read[0].to_bits(), 0x3f81); // rounded to nearest even
+/// assert!(read[1].is_nan());
+/// # Ok::<(), ferropool::TensorError>(())
+/// ```
+///
+/// Sealed: every bit pattern the crate stores for `T` is a valid `T`, because
 /// buffers of a dtype are only ever written through that dtype's `T`.
 pub trait Element: sealed::Sealed + Copy + Send + Sync + fmt::Debug + 'static {
     /// The dtype of `Self`.
@@ -114,8 +106,8 @@ macro_rules! element {
 element! {
     f32 => F32, 0.0;
     f64 => F64, 0.0;
-    F16 => F16, F16(0);
-    Bf16 => BF16, Bf16(0);
+    half::f16 => F16, half::f16::ZERO;
+    half::bf16 => BF16, half::bf16::ZERO;
     i8 => I8, 0;
     i32 => I32, 0;
     i64 => I64, 0;

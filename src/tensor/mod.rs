@@ -6,10 +6,10 @@ mod error;
 mod layout;
 mod read;
 
-pub use dtype::{Bf16, DType, Element, F16};
+pub use dtype::{DType, Element};
 pub use error::TensorError;
 pub use layout::Layout;
-pub use read::TensorRead;
+pub use read::{RawView, TensorRead};
 
 use std::any::Any;
 use std::fmt;
@@ -98,6 +98,48 @@ impl Tensor {
     /// As [`from_slice`](Self::from_slice).
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Self, TensorError> {
         Self::from_slice(&data, shape)
+    }
+
+    /// As [`from_vec`](Self::from_vec), in `pool`.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_slice`](Self::from_slice).
+    pub fn from_vec_in<T: Element>(
+        pool: &BufferPool,
+        data: Vec<T>,
+        shape: &[usize],
+    ) -> Result<Self, TensorError> {
+        Self::from_slice_in(pool, &data, shape)
+    }
+
+    /// A tensor of `shape` whose elements are not written yet, in `pool`: for a kernel that
+    /// overwrites every element anyway, so nothing is zeroed for nothing. Finish it with
+    /// [`UninitTensor::init_with`] or [`UninitTensor::copy_from`] (safe), or write through
+    /// [`UninitTensor::as_uninit_mut`] and call [`UninitTensor::assume_init`].
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, Tensor};
+    /// let pool = BufferPool::new();
+    /// let squares = Tensor::uninit_in::<f32>(&pool, &[2, 2])?.init_with(|i| (i * i) as f32);
+    /// assert_eq!(squares.as_slice::<f32>()?, &[0.0, 1.0, 4.0, 9.0]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::InvalidLayout`] if the byte count overflows; [`TensorError::Pool`].
+    pub fn uninit_in<T: Element>(
+        pool: &BufferPool,
+        shape: &[usize],
+    ) -> Result<UninitTensor<T>, TensorError> {
+        let layout = Layout::contiguous(shape)?;
+        let bytes = byte_count(layout.numel(), std::mem::size_of::<T>(), shape)?;
+        Ok(UninitTensor {
+            buffer: pool.alloc(bytes)?,
+            layout,
+            element: std::marker::PhantomData,
+        })
     }
 
     /// A tensor of `shape` from the first elements of `iter`, in `pool`, written in place.
@@ -305,6 +347,75 @@ impl Tensor {
             } => TensorRead::pooled(pooled_bytes(buffer), *dtype, layout),
             Repr::External { payload, shape } => TensorRead::of_external(&**payload, shape),
         }
+    }
+}
+
+/// A tensor whose elements are not written yet (see [`Tensor::uninit_in`]).
+pub struct UninitTensor<T: Element> {
+    /// Invariant: holds `layout.numel() * size_of::<T>()` bytes, aligned for `T`.
+    buffer: PoolBuffer,
+    layout: Layout,
+    element: std::marker::PhantomData<T>,
+}
+
+impl<T: Element> UninitTensor<T> {
+    /// The elements, for writing.
+    pub fn as_uninit_mut(&mut self) -> &mut [std::mem::MaybeUninit<T>] {
+        let len = self.layout.numel();
+        // SAFETY: invariant on `buffer`: `len` elements' worth of bytes, aligned for `T`
+        // (pool alignment >= 8), exclusively ours; `MaybeUninit` claims nothing about them.
+        unsafe { std::slice::from_raw_parts_mut(self.buffer.as_mut_ptr().cast(), len) }
+    }
+
+    /// Writes element `i` (row-major) as `f(i)`, for every element, and returns the tensor.
+    pub fn init_with(mut self, mut f: impl FnMut(usize) -> T) -> Tensor {
+        for (i, element) in self.as_uninit_mut().iter_mut().enumerate() {
+            element.write(f(i));
+        }
+        // SAFETY: the loop wrote every element.
+        unsafe { self.assume_init() }
+    }
+
+    /// Copies `src` into the elements and returns the tensor.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::ShapeMismatch`] unless `src` has exactly as many elements (the buffer
+    /// is then dropped).
+    pub fn copy_from(mut self, src: &[T]) -> Result<Tensor, TensorError> {
+        if src.len() != self.layout.numel() {
+            return Err(TensorError::ShapeMismatch {
+                shape: self.layout.shape().to_vec(),
+                expected_elements: self.layout.numel(),
+                found_elements: src.len(),
+            });
+        }
+        for (to, &from) in self.as_uninit_mut().iter_mut().zip(src) {
+            to.write(from);
+        }
+        // SAFETY: every element was written.
+        Ok(unsafe { self.assume_init() })
+    }
+
+    /// The tensor, once every element is written.
+    ///
+    /// # Safety
+    ///
+    /// Every element has been written (through [`as_uninit_mut`](Self::as_uninit_mut), or
+    /// through the buffer's pointer by a kernel).
+    pub unsafe fn assume_init(mut self) -> Tensor {
+        // SAFETY: the caller's contract.
+        unsafe { self.buffer.assume_init() };
+        Tensor::pooled(self.buffer, T::DTYPE, self.layout)
+    }
+}
+
+impl<T: Element> fmt::Debug for UninitTensor<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UninitTensor")
+            .field("dtype", &T::DTYPE)
+            .field("shape", &self.layout.shape())
+            .finish()
     }
 }
 

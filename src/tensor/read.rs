@@ -182,6 +182,74 @@ impl<'a> TensorRead<'a> {
         Ok(out)
     }
 
+    /// The view's elements in raw form, for any tensor library to wrap without copying: the
+    /// slice of elements covering the view's extent (element `index` lives at
+    /// `elements[offset + Σ index[k] * strides[k]]`), with the shape, strides and offset.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let column = group.narrow(slots[0], 1, 1, 1)?; // the middle column, strided
+    /// let view = group.read_view(column)?;
+    /// let raw = view.raw::<f32>()?;
+    /// assert_eq!((raw.shape, raw.strides, raw.offset), (&[2, 1][..], &[3, 1][..], 1));
+    /// assert_eq!(raw.elements[raw.offset + raw.strides[0]], 5.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::DTypeMismatch`] or [`TensorError::ExternalDType`].
+    pub fn raw<T: Element>(&self) -> Result<RawView<'a, T>, TensorError> {
+        let (all, layout) = self.elements::<T>()?;
+        Ok(RawView {
+            elements: all,
+            shape: layout.shape(),
+            strides: layout.strides(),
+            offset: layout.offset(),
+        })
+    }
+
+    /// The view as an [`ndarray::ArrayViewD`], without copying, whatever its layout
+    /// (permuted and narrowed views included). Feature `ndarray`.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let transposed = group.permute(slots[0], &[1, 0])?;
+    /// let array = group.read_view(transposed)?.to_ndarray::<f32>()?;
+    /// assert_eq!(array.shape(), &[3, 2]);
+    /// assert_eq!(array[[2, 1]], 6.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::DTypeMismatch`] or [`TensorError::ExternalDType`].
+    #[cfg(feature = "ndarray")]
+    pub fn to_ndarray<T: Element>(&self) -> Result<ndarray::ArrayViewD<'a, T>, TensorError> {
+        use ndarray::{IxDyn, ShapeBuilder};
+        let raw = self.raw::<T>()?;
+        if raw.shape.contains(&0) {
+            // No element to point at: an empty array of the view's shape.
+            return Ok(
+                ndarray::ArrayView::from_shape(IxDyn(raw.shape), &raw.elements[..0])
+                    .expect("an empty array of any shape fits an empty slice"),
+            );
+        }
+        let strides: Vec<usize> = raw.strides.to_vec();
+        let shape = IxDyn(raw.shape).strides(IxDyn(&strides));
+        let elements = &raw.elements[raw.offset..];
+        let view = ndarray::ArrayView::from_shape(shape, elements).map_err(|e| {
+            TensorError::InvalidLayout {
+                reason: format!("ndarray refused the view: {e}"),
+            }
+        })?;
+        Ok(view)
+    }
+
     /// The caller-owned payload, if the view is of a `P`.
     pub fn external<P: ExternalPayload>(&self) -> Option<&'a P> {
         match self.repr {
@@ -189,6 +257,20 @@ impl<'a> TensorRead<'a> {
             ReadRepr::Pooled { .. } => None,
         }
     }
+}
+
+/// A view's elements in raw form (see [`TensorRead::raw`]).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct RawView<'a, T> {
+    /// Every element the view's buffer holds; the view's own lie within it.
+    pub elements: &'a [T],
+    /// The shape.
+    pub shape: &'a [usize],
+    /// Element strides, one per dimension.
+    pub strides: &'a [usize],
+    /// Element offset of the first element in `elements`.
+    pub offset: usize,
 }
 
 /// Calls `f` with the element offset of every element of `layout`, in row-major order.

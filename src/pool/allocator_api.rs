@@ -1,0 +1,90 @@
+//! `allocator_api2::alloc::Allocator` for pools (feature `allocator-api2`): collections from
+//! `allocator-api2` and `hashbrown` live in a pool, under its budget and in its statistics.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
+use allocator_api2::alloc::{AllocError, Allocator};
+
+use super::raw::MAX_ALIGN;
+use super::{BufferPool, PoolInner};
+
+/// Allocates blocks for collections from the pool: blocks are raw pool blocks whose header
+/// says where they belong, so `deallocate` finds the block from the pointer in O(1) without a
+/// lock. `&BufferPool` is an allocator too (`allocator-api2` implements it for references),
+/// and so is an owned handle (`Vec<T, BufferPool>` keeps its pool open). A refusal (the budget, the system, an alignment above 4096) is an [`AllocError`];
+/// the budget's refusals count in the pool's statistics.
+///
+/// ```
+/// use allocator_api2::vec::Vec;
+/// use ferropool::{BufferPool, PoolConfig};
+///
+/// let pool = BufferPool::with_config(PoolConfig { budget: Some(1 << 20), ..PoolConfig::default() })?;
+/// let mut weights: Vec<f32, &BufferPool> = Vec::with_capacity_in(1024, &pool);
+/// weights.extend((0..1024).map(|i| i as f32));
+/// assert!(pool.stats().in_use_bytes >= 4096);
+/// // A vector the budget cannot hold is refused, not aborted.
+/// let mut huge: Vec<f32, &BufferPool> = Vec::new_in(&pool);
+/// assert!(huge.try_reserve(1 << 20).is_err());
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
+// SAFETY: `allocate` returns a block of at least `layout.size()` bytes aligned to
+// `layout.align()` that stays valid until `deallocate` (the pool outlives its blocks: a live
+// block keeps its pool alive); `deallocate` returns exactly a block `allocate` made (its
+// header names it); zero-sized layouts get a dangling aligned pointer and are not freed.
+unsafe impl Allocator for BufferPool {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        allocate(self, layout, false)
+    }
+
+    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        allocate(self, layout, true)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() != 0 {
+            // SAFETY: the caller's contract: `ptr` came from `allocate` with this layout, so
+            // it is a raw pool block.
+            unsafe { PoolInner::dealloc_raw(ptr) };
+        }
+    }
+
+    unsafe fn grow(
+        &self,
+        ptr: NonNull<u8>,
+        old_layout: Layout,
+        new_layout: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if old_layout.size() != 0 && old_layout.align() == new_layout.align() {
+            // SAFETY: a raw pool block from `allocate` (the caller's contract), in use.
+            let capacity = unsafe { PoolInner::raw_capacity(ptr) };
+            if new_layout.size() <= capacity {
+                return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
+            }
+        }
+        let grown = allocate(self, new_layout, false)?;
+        // SAFETY: both blocks hold `old_layout.size()` bytes; they are distinct; the old one
+        // came from `allocate` with `old_layout` (the caller's contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(ptr.as_ptr(), grown.cast().as_ptr(), old_layout.size());
+            self.deallocate(ptr, old_layout);
+        }
+        Ok(grown)
+    }
+}
+
+/// A block for `layout` from `pool`, with the capacity it really has.
+fn allocate(pool: &BufferPool, layout: Layout, zeroed: bool) -> Result<NonNull<[u8]>, AllocError> {
+    if layout.size() == 0 {
+        // A dangling pointer with the layout's alignment: zero-sized blocks are never read.
+        let dangling = NonNull::new(layout.align() as *mut u8).ok_or(AllocError)?;
+        return Ok(NonNull::slice_from_raw_parts(dangling, 0));
+    }
+    if layout.align() > MAX_ALIGN {
+        return Err(AllocError);
+    }
+    let ptr = PoolInner::alloc_raw(pool.inner, layout, zeroed).map_err(|_| AllocError)?;
+    // SAFETY: just allocated by `alloc_raw`.
+    let capacity = unsafe { PoolInner::raw_capacity(ptr) };
+    Ok(NonNull::slice_from_raw_parts(ptr, capacity))
+}

@@ -1,0 +1,225 @@
+//! The process-wide pool, and `PoolAllocator`: a `#[global_allocator]` front end that serves
+//! large allocations from it.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ptr::{self, NonNull};
+
+use super::raw::MAX_ALIGN;
+use super::{BufferPool, PoolConfig, PoolError, PoolInner};
+
+#[cfg(not(loom))]
+static GLOBAL: std::sync::OnceLock<BufferPool> = std::sync::OnceLock::new();
+
+impl BufferPool {
+    /// The process-wide pool, created on first use (with [`PoolConfig::default`] unless
+    /// [`configure_global`](Self::configure_global) came first). It is never closed. Its
+    /// blocks come from the system allocator directly, so that [`PoolAllocator`] can serve
+    /// from it.
+    #[cfg(not(loom))]
+    pub fn global() -> &'static BufferPool {
+        GLOBAL.get_or_init(|| {
+            BufferPool::build(PoolConfig::default(), true)
+                .expect("the default configuration is valid")
+        })
+    }
+
+    /// The default pool of the current loom execution.
+    #[cfg(loom)]
+    pub fn global() -> &'static BufferPool {
+        loom::lazy_static! {
+            static ref GLOBAL: BufferPool =
+                BufferPool::build(PoolConfig::default(), true).unwrap();
+        }
+        &GLOBAL
+    }
+
+    /// Sets the configuration of the process-wide pool, before its first use (by
+    /// [`global`](Self::global), [`Tensor::from_slice`](crate::Tensor::from_slice) and
+    /// friends, or [`PoolAllocator`]).
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolConfig};
+    /// BufferPool::configure_global(PoolConfig {
+    ///     budget: Some(8 << 30),
+    ///     ..PoolConfig::default()
+    /// })?;
+    /// assert_eq!(BufferPool::global().config().budget, Some(8 << 30));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::AlreadyInitialized`] if the pool is in use already;
+    /// [`PoolError::InvalidConfig`] for a bad field.
+    #[cfg(not(loom))]
+    pub fn configure_global(config: PoolConfig) -> Result<(), PoolError> {
+        let pool = BufferPool::build(config, true)?;
+        GLOBAL.set(pool).map_err(|_| PoolError::AlreadyInitialized)
+    }
+}
+
+/// A global allocator that serves allocations of at least a threshold from the process-wide
+/// [`BufferPool`] and the rest from [`System`].
+///
+/// Install it to put the large allocations of every crate into the pool: `Vec`s of tensor
+/// data, a GEMM's packing buffers, `ndarray` arrays. They are then cached and reused like the
+/// pool's own buffers (no page faults once warm), count against the pool's budget and show in
+/// its statistics ([`PoolAllocator::pool`]).
+///
+/// ```
+/// use ferropool::PoolAllocator;
+///
+/// #[global_allocator]
+/// static ALLOCATOR: PoolAllocator = PoolAllocator::new(); // 64 KiB and more go to the pool
+///
+/// fn main() {
+///     let big = vec![0f32; 1 << 20]; // 4 MiB: from the pool
+///     drop(big); // cached for the next one
+///     assert!(PoolAllocator::pool().stats().allocations >= 1);
+/// }
+/// ```
+///
+/// # When to use it
+///
+/// When a program's memory is dominated by large, repeated allocations made through Rust's
+/// standard collections or by libraries it does not control (the pattern of a training
+/// loop). Not when allocations are mostly small (they go to `System` anyway, for one extra
+/// comparison each), nor when the program must give memory back to the system as soon as it
+/// is freed (the pool caches it; call `PoolAllocator::pool().trim()` at quiet moments, or
+/// set a budget with [`BufferPool::configure_global`]).
+///
+/// # Behaviour
+///
+/// - A request goes to the pool when its size is at least the threshold and its alignment at
+///   most 4096; the same rule on `dealloc` and `realloc` sends it back to where it came from.
+/// - A pool refusal (its budget, or the system) is a null return, as `GlobalAlloc` requires,
+///   and counts in the pool's statistics (`budget_failures`).
+/// - `realloc` within the pool keeps the block when the new size still fits it (and uses at
+///   least half of it); across the threshold it moves the bytes.
+/// - The pool's own bookkeeping allocates from `System` directly, so it never calls back
+///   into this allocator.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolAllocator {
+    threshold: usize,
+}
+
+impl PoolAllocator {
+    /// The default threshold: 64 KiB.
+    pub const DEFAULT_THRESHOLD: usize = 64 << 10;
+    /// The smallest threshold: 4 KiB. (Below it, the pool's bookkeeping would be served by
+    /// the pool.)
+    pub const MIN_THRESHOLD: usize = 4 << 10;
+
+    /// A front end with the default threshold.
+    pub const fn new() -> Self {
+        Self::with_threshold(Self::DEFAULT_THRESHOLD)
+    }
+
+    /// A front end that sends requests of at least `threshold` bytes (at least
+    /// [`MIN_THRESHOLD`](Self::MIN_THRESHOLD)) to the pool.
+    pub const fn with_threshold(threshold: usize) -> Self {
+        Self {
+            threshold: if threshold < Self::MIN_THRESHOLD {
+                Self::MIN_THRESHOLD
+            } else {
+                threshold
+            },
+        }
+    }
+
+    /// The threshold.
+    pub const fn threshold(&self) -> usize {
+        self.threshold
+    }
+
+    /// The pool it serves from: [`BufferPool::global`].
+    #[cfg(not(loom))]
+    pub fn pool() -> &'static BufferPool {
+        BufferPool::global()
+    }
+
+    #[inline(always)]
+    fn pooled(&self, layout: Layout) -> bool {
+        layout.size() >= self.threshold && layout.align() <= MAX_ALIGN
+    }
+
+    #[cfg(not(loom))]
+    fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        PoolInner::alloc_raw(BufferPool::global().inner, layout, zeroed)
+            .map_or(ptr::null_mut(), NonNull::as_ptr)
+    }
+}
+
+impl Default for PoolAllocator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(not(loom))]
+// SAFETY: every block handed out is either `System`'s or a raw pool block, decided by the
+// layout alone (`pooled`), so each comes back to where it came from; raw pool blocks hold at
+// least `layout.size()` bytes aligned to `layout.align()` (see `raw.rs`).
+unsafe impl GlobalAlloc for PoolAllocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if self.pooled(layout) {
+            self.allocate(layout, false)
+        } else {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.alloc(layout) }
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if self.pooled(layout) {
+            self.allocate(layout, true)
+        } else {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if self.pooled(layout) {
+            // SAFETY: `pooled(layout)` held when it was allocated (same layout): it is a raw
+            // pool block; `ptr` is non-null (allocation succeeded).
+            unsafe { PoolInner::dealloc_raw(NonNull::new_unchecked(ptr)) }
+        } else {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract: `new_size`, rounded to the alignment, fits `isize`.
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        match (self.pooled(layout), self.pooled(new_layout)) {
+            // SAFETY: the caller's contract, passed on.
+            (false, false) => unsafe { System.realloc(ptr, layout, new_size) },
+            (true, true)
+                if {
+                    // SAFETY: a raw pool block (see `dealloc`), still in use.
+                    let capacity = unsafe { PoolInner::raw_capacity(NonNull::new_unchecked(ptr)) };
+                    new_size <= capacity && new_size >= capacity / 2
+                } =>
+            {
+                ptr
+            }
+            _ => {
+                // SAFETY: `new_layout` has a non-zero size (the caller's contract).
+                let moved = unsafe { self.alloc(new_layout) };
+                if !moved.is_null() {
+                    // SAFETY: both blocks hold at least the smaller size; they are distinct.
+                    unsafe {
+                        ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
+                        self.dealloc(ptr, layout);
+                    }
+                }
+                moved
+            }
+        }
+    }
+}
