@@ -21,7 +21,7 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use common::run_threads;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, BenchmarkId, Criterion};
 use ferropool::SlotArena;
 
 const SHARED_KEYS: usize = 256;
@@ -205,4 +205,284 @@ criterion_group! {
         .sample_size(20);
     targets = single_thread, own_keys_two_threads, shared_reads
 }
-criterion_main!(benches);
+
+// ---- scaling tables: aggregate throughput at 1 to 16 threads, every peer in this run ----
+
+/// Keys each thread (or the shared table) holds.
+const KEYS: usize = 1000;
+const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// Runs `work` 3 times and returns the median of `ops / seconds`, in millions.
+fn mops(ops: usize, mut work: impl FnMut() -> Duration) -> f64 {
+    let mut runs: Vec<f64> = (0..3)
+        .map(|_| ops as f64 / work().as_secs_f64() / 1e6)
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[1]
+}
+
+/// The churn workload: each thread inserts `KEYS` keys of its own, reads them, removes them,
+/// `rounds` times (3 operations per key and round).
+fn churn_ops(threads: usize, rounds: usize) -> usize {
+    threads * rounds * KEYS * 3
+}
+
+fn churn_table(rounds: usize) {
+    println!("churn, aggregate M operations/s (each thread: insert {KEYS} own keys, read, remove; {rounds} rounds)");
+    println!("| threads | ferropool | sharded-slab | concurrent-slotmap | RwLock<Slab> |");
+    println!("|---|---|---|---|---|");
+    for threads in THREADS {
+        let ops = churn_ops(threads, rounds);
+        let ours = mops(ops, || {
+            let arena = SlotArena::new();
+            run_threads(threads, rounds as u64, &|_, n| {
+                let mut keys = Vec::with_capacity(KEYS);
+                for _ in 0..n {
+                    keys.extend((0..KEYS as u64).map(|i| arena.insert([i, i]).unwrap()));
+                    for &key in &keys {
+                        let guard = arena.pin();
+                        black_box(arena.get(key, &guard).unwrap());
+                    }
+                    for key in keys.drain(..) {
+                        let guard = arena.pin();
+                        black_box(arena.remove(key, &guard).unwrap());
+                    }
+                }
+            })
+        });
+        let sharded = mops(ops, || {
+            let slab = sharded_slab::Slab::new();
+            run_threads(threads, rounds as u64, &|_, n| {
+                let mut keys = Vec::with_capacity(KEYS);
+                for _ in 0..n {
+                    keys.extend((0..KEYS as u64).map(|i| slab.insert([i, i]).unwrap()));
+                    for &key in &keys {
+                        black_box(*slab.get(key).unwrap());
+                    }
+                    for key in keys.drain(..) {
+                        black_box(slab.remove(key));
+                    }
+                }
+            })
+        });
+        let slotmap = mops(ops, || {
+            let map = concurrent_slotmap::SlotMap::new(1 << 22);
+            run_threads(threads, rounds as u64, &|_, n| {
+                let mut keys = Vec::with_capacity(KEYS);
+                for _ in 0..n {
+                    keys.extend((0..KEYS as u64).map(|i| map.insert([i, i], &map.pin())));
+                    for &key in &keys {
+                        let guard = map.pin();
+                        black_box(map.get(key, &guard).unwrap());
+                    }
+                    for key in keys.drain(..) {
+                        let guard = map.pin();
+                        black_box(map.remove(key, &guard).unwrap());
+                    }
+                }
+            })
+        });
+        let rwlock = mops(ops, || {
+            let slab = RwLock::new(slab::Slab::new());
+            run_threads(threads, rounds as u64, &|_, n| {
+                let mut keys = Vec::with_capacity(KEYS);
+                for _ in 0..n {
+                    keys.extend((0..KEYS as u64).map(|i| slab.write().unwrap().insert([i, i])));
+                    for &key in &keys {
+                        black_box(*slab.read().unwrap().get(key).unwrap());
+                    }
+                    for key in keys.drain(..) {
+                        black_box(slab.write().unwrap().remove(key));
+                    }
+                }
+            })
+        });
+        println!(
+            "| {threads} | {ours:.1} | {sharded:.1} ({:.2}x) | {slotmap:.1} | {rwlock:.1} |",
+            ours / sharded
+        );
+    }
+}
+
+fn shared_read_table(passes: usize) {
+    println!("shared-key reads, aggregate M reads/s ({KEYS} keys inserted up front, every thread reads all of them, {passes} passes)");
+    println!("| threads | ferropool, pin per get | ferropool, pin per pass | concurrent-slotmap, pin per get | sharded-slab | RwLock<Slab> |");
+    println!("|---|---|---|---|---|---|");
+    let arena = SlotArena::new();
+    let ours_keys: Vec<_> = (0..KEYS as u64)
+        .map(|i| arena.insert([i, i]).unwrap())
+        .collect();
+    let map = concurrent_slotmap::SlotMap::new(1 << 16);
+    let map_keys: Vec<_> = (0..KEYS as u64)
+        .map(|i| map.insert([i, i], &map.pin()))
+        .collect();
+    let sharded = sharded_slab::Slab::new();
+    let sharded_keys: Vec<_> = (0..KEYS as u64)
+        .map(|i| sharded.insert([i, i]).unwrap())
+        .collect();
+    let mut slab = slab::Slab::new();
+    let slab_keys: Vec<_> = (0..KEYS as u64).map(|i| slab.insert([i, i])).collect();
+    let slab = RwLock::new(slab);
+    let mut one = [0.0f64; 5];
+    for threads in THREADS {
+        let reads = threads * passes * KEYS;
+        let cells = [
+            mops(reads, || {
+                run_threads(threads, passes as u64, &|_, n| {
+                    for _ in 0..n {
+                        for &key in &ours_keys {
+                            let guard = arena.pin();
+                            black_box(arena.get(key, &guard).unwrap());
+                        }
+                    }
+                })
+            }),
+            mops(reads, || {
+                run_threads(threads, passes as u64, &|_, n| {
+                    for _ in 0..n {
+                        let guard = arena.pin();
+                        for &key in &ours_keys {
+                            black_box(arena.get(key, &guard).unwrap());
+                        }
+                    }
+                })
+            }),
+            mops(reads, || {
+                run_threads(threads, passes as u64, &|_, n| {
+                    for _ in 0..n {
+                        for &key in &map_keys {
+                            let guard = map.pin();
+                            black_box(map.get(key, &guard).unwrap());
+                        }
+                    }
+                })
+            }),
+            mops(reads, || {
+                run_threads(threads, passes as u64, &|_, n| {
+                    for _ in 0..n {
+                        for &key in &sharded_keys {
+                            black_box(*sharded.get(key).unwrap());
+                        }
+                    }
+                })
+            }),
+            mops(reads, || {
+                run_threads(threads, passes as u64, &|_, n| {
+                    for _ in 0..n {
+                        for &key in &slab_keys {
+                            black_box(*slab.read().unwrap().get(key).unwrap());
+                        }
+                    }
+                })
+            }),
+        ];
+        if threads == 1 {
+            one = cells;
+        }
+        let cell = |i: usize| format!("{:.1} ({:.1}x)", cells[i], cells[i] / one[i]);
+        println!(
+            "| {threads} | {} | {} | {} | {} | {} |",
+            cell(0),
+            cell(1),
+            cell(2),
+            cell(3),
+            cell(4)
+        );
+    }
+}
+
+/// One thread inserts batches of `KEYS`, another reads and removes them.
+fn cross_thread_table(batches: usize) {
+    use std::sync::mpsc;
+    let ops = batches * KEYS * 3;
+    let ours = mops(ops, || {
+        let arena = SlotArena::new();
+        let (tx, rx) = mpsc::sync_channel(4);
+        let start = std::time::Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..batches {
+                    let keys: Vec<_> = (0..KEYS as u64)
+                        .map(|i| arena.insert([i, i]).unwrap())
+                        .collect();
+                    tx.send(keys).unwrap();
+                }
+                drop(tx);
+            });
+            s.spawn(|| {
+                for keys in rx {
+                    for key in keys {
+                        let guard = arena.pin();
+                        black_box(arena.get(key, &guard).unwrap());
+                        black_box(arena.remove(key, &guard).unwrap());
+                    }
+                }
+            });
+        });
+        start.elapsed()
+    });
+    let sharded = mops(ops, || {
+        let slab = sharded_slab::Slab::new();
+        let (tx, rx) = mpsc::sync_channel(4);
+        let start = std::time::Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..batches {
+                    let keys: Vec<_> = (0..KEYS as u64)
+                        .map(|i| slab.insert([i, i]).unwrap())
+                        .collect();
+                    tx.send(keys).unwrap();
+                }
+                drop(tx);
+            });
+            s.spawn(|| {
+                for keys in rx {
+                    for key in keys {
+                        black_box(*slab.get(key).unwrap());
+                        black_box(slab.remove(key));
+                    }
+                }
+            });
+        });
+        start.elapsed()
+    });
+    let slotmap = mops(ops, || {
+        let map = concurrent_slotmap::SlotMap::new(1 << 22);
+        let (tx, rx) = mpsc::sync_channel(4);
+        let start = std::time::Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..batches {
+                    let keys: Vec<_> = (0..KEYS as u64)
+                        .map(|i| map.insert([i, i], &map.pin()))
+                        .collect();
+                    tx.send(keys).unwrap();
+                }
+                drop(tx);
+            });
+            s.spawn(|| {
+                for keys in rx {
+                    for key in keys {
+                        let guard = map.pin();
+                        black_box(map.get(key, &guard).unwrap());
+                        black_box(map.remove(key, &guard).unwrap());
+                    }
+                }
+            });
+        });
+        start.elapsed()
+    });
+    println!("cross-thread (one thread inserts batches of {KEYS}, another reads and removes them), M operations/s");
+    println!(
+        "| ferropool {ours:.1} | sharded-slab {sharded:.1} ({:.2}x) | concurrent-slotmap {slotmap:.1} |",
+        ours / sharded
+    );
+}
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    churn_table(100);
+    shared_read_table(1000);
+    cross_thread_table(2000);
+}

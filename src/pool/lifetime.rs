@@ -56,7 +56,11 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
         std::alloc::handle_alloc_error(layout);
     };
     let p = ptr.as_ptr();
-    let trace = (config.trace_capacity > 0).then(|| Trace::new(config.trace_capacity));
+    let trace = std::sync::OnceLock::new();
+    if config.trace_capacity > 0 {
+        let _ = trace.set(Trace::new(config.trace_capacity));
+    }
+    let budget = AtomicU64::new(config.budget.unwrap_or(u64::MAX));
     // SAFETY: `p` is fresh memory for one `PoolInner`; each field is written exactly once,
     // through raw pointers (no reference to the uninitialised whole is made), and the array
     // fields element by element.
@@ -79,6 +83,7 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
         addr_of_mut!((*p).slotless_busy).write(AtomicUsize::new(0));
         addr_of_mut!((*p).slotless).write(SlotlessCounters::default());
         addr_of_mut!((*p).counters).write(PoolCounters::default());
+        addr_of_mut!((*p).budget).write(budget);
         addr_of_mut!((*p).trace).write(trace);
     }
     ALIVE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

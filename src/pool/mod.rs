@@ -135,7 +135,10 @@ pub(crate) struct PoolInner {
     slotless_busy: AtomicUsize,
     slotless: SlotlessCounters,
     counters: PoolCounters,
-    trace: Option<Trace>,
+    /// The byte budget (`u64::MAX` for none): the configuration's, until `set_budget`.
+    budget: AtomicU64,
+    /// The event trace, once enabled (by the configuration or `enable_trace`).
+    trace: std::sync::OnceLock<Trace>,
 }
 
 impl BufferPool {
@@ -320,14 +323,14 @@ impl BufferPool {
     pub fn trace_events(&self) -> Vec<PoolEvent> {
         self.inner()
             .trace
-            .as_ref()
+            .get()
             .map_or_else(Vec::new, Trace::events)
     }
 
     /// Nanoseconds on the trace's clock (the `at_ns` of an event recorded now), or `None`
     /// when tracing is off.
     pub fn trace_now_ns(&self) -> Option<u64> {
-        self.inner().trace.as_ref().map(Trace::now_ns)
+        self.inner().trace.get().map(Trace::now_ns)
     }
 
     /// Records a caller's own moment in the trace (a [`PoolEventKind::Mark`] event carrying
@@ -355,9 +358,41 @@ impl BufferPool {
         trace::to_chrome_json(self.inner().id, &self.trace_events())
     }
 
-    /// The configuration.
+    /// The configuration, as given when the pool was made (see [`budget`](Self::budget) for
+    /// the budget in force).
     pub fn config(&self) -> &PoolConfig {
         &self.inner().config
+    }
+
+    /// The byte budget in force.
+    pub fn budget(&self) -> Option<u64> {
+        self.inner().budget()
+    }
+
+    /// Changes the byte budget (`None`: no limit). A lower budget than the memory held
+    /// refuses new blocks until enough is freed or trimmed; nothing is taken back from
+    /// buffers in use.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let held = pool.alloc(1 << 20)?;
+    /// pool.set_budget(Some(1 << 20));
+    /// assert!(pool.alloc(4096).is_err(), "1 MiB is held already");
+    /// drop(held);
+    /// assert!(pool.alloc(4096).is_ok(), "the cached block is released to make room");
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn set_budget(&self, budget: Option<u64>) {
+        self.inner()
+            .budget
+            .store(budget.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Starts tracing with a ring of `capacity` events, if the pool does not trace already
+    /// (the configuration's `trace_capacity`, or an earlier call); whether this call started
+    /// it.
+    pub fn enable_trace(&self, capacity: usize) -> bool {
+        capacity > 0 && self.inner().trace.set(Trace::new(capacity)).is_ok()
     }
 
     /// This pool's identity.
@@ -804,7 +839,7 @@ impl PoolInner {
 
     /// Adds `bytes` to `reserved` if the budget allows.
     fn reserve(&self, bytes: u64) -> bool {
-        let budget = self.config.budget.unwrap_or(u64::MAX);
+        let budget = self.budget.load(Ordering::Relaxed);
         let reserved = &self.counters.reserved;
         let mut current = reserved.load(Ordering::Relaxed);
         loop {
@@ -914,7 +949,7 @@ impl PoolInner {
         OutOfMemory {
             requested,
             block_bytes,
-            budget: self.config.budget,
+            budget: self.budget(),
             in_use,
             cached_in_threads: before.in_threads,
             cached_in_lists: before.in_lists,
@@ -1018,10 +1053,15 @@ impl PoolInner {
         s
     }
 
+    /// The byte budget, if any.
+    fn budget(&self) -> Option<u64> {
+        Some(self.budget.load(Ordering::Relaxed)).filter(|&b| b != u64::MAX)
+    }
+
     /// Records an event if tracing is on.
     #[inline(always)]
     fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
-        if let Some(trace) = &self.trace {
+        if let Some(trace) = self.trace.get() {
             let thread = owned_thread_index().map_or(SLOTLESS, |t| t as u32);
             trace.record(kind, bytes, class, thread);
         }

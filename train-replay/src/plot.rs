@@ -1,0 +1,86 @@
+//! `--plot`: a step's memory timeline from the pool's trace, as SVG.
+
+use std::path::Path;
+
+use ferropool::{BufferPool, PoolEventKind};
+
+/// Draws bytes in use, cached and reserved over time from the pool's trace.
+pub fn plot(pool: &BufferPool, boundaries: &[u64], path: &Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    let events = pool.trace_events();
+    // Each event carries the trace's running totals of bytes in use and reserved.
+    let points: Vec<(f64, f64, f64)> = events
+        .iter()
+        .filter(|e| !matches!(e.kind, PoolEventKind::Trim | PoolEventKind::Mark))
+        .map(|e| {
+            (
+                e.at_ns as f64 / 1e6,
+                e.in_use_after as f64 / (1 << 20) as f64,
+                e.reserved_after as f64 / (1 << 20) as f64,
+            )
+        })
+        .collect();
+    let end_ms = points.last().map_or(1.0, |p| p.0).max(1.0);
+    let top = points.iter().map(|p| p.2).fold(1.0, f64::max) * 1.1;
+    let root = SVGBackend::new(path, (1200, 500)).into_drawing_area();
+    let error = |e: &dyn std::fmt::Display| e.to_string();
+    root.fill(&WHITE).map_err(|e| error(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "ferropool memory timeline (train-replay)",
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..end_ms, 0.0..top)
+        .map_err(|e| error(&e))?;
+    chart
+        .configure_mesh()
+        .light_line_style(WHITE)
+        .x_desc("time (ms)")
+        .y_desc("MiB")
+        .draw()
+        .map_err(|e| error(&e))?;
+    for (i, &ns) in boundaries.iter().enumerate() {
+        let x = ns as f64 / 1e6;
+        let style = ShapeStyle::from(&RGBColor(150, 80, 200).mix(0.6)).stroke_width(1);
+        let series = chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(x, 0.0), (x, top)],
+                style,
+            )))
+            .map_err(|e| error(&e))?;
+        if i == 0 {
+            series.label("step boundary").legend(|(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], RGBColor(150, 80, 200))
+            });
+        }
+    }
+    // A point is (time, in use, reserved); each series picks its y from it.
+    type Pick = fn(&(f64, f64, f64)) -> f64;
+    let series: [(&str, RGBColor, u32, Pick); 3] = [
+        ("reserved from the system", RED, 2, |p| p.2),
+        ("cached (reserved - in use)", GREEN, 1, |p| p.2 - p.1),
+        ("in use (live tensors)", BLUE, 1, |p| p.1),
+    ];
+    for (label, color, width, y) in series {
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().map(|p| (p.0, y(p))),
+                color.stroke_width(width),
+            ))
+            .map_err(|e| error(&e))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| error(&e))?;
+    root.present().map_err(|e| error(&e))?;
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! A run on the pool, as a user sees it: a progress bar, the falling loss, the pool's
+//! statistics, and on request the trace and the memory timeline.
+
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use ferropool::BufferPool;
+
+use crate::allocator::{self, Choice};
+use crate::args::Args;
+use crate::backend::{PoolBackend, VecBackend};
+use crate::measure::{mib, train};
+use crate::model::{CLASSES, INPUT};
+use crate::plot::plot;
+
+/// Runs the training on this process's allocator (see [`allocator`]); prints the summary
+/// line only if `--summary-only`.
+pub fn run(args: &Args) -> Result<(), String> {
+    if allocator::choice() != Choice::Pool {
+        // The baselines: plain vectors from glibc or mimalloc.
+        let summary = train(&VecBackend, args, || 0, |_, _| {})?;
+        println!("{}", summary.line());
+        return Ok(());
+    }
+    // The process-wide pool: the front end serves every crate's allocations of 4 KiB and
+    // more from it (GEMM packing buffers included) since the process started, and the
+    // training's tensors come from it too.
+    let pool = BufferPool::global();
+    pool.set_budget(args.budget);
+    if args.trace.is_some() || args.plot.is_some() {
+        pool.enable_trace(1 << 22);
+    }
+    let backend = PoolBackend { pool };
+    let quiet = args.summary_only;
+    if !quiet {
+        println!(
+            "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, checkpoint every {} layer(s), {} thread(s), {} steps",
+            args.layers,
+            args.hidden,
+            args.batch,
+            args.checkpoint_every.max(1),
+            args.threads(),
+            args.steps
+        );
+    }
+    let bar = (std::io::stderr().is_terminal() && !quiet).then(|| {
+        let bar = indicatif::ProgressBar::new(args.steps as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} steps  {per_sec}  loss {msg}",
+            )
+            .expect("valid template"),
+        );
+        bar
+    });
+    let mut boundaries = Vec::with_capacity(args.steps);
+    let started = Instant::now();
+    let system_calls = || pool.stats().system_allocations;
+    let summary = train(&backend, args, system_calls, |step, loss| {
+        boundaries.extend(pool.trace_now_ns());
+        pool.trace_mark(step as u64);
+        let rate = (step + 1) as f64 / started.elapsed().as_secs_f64();
+        match &bar {
+            Some(bar) => {
+                bar.set_message(format!("{loss:.4}"));
+                bar.inc(1);
+            }
+            None if !quiet && (step % 5 == 0 || step + 1 == args.steps) => {
+                println!("step {:>4}  loss {loss:.4}  {rate:.2} steps/s", step + 1);
+            }
+            None => {}
+        }
+    })?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if quiet {
+        println!("{}", summary.line());
+        return Ok(());
+    }
+    let stats = pool.stats();
+    println!(
+        "loss {:.4} -> {:.4} ({}), {:.2} steps/s",
+        summary.first_loss,
+        summary.last_loss,
+        if summary.last_loss < summary.first_loss {
+            "falling"
+        } else {
+            "NOT falling"
+        },
+        summary.steps_per_s
+    );
+    println!();
+    println!("| memory (pool)                        | value |");
+    println!("|--------------------------------------|-------|");
+    let rows: [(&str, String); 8] = [
+        ("peak live bytes", mib(stats.peak_in_use_bytes)),
+        ("peak reserved bytes", mib(stats.peak_reserved_bytes)),
+        (
+            "reserved / live at the peak",
+            format!(
+                "{:.2}x",
+                stats.peak_reserved_bytes as f64 / stats.peak_in_use_bytes.max(1) as f64
+            ),
+        ),
+        ("rounding waste (now)", mib(stats.rounding_waste_bytes())),
+        (
+            "thread-cache hit rate",
+            format!("{:.1}%", stats.cache_hit_rate() * 100.0),
+        ),
+        (
+            "allocator calls per step",
+            format!("{:.1}", summary.allocs_per_step),
+        ),
+        (
+            "minor page faults per step",
+            format!("{:.1}", summary.faults_per_step),
+        ),
+        ("peak RSS", mib(summary.peak_rss)),
+    ];
+    for (name, value) in rows {
+        println!("| {name:<36} | {value} |");
+    }
+    println!("(steady state after warm-up; allocator calls: below the front end's threshold, plus the pool's calls to the system)");
+    if let Some(path) = &args.trace {
+        std::fs::write(path, pool.trace_json()).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!(
+            "trace: {} events -> {} (open it in https://ui.perfetto.dev)",
+            pool.trace_events().len(),
+            path.display()
+        );
+    }
+    if let Some(path) = &args.plot {
+        plot(pool, &boundaries, path)?;
+        println!("memory timeline -> {}", path.display());
+    }
+    Ok(())
+}
