@@ -43,6 +43,7 @@ mod retain;
 mod stack;
 mod sync;
 mod tensor;
+mod thread;
 
 pub use arena::{ArenaConfig, ArenaError, Key, SlotArena, SlotPhase};
 pub use checkpoint::CheckpointNode;

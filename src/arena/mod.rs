@@ -36,7 +36,6 @@ mod trim;
 
 pub use error::ArenaError;
 pub use key::Key;
-pub(crate) use shard::{owned_thread_index, thread_index};
 pub use slot::SlotPhase;
 
 use std::fmt;
@@ -671,7 +670,7 @@ impl<T> Arena<T> {
     /// The shard of the calling thread.
     #[inline]
     fn my_shard(&self) -> usize {
-        thread_index() & (self.shards.len() - 1)
+        crate::thread::shard() & (self.shards.len() - 1)
     }
 
     /// Pops a vacant slot from the free list of `shard`.

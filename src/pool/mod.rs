@@ -69,12 +69,12 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::arena::owned_thread_index;
 use crate::paged::PagedTable;
 use crate::stack::{TaggedStack, NIL};
 use crate::sync::{
     asymmetric, global, system, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering,
 };
+use crate::thread;
 use blocks::BlockTable;
 use slot::{bump, Entry, Slot};
 use stats::{raise, PoolCounters};
@@ -247,10 +247,9 @@ impl BufferPool {
     /// ```
     pub fn flush_thread_cache(&self) -> u64 {
         let inner = self.inner();
-        let Some(thread) = owned_thread_index() else {
+        let Some((slot, _)) = inner.my_slot() else {
             return 0; // no slot, no cache
         };
-        let slot = inner.slot(thread as u32);
         slot.drain(
             |class, record| inner.push_list(class, record),
             &inner.blocks,
@@ -457,6 +456,28 @@ pub(super) struct Taken {
 }
 
 impl PoolInner {
+    /// The calling thread's slot and index: one thread-local read when this thread's last
+    /// pool operation was on this pool. `None` if the thread holds no index.
+    #[inline(always)]
+    fn my_slot(&self) -> Option<(&Slot, u32)> {
+        if let Some((slot, thread)) = thread::cached_slot(self.id) {
+            // SAFETY: `my_slot_slow` cached this pointer from this pool's slot table (pool
+            // identities are never reused), whose pages never move or free while the pool
+            // lives; the caller keeps the pool alive.
+            return Some((unsafe { &*slot.cast::<Slot>() }, thread));
+        }
+        self.my_slot_slow()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn my_slot_slow(&self) -> Option<(&Slot, u32)> {
+        let thread = thread::index()? as u32;
+        let slot = self.slot(thread);
+        thread::cache_slot(self.id, std::ptr::from_ref(slot).cast());
+        Some((slot, thread))
+    }
+
     /// The slot of thread `thread`, allocating its page on first use.
     #[inline(always)]
     fn slot(&self, thread: u32) -> &Slot {
@@ -490,21 +511,18 @@ impl PoolInner {
         })?;
         let class_bytes = class::class_size(class);
         let tag = tag::current();
-        let Some(thread) = owned_thread_index() else {
+        let Some((slot, thread)) = inner.my_slot() else {
             return inner.alloc_slotless(this, class, class_bytes, size, zeroed, tag);
         };
-        let thread = thread as u32;
-        let slot = inner.slot(thread);
         let mut taken = None;
         if inner.config.caches(class_bytes) {
             match slot.enter(&inner.closed) {
                 Entry::Closed => return Err(PoolError::Closed),
                 Entry::Open { bins } => {
-                    if let Some(record) = bins
+                    if let Some((record, rec)) = bins
                         .then(|| slot.pop(class, class_bytes, &inner.blocks))
                         .flatten()
                     {
-                        let rec = inner.blocks.record(record);
                         rec.hand_out(thread, tag, class, size);
                         inner.count_alloc(slot, class_bytes, size, true);
                         slot.leave();
@@ -598,12 +616,11 @@ impl PoolInner {
     #[inline]
     pub(super) fn free(&self, record: u32, class: usize, allocator: u32, requested: usize) -> bool {
         let class_bytes = class::class_size(class);
-        self.blocks.record(record).take_back();
-        let Some(thread) = owned_thread_index() else {
+        let rec = self.blocks.record(record);
+        rec.take_back();
+        let Some((slot, thread)) = self.my_slot() else {
             return self.free_slotless(record, class, requested);
         };
-        let thread = thread as u32;
-        let slot = self.slot(thread);
         match slot.enter(&self.closed) {
             Entry::Closed => lifetime::free_after_close(self, record, class),
             Entry::Open { bins } => {
@@ -615,12 +632,12 @@ impl PoolInner {
                         class,
                         class_bytes,
                         record,
-                        &self.blocks,
+                        rec,
                         config.thread_cache_blocks_per_class,
                         config.thread_cache_bytes,
                     );
                 if !cached {
-                    self.push_list(class, record);
+                    self.lists[class].push_chain(record + 1, &rec.next);
                 }
                 let c = &slot.counters;
                 bump(&c.frees, 1);
@@ -1062,7 +1079,7 @@ impl PoolInner {
     #[inline(always)]
     fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
         if let Some(trace) = self.trace.get() {
-            let thread = owned_thread_index().map_or(SLOTLESS, |t| t as u32);
+            let thread = thread::index().map_or(SLOTLESS, |t| t as u32);
             trace.record(kind, bytes, class, thread);
         }
     }

@@ -19,9 +19,7 @@
 //! write); readers sum them across slots. Closing the pool reads them for the last time once
 //! every owner is out of its operation (see `lifetime`).
 
-use crossbeam_utils::CachePadded;
-
-use super::blocks::BlockTable;
+use super::blocks::{BlockTable, Record};
 use super::config::BIN_CLASSES;
 use crate::stack::{Link, NIL};
 use crate::sync::{asymmetric, yield_now, AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -29,7 +27,7 @@ use crate::sync::{asymmetric, yield_now, AtomicBool, AtomicU32, AtomicU64, Order
 /// One thread's slot in one pool.
 pub(super) struct Slot {
     /// 1 while the owner runs an operation on the pool.
-    busy: CachePadded<AtomicU32>,
+    busy: AtomicU32,
     /// Set (by compare-exchange) by a thread draining the bins; the owner leaves the bins
     /// alone while it is set.
     drain: AtomicU32,
@@ -83,7 +81,7 @@ pub(super) enum Entry {
 impl Slot {
     pub(super) fn new() -> Self {
         Self {
-            busy: CachePadded::new(AtomicU32::new(0)),
+            busy: AtomicU32::new(0),
             drain: AtomicU32::new(0),
             bins: std::array::from_fn(|_| AtomicU64::new(0)),
             binned: AtomicU64::new(0),
@@ -116,33 +114,42 @@ impl Slot {
         self.busy.store(0, Ordering::Release);
     }
 
-    /// Pops a cached block of `class` (owner, inside an operation with bins usable).
+    /// Pops a cached block of `class` (owner, inside an operation with bins usable): its
+    /// record's index and the record.
     #[inline(always)]
-    pub(super) fn pop(&self, class: usize, class_bytes: usize, blocks: &BlockTable) -> Option<u32> {
+    pub(super) fn pop<'b>(
+        &self,
+        class: usize,
+        class_bytes: usize,
+        blocks: &'b BlockTable,
+    ) -> Option<(u32, &'b Record)> {
         let bin = &self.bins[class];
         let head = bin.load(Ordering::Relaxed);
         let link = head as Link;
         if link == NIL {
             return None;
         }
-        let next = blocks.record(link - 1).next.load(Ordering::Relaxed);
+        let record = blocks.record(link - 1);
+        let next = record.next.load(Ordering::Relaxed);
         bin.store(
             ((head >> 32) - 1) << 32 | u64::from(next),
             Ordering::Relaxed,
         );
         bump(&self.binned, (class_bytes as u64).wrapping_neg());
-        Some(link - 1)
+        Some((link - 1, record))
     }
 
-    /// Caches `record` in the bin of `class` if it fits `max_blocks` and `max_bytes` (owner,
-    /// inside an operation with bins usable); whether it did.
+    /// Caches block `index` (its record `record`) in the bin of `class` if it fits
+    /// `max_blocks` and `max_bytes` (owner, inside an operation with bins usable); whether it
+    /// did.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the free path's locals, passed on as they are
     pub(super) fn push(
         &self,
         class: usize,
         class_bytes: usize,
-        record: u32,
-        blocks: &BlockTable,
+        index: u32,
+        record: &Record,
         max_blocks: usize,
         max_bytes: usize,
     ) -> bool {
@@ -153,11 +160,8 @@ impl Slot {
         if count >= max_blocks as u64 || binned + class_bytes as u64 > max_bytes as u64 {
             return false;
         }
-        blocks
-            .record(record)
-            .next
-            .store(head as Link, Ordering::Relaxed);
-        bin.store((count + 1) << 32 | u64::from(record + 1), Ordering::Relaxed);
+        record.next.store(head as Link, Ordering::Relaxed);
+        bin.store((count + 1) << 32 | u64::from(index + 1), Ordering::Relaxed);
         self.binned
             .store(binned + class_bytes as u64, Ordering::Relaxed);
         true

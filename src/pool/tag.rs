@@ -1,7 +1,6 @@
 //! Memory tags: names a caller gives to what its buffers are for (a checkpoint chain, a
 //! model's weights), so that a pool's snapshot can say how much memory each holds.
 
-use std::cell::Cell;
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::{Mutex, PoisonError};
@@ -9,11 +8,6 @@ use std::sync::{Mutex, PoisonError};
 /// The names of the tags made so far; tag `n` is `NAMES[n - 1]`. Bookkeeping outside any
 /// concurrency protocol.
 static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-
-std::thread_local! {
-    /// The tag buffers allocated by this thread get (0 for none). No destructor.
-    static CURRENT: Cell<u32> = const { Cell::new(0) };
-}
 
 /// A name for memory: every buffer allocated while a tag is [entered](Self::enter) on a
 /// thread carries it, and [`BufferPool::memory_by_tag`](crate::BufferPool::memory_by_tag)
@@ -53,8 +47,9 @@ impl MemoryTag {
     /// Tags the buffers this thread allocates until the returned scope drops (scopes nest:
     /// dropping one restores the tag that was current before).
     pub fn enter(self) -> TagScope {
-        let previous = CURRENT.try_with(|c| c.replace(self.0.get())).unwrap_or(0);
-        TagScope { previous }
+        TagScope {
+            previous: crate::thread::set_tag(self.0.get()),
+        }
     }
 
     pub(super) fn from_raw(raw: u32) -> Option<Self> {
@@ -65,7 +60,7 @@ impl MemoryTag {
 /// The tag of buffers allocated now on this thread (0 for none).
 #[inline(always)]
 pub(super) fn current() -> u32 {
-    CURRENT.try_with(Cell::get).unwrap_or(0)
+    crate::thread::tag()
 }
 
 impl fmt::Debug for MemoryTag {
@@ -89,7 +84,7 @@ pub struct TagScope {
 
 impl Drop for TagScope {
     fn drop(&mut self) {
-        let _ = CURRENT.try_with(|c| c.set(self.previous));
+        crate::thread::set_tag(self.previous);
     }
 }
 

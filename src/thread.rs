@@ -1,0 +1,224 @@
+//! Per-thread state, in one thread-local: the thread's *index* (a small number, reused after
+//! the thread exits, held by one live thread at a time), the pool slot it used last (so a
+//! pool operation finds its slot with this one thread-local read), and the memory tag current
+//! on the thread.
+//!
+//! The state has no destructor, so it stays readable while thread-locals are destroyed. A
+//! second thread-local, with a destructor, gives the index back when the thread exits; from
+//! then on the thread has no index (operations that need one fall back to shared paths).
+
+#[cfg(not(loom))]
+pub(crate) use std_state::*;
+
+/// The calling thread's index, for spreading threads over shards: its own index when it has
+/// one, else 0 (threads may share a shard).
+#[inline]
+pub(crate) fn shard() -> usize {
+    index().unwrap_or(0)
+}
+
+#[cfg(not(loom))]
+mod std_state {
+    use std::cell::{Cell, RefCell};
+    use std::sync::{Mutex, PoisonError};
+
+    use crate::paged::PagedTable;
+    use crate::sync::{AtomicUsize, Ordering};
+
+    /// The next index never handed out, and how many free indices `FREE` holds.
+    static REGISTRY: Mutex<(usize, usize)> = Mutex::new((0, 0));
+    /// Free indices (a stack: entries `0..len` of `REGISTRY`), used under its lock. Its
+    /// storage comes from the system allocator directly, so giving an index back (in a
+    /// thread-local destructor, under the lock) never calls a global allocator that might
+    /// itself ask for an index.
+    static FREE: std::sync::OnceLock<PagedTable<AtomicUsize>> = std::sync::OnceLock::new();
+
+    /// The calling thread's state.
+    struct State {
+        /// The thread's index, or `usize::MAX` (before it claims one, and after it gave it
+        /// back).
+        index: Cell<usize>,
+        /// The identity of the pool whose slot `slot` is (0: none). Pool identities are never
+        /// reused, so a cached slot of a pool that is gone never matches a live pool.
+        pool: Cell<u64>,
+        /// That pool's slot for `index`.
+        slot: Cell<*const ()>,
+        /// The current memory tag (0: none).
+        tag: Cell<u32>,
+    }
+
+    thread_local! {
+        static STATE: State = const {
+            State {
+                index: Cell::new(usize::MAX),
+                pool: Cell::new(0),
+                slot: Cell::new(std::ptr::null()),
+                tag: Cell::new(0),
+            }
+        };
+        /// Gives the index back when the thread exits.
+        static OWNER: RefCell<Option<Owner>> = const { RefCell::new(None) };
+    }
+
+    struct Owner(usize);
+
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            // From now on this thread has no index (and no cached slot).
+            let _ = STATE.try_with(|state| {
+                state.index.set(usize::MAX);
+                state.pool.set(0);
+            });
+            let free = FREE.get_or_init(|| PagedTable::new(64));
+            let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+            let at = registry.1;
+            let (page, _) = free.locate(at as u32);
+            free.ensure_page(page, |_| AtomicUsize::new(0));
+            free.at(at as u32).store(self.0, Ordering::Relaxed);
+            registry.1 += 1;
+        }
+    }
+
+    /// The calling thread's own index, claiming one on first use; `None` while the thread's
+    /// thread-locals are being destroyed (it cannot hold an index then), or if the registry
+    /// is busy on this very thread.
+    #[inline]
+    pub(crate) fn index() -> Option<usize> {
+        match STATE.try_with(|state| state.index.get()) {
+            Ok(index) if index != usize::MAX => Some(index),
+            _ => claim(),
+        }
+    }
+
+    #[cold]
+    fn claim() -> Option<usize> {
+        // Only a thread that can register the index's return may hold one.
+        let can_own = OWNER
+            .try_with(|owner| owner.try_borrow().map(|o| o.is_none()).unwrap_or(false))
+            .unwrap_or(false);
+        if !can_own {
+            return None;
+        }
+        let index = {
+            // `try_lock`: the registry's lock may be held by this thread's own `Owner::drop`.
+            let mut registry = REGISTRY.try_lock().ok()?;
+            if registry.1 > 0 {
+                registry.1 -= 1;
+                let free = FREE.get().expect("free indices were stored");
+                free.at(registry.1 as u32).load(Ordering::Relaxed)
+            } else {
+                registry.0 += 1;
+                registry.0 - 1
+            }
+        };
+        let _ = OWNER.try_with(|owner| *owner.borrow_mut() = Some(Owner(index)));
+        let _ = STATE.try_with(|state| state.index.set(index));
+        Some(index)
+    }
+
+    /// The slot cached for pool `pool`, with the thread's index, if this thread's last pool
+    /// operation was on that pool (and it still holds its index).
+    #[inline(always)]
+    pub(crate) fn cached_slot(pool: u64) -> Option<(*const (), u32)> {
+        STATE
+            .try_with(|state| {
+                (state.pool.get() == pool && state.index.get() != usize::MAX)
+                    .then(|| (state.slot.get(), state.index.get() as u32))
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Caches `slot` as this thread's slot of pool `pool` (for its current index).
+    #[inline]
+    pub(crate) fn cache_slot(pool: u64, slot: *const ()) {
+        let _ = STATE.try_with(|state| {
+            state.pool.set(pool);
+            state.slot.set(slot);
+        });
+    }
+
+    /// The memory tag current on this thread (0: none).
+    #[inline(always)]
+    pub(crate) fn tag() -> u32 {
+        STATE.try_with(|state| state.tag.get()).unwrap_or(0)
+    }
+
+    /// Sets the current memory tag; returns the previous one.
+    pub(crate) fn set_tag(tag: u32) -> u32 {
+        STATE.try_with(|state| state.tag.replace(tag)).unwrap_or(0)
+    }
+}
+
+/// Under loom the numbering restarts with every execution (a per-execution `lazy_static`),
+/// so that replaying a schedule replays the shards and slots. Indices are not reused; no
+/// slot is cached.
+#[cfg(loom)]
+pub(crate) fn index() -> Option<usize> {
+    use std::cell::Cell;
+    loom::lazy_static! {
+        static ref NEXT: crate::sync::Mutex<usize> = crate::sync::Mutex::new(0);
+    }
+    loom::thread_local! {
+        static INDEX: Cell<usize> = Cell::new(usize::MAX);
+    }
+    Some(INDEX.with(|index| {
+        if index.get() == usize::MAX {
+            let mut next = NEXT.lock().unwrap();
+            index.set(*next);
+            *next += 1;
+        }
+        index.get()
+    }))
+}
+
+#[cfg(loom)]
+pub(crate) fn cached_slot(_pool: u64) -> Option<(*const (), u32)> {
+    None
+}
+
+#[cfg(loom)]
+pub(crate) fn cache_slot(_pool: u64, _slot: *const ()) {}
+
+#[cfg(loom)]
+pub(crate) fn tag() -> u32 {
+    0
+}
+
+#[cfg(loom)]
+pub(crate) fn set_tag(_tag: u32) -> u32 {
+    0
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exited_threads_index_is_reused() {
+        let here = index().unwrap();
+        assert_eq!(index(), Some(here), "stable within a thread");
+        // Threads run one after the other: each takes the index the one before gave back
+        // (other tests' threads may take one now and then).
+        let seen: Vec<usize> = (0..20)
+            .map(|_| std::thread::spawn(|| index().unwrap()).join().unwrap())
+            .collect();
+        assert!(seen.iter().all(|&i| i != here));
+        assert!(
+            seen.windows(2).any(|pair| pair[0] == pair[1]),
+            "no index was reused: {seen:?}"
+        );
+    }
+
+    #[test]
+    fn a_cached_slot_answers_only_for_its_pool() {
+        let marker = 7u8;
+        index().expect("a running thread holds an index");
+        cache_slot(u64::MAX - 1, std::ptr::from_ref(&marker).cast());
+        assert!(cached_slot(u64::MAX - 1).is_some());
+        assert!(cached_slot(u64::MAX - 2).is_none());
+        assert_eq!(set_tag(5), 0);
+        assert_eq!(tag(), 5);
+        assert_eq!(set_tag(0), 5);
+    }
+}
