@@ -130,8 +130,10 @@ fn cross_thread_free_racing_trim() {
 /// trims, which takes the worker's cache from under it. Every block is released exactly once
 /// (by the trim, or by the final trim), none is handed out twice, and the counters add up.
 ///
-/// Planted bug caught: `drain_unfenced` (the drainer takes the bins without the handshake:
-/// no heavy fence and no wait for the owner's operation in flight).
+/// Planted bugs caught: `drain_unfenced` (the drainer takes the bins without the handshake:
+/// no heavy fence and no wait for the owner's operation in flight) and `enter_relaxed` (the
+/// owner marks an operation begun with a relaxed store: a drainer that waited for it may
+/// still see the bins as they were before the previous operation).
 #[test]
 fn owner_racing_a_drain_of_its_cache() {
     model(|| {

@@ -32,6 +32,7 @@ planted_cases=(
   "loom_pool:cross_thread_free_racing_alloc:stack_push_store"
   "loom_pool:cross_thread_free_racing_trim:take_all_store"
   "loom_pool:owner_racing_a_drain_of_its_cache:drain_unfenced"
+  "loom_pool:owner_racing_a_drain_of_its_cache:enter_relaxed"
   "loom_pool:a_free_reaches_the_thread_that_allocated:free_to_own_cache"
   "loom_pool:close_racing_a_free_in_flight:close_without_wait"
   "loom_pool:last_buffers_dropped_on_two_threads:remaining_load_store"

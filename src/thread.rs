@@ -40,6 +40,7 @@ mod std_state {
         index: Cell<usize>,
         /// The identity of the pool whose slot `slot` is (0: none). Pool identities are never
         /// reused, so a cached slot of a pool that is gone never matches a live pool.
+        /// Invariant: 0 while `index` is `usize::MAX`.
         pool: Cell<u64>,
         /// That pool's slot for `index`.
         slot: Cell<*const ()>,
@@ -122,19 +123,22 @@ mod std_state {
     pub(crate) fn cached_slot(pool: u64) -> Option<(*const (), u32)> {
         STATE
             .try_with(|state| {
-                (state.pool.get() == pool && state.index.get() != usize::MAX)
-                    .then(|| (state.slot.get(), state.index.get() as u32))
+                // `Owner::drop` clears `pool` with the index, so a match implies an index.
+                (state.pool.get() == pool).then(|| (state.slot.get(), state.index.get() as u32))
             })
             .ok()
             .flatten()
     }
 
-    /// Caches `slot` as this thread's slot of pool `pool` (for its current index).
+    /// Caches `slot` as this thread's slot of pool `pool` (for its current index; nothing
+    /// while the thread holds none).
     #[inline]
     pub(crate) fn cache_slot(pool: u64, slot: *const ()) {
         let _ = STATE.try_with(|state| {
-            state.pool.set(pool);
-            state.slot.set(slot);
+            if state.index.get() != usize::MAX {
+                state.pool.set(pool);
+                state.slot.set(slot);
+            }
         });
     }
 

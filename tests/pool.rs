@@ -428,7 +428,23 @@ fn bad_input_is_typed() {
             ..
         })
     ));
+    // A ring is allocated in full when tracing starts, so its size is bounded.
+    let huge_trace = BufferPool::with_config(PoolConfig {
+        trace_capacity: usize::MAX,
+        ..PoolConfig::default()
+    });
+    assert!(matches!(
+        huge_trace,
+        Err(PoolError::InvalidConfig {
+            field: "trace_capacity",
+            ..
+        })
+    ));
     let pool = BufferPool::new();
+    assert!(
+        pool.enable_trace(usize::MAX),
+        "cut to the maximum, not refused"
+    );
     assert!(matches!(
         pool.alloc(usize::MAX),
         Err(PoolError::TooLarge { .. })

@@ -10,19 +10,25 @@
 use super::PoolError;
 use crate::paged::PagedTable;
 use crate::stack::{TaggedStack, NIL};
-use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Records in the table's first page.
 const FIRST_PAGE: u32 = 256;
 
 /// A block's address, its list link, and what a snapshot reports of it.
-pub(super) struct Record {
+pub(crate) struct Record {
+    /// The record's own index in the table (never changes).
+    pub(super) index: u32,
     /// The block's address. Written by the thread that obtained the block from the system
     /// before the record is published on any list (list pushes are `Release`).
     pub(super) addr: AtomicUsize,
-    /// The next record on whichever list (a class list, a thread's bin, the spare list) the
-    /// record is on; meaningless off a list.
+    /// The next record (plus one; `NIL` ends) on the shared list the record is on (a class
+    /// list or the spare list); meaningless off a list.
     pub(super) next: AtomicU32,
+    /// The next record in the thread bin the record is on (bins link records by address:
+    /// only their owner or a drainer that excludes it walks them, so no ABA tag is needed);
+    /// meaningless off a bin.
+    pub(super) bin_next: AtomicPtr<Record>,
     /// While handed out: the thread index of the allocating thread plus one (0 otherwise).
     pub(super) holder: AtomicU32,
     /// While handed out: the caller's memory tag (0 for none).
@@ -67,9 +73,12 @@ impl BlockTable {
             return Err(PoolError::TooManyBlocks);
         }
         let (page, _) = self.records.locate(index);
-        self.records.ensure_page(page, |_| Record {
+        let start = self.records.page_start(page) as u32;
+        self.records.ensure_page(page, |offset| Record {
+            index: start + offset as u32,
             addr: AtomicUsize::new(0),
             next: AtomicU32::new(NIL),
+            bin_next: AtomicPtr::new(std::ptr::null_mut()),
             holder: AtomicU32::new(0),
             tag: AtomicU32::new(0),
             request: AtomicU64::new(0),
@@ -103,10 +112,15 @@ impl Record {
             .store(((class as u64) << 48) | size as u64, Ordering::Relaxed);
     }
 
-    /// Marks the block back in the pool.
+    /// Marks the block back in the pool; returns the thread index of the thread it was handed
+    /// out to (`SLOTLESS` for a thread without one).
     #[inline(always)]
-    pub(super) fn take_back(&self) {
+    pub(super) fn take_back(&self) -> u32 {
+        // The freeing thread owns the buffer (it reached it through whatever synchronised
+        // the hand-over), so its relaxed accesses see the allocator's store.
+        let holder = self.holder.load(Ordering::Relaxed);
         self.holder.store(0, Ordering::Relaxed);
+        holder.wrapping_sub(1)
     }
 }
 

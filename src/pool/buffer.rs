@@ -4,6 +4,7 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
+use super::blocks::Record;
 use super::{class, lifetime, PoolError, PoolInner};
 
 /// An aligned byte buffer from a [`BufferPool`](super::BufferPool); it returns itself to the
@@ -21,11 +22,10 @@ pub struct PoolBuffer {
     /// The pool. Invariant: alive while this buffer is (a live buffer is counted, and the
     /// pool is freed only once none is; see `lifetime`).
     pool: NonNull<PoolInner>,
-    /// The block's record in the pool.
-    record: u32,
-    /// The thread index of the allocating thread: a free on that same thread may keep the
-    /// block in its cache.
-    thread: u32,
+    /// The block's record in the pool's block table (which says, among other things, which
+    /// thread allocated the block). Invariant: valid while the pool is (records are never
+    /// freed before their pool).
+    record: NonNull<Record>,
     class: u16,
     /// Whether all `len` bytes have been written.
     initialized: bool,
@@ -42,8 +42,7 @@ impl PoolBuffer {
         pool: NonNull<PoolInner>,
         addr: NonNull<u8>,
         len: usize,
-        record: u32,
-        thread: u32,
+        record: &Record,
         class: usize,
         initialized: bool,
     ) -> Self {
@@ -51,8 +50,7 @@ impl PoolBuffer {
             addr,
             len,
             pool,
-            record,
-            thread,
+            record: NonNull::from(record),
             class: class as u16,
             initialized,
         }
@@ -159,15 +157,18 @@ impl PoolBuffer {
 
 impl Drop for PoolBuffer {
     fn drop(&mut self) {
-        let last = {
+        let closed = {
             // SAFETY: invariant on `pool`: alive until this buffer is given back.
             let pool = unsafe { self.pool.as_ref() };
-            pool.free(self.record, usize::from(self.class), self.thread, self.len)
+            // SAFETY: invariant on `record`: the pool is alive.
+            let record = unsafe { self.record.as_ref() };
+            pool.free(record, usize::from(self.class), self.len)
         };
-        if last {
-            // SAFETY: the pool was closed and this was its last buffer: nothing else refers
-            // to it (the borrow above has ended).
-            unsafe { lifetime::destroy(self.pool) };
+        if closed {
+            // SAFETY: the pool closed before this free, which released the block; the
+            // buffer is still counted, so the pool is alive, and the borrows above have
+            // ended (their frames are gone before the pool can be freed).
+            unsafe { lifetime::count_out(self.pool) };
         }
     }
 }

@@ -34,7 +34,8 @@ pub struct PoolConfig {
     pub thread_cache_max_block: usize,
     /// Blocks each thread may keep cached per size class. Default 8.
     pub thread_cache_blocks_per_class: usize,
-    /// Events kept by the trace ring; 0 (the default) turns tracing off.
+    /// Events kept by the trace ring, at most [`PoolConfig::MAX_TRACE_EVENTS`]; 0 (the default) turns
+    /// tracing off. The ring is allocated in full when tracing starts.
     pub trace_capacity: usize,
     /// Ask for transparent huge pages (`madvise(MADV_HUGEPAGE)` on Linux) for blocks of at
     /// least `advise_min_block` bytes, which are then also aligned to 2 MiB, so that a large
@@ -78,6 +79,9 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
+    /// The most events a pool's trace ring keeps (about 48 MiB of events).
+    pub const MAX_TRACE_EVENTS: usize = 1 << 20;
+
     /// Checks every field.
     pub(super) fn validate(&self) -> Result<(), PoolError> {
         let invalid = |field, value: usize, expected| {
@@ -97,13 +101,31 @@ impl PoolConfig {
                 "at most 1 MiB (1048576)",
             );
         }
+        if self.trace_capacity > Self::MAX_TRACE_EVENTS {
+            return invalid(
+                "trace_capacity",
+                self.trace_capacity,
+                "at most MAX_TRACE_EVENTS (1048576)",
+            );
+        }
         Ok(())
     }
 
-    /// Whether blocks of `class` go through the thread caches.
-    #[inline]
-    pub(super) fn caches(&self, class_bytes: usize) -> bool {
-        class_bytes <= self.thread_cache_max_block && self.thread_cache_bytes > 0
+    /// The classes that go through the thread caches: every class below the one returned
+    /// (the classes whose blocks are at most `thread_cache_max_block`; none when the caches
+    /// are off).
+    pub(super) fn cached_classes(&self) -> usize {
+        if self.thread_cache_bytes == 0 {
+            return 0;
+        }
+        // The smallest class holding `thread_cache_max_block`, itself included if it holds
+        // exactly that many bytes (validation bounds the size, so it has a class).
+        let max = self.thread_cache_max_block;
+        match class::class_of(max) {
+            Some(class) if class::class_size(class) == max => class + 1,
+            Some(class) => class,
+            None => 0,
+        }
     }
 }
 

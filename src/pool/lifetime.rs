@@ -66,6 +66,7 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
     // fields element by element.
     unsafe {
         addr_of_mut!((*p).id).write(next_identity().get());
+        addr_of_mut!((*p).cached_classes).write(config.cached_classes());
         addr_of_mut!((*p).config).write(config);
         addr_of_mut!((*p).system_blocks).write(system_blocks);
         addr_of_mut!((*p).handles).write(AtomicUsize::new(1));
@@ -86,6 +87,29 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
         addr_of_mut!((*p).budget).write(budget);
         addr_of_mut!((*p).trace).write(trace);
     }
+    // Every field is written above: this exhaustive pattern stops compiling when a field is
+    // added to `PoolInner`, until it is listed here (and written above).
+    let _every_field_written = |inner: PoolInner| {
+        let PoolInner {
+            id: _,
+            config: _,
+            system_blocks: _,
+            handles: _,
+            closed: _,
+            remaining: _,
+            blocks: _,
+            lists: _,
+            last_drawn: _,
+            idle_round: _,
+            cached_classes: _,
+            slots: _,
+            slotless_busy: _,
+            slotless: _,
+            counters: _,
+            budget: _,
+            trace: _,
+        } = inner;
+    };
     ALIVE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     ptr
 }
@@ -126,7 +150,7 @@ pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
         let mut allocations = slotless.allocations.load(Ordering::Acquire);
         let mut frees = slotless.frees.load(Ordering::Acquire);
         inner.for_each_slot(|slot| {
-            allocations += slot.counters.allocations.load(Ordering::Acquire);
+            allocations += slot.counters.allocations(Ordering::Acquire);
             frees += slot.counters.frees.load(Ordering::Acquire);
         });
         inner.release_cached();
@@ -139,12 +163,28 @@ pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
     }
 }
 
-/// A free after the close: the block goes back to the system, and the pool is told one
-/// buffer less is out. Returns whether the caller must now free the pool (this was the last
-/// one, and the close is done); the caller then touches the pool no more.
-pub(super) fn free_after_close(inner: &PoolInner, record: u32, class: usize) -> bool {
-    inner.release(record, class);
+/// A free after the close, first step: the block goes back to the system. The buffer is
+/// still counted in `remaining`, so the pool stays alive until the caller's
+/// [`count_out`].
+pub(super) fn release_after_close(inner: &PoolInner, record: u32, class: usize) {
     debug_assert!(class < class::CLASSES);
-    // The last access to the pool: after it, the close or a later free may free it.
-    inner.remaining.fetch_sub(1, Ordering::AcqRel) == 1
+    inner.release(record, class);
+}
+
+/// A free after the close, last step: tells the pool one buffer less is out, and frees the
+/// pool if that was the last one (and the close is done).
+///
+/// # Safety
+///
+/// `pool` is alive, the caller's buffer is one of those counted in `remaining` (its block
+/// released with [`release_after_close`]), and the caller holds no reference into the
+/// pool: from the decrement on, this call or another thread's may free it.
+pub(super) unsafe fn count_out(pool: NonNull<PoolInner>) {
+    // SAFETY: the pool is alive until the decrement (the caller's buffer is counted); the
+    // only reference made is to the atomic itself, for the decrement, its last use.
+    let remaining = unsafe { &*std::ptr::addr_of!((*pool.as_ptr()).remaining) };
+    if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // SAFETY: no handle is left and no buffer is alive (`remaining` is zero).
+        unsafe { destroy(pool) };
+    }
 }

@@ -75,7 +75,7 @@ use crate::sync::{
     asymmetric, global, system, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering,
 };
 use crate::thread;
-use blocks::BlockTable;
+use blocks::{BlockTable, Record};
 use slot::{bump, Entry, Slot};
 use stats::{raise, PoolCounters};
 use trace::Trace;
@@ -127,6 +127,8 @@ pub(crate) struct PoolInner {
     last_drawn: [AtomicU64; class::CLASSES],
     /// Calls of `trim_idle` so far.
     idle_round: AtomicU64,
+    /// Classes below this one go through the thread caches (from the configuration).
+    cached_classes: usize,
     /// Slots by thread index (see `slot`).
     slots: PagedTable<CachePadded<Slot>>,
     /// Operations of threads that hold no thread index (their thread-locals are being
@@ -250,10 +252,7 @@ impl BufferPool {
         let Some((slot, _)) = inner.my_slot() else {
             return 0; // no slot, no cache
         };
-        slot.drain(
-            |class, record| inner.push_list(class, record),
-            &inner.blocks,
-        )
+        slot.drain(|class, record| inner.push_list(class, record.index))
     }
 
     /// A snapshot of the counters.
@@ -387,10 +386,11 @@ impl BufferPool {
             .store(budget.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
-    /// Starts tracing with a ring of `capacity` events, if the pool does not trace already
-    /// (the configuration's `trace_capacity`, or an earlier call); whether this call started
-    /// it.
+    /// Starts tracing with a ring of `capacity` events (at most [`PoolConfig::MAX_TRACE_EVENTS`]: a
+    /// larger capacity is cut to it), if the pool does not trace already (the
+    /// configuration's `trace_capacity`, or an earlier call); whether this call started it.
     pub fn enable_trace(&self, capacity: usize) -> bool {
+        let capacity = capacity.min(PoolConfig::MAX_TRACE_EVENTS);
         capacity > 0 && self.inner().trace.set(Trace::new(capacity)).is_ok()
     }
 
@@ -448,8 +448,8 @@ impl fmt::Debug for BufferPool {
 }
 
 /// A block just taken for a buffer.
-pub(super) struct Taken {
-    record: u32,
+pub(super) struct Taken<'p> {
+    record: &'p Record,
     addr: NonNull<u8>,
     /// Whether its bytes are known to be zero.
     zeroed: bool,
@@ -515,19 +515,16 @@ impl PoolInner {
             return inner.alloc_slotless(this, class, class_bytes, size, zeroed, tag);
         };
         let mut taken = None;
-        if inner.config.caches(class_bytes) {
+        if class < inner.cached_classes {
             match slot.enter(&inner.closed) {
                 Entry::Closed => return Err(PoolError::Closed),
                 Entry::Open { bins } => {
-                    if let Some((record, rec)) = bins
-                        .then(|| slot.pop(class, class_bytes, &inner.blocks))
-                        .flatten()
-                    {
-                        rec.hand_out(thread, tag, class, size);
+                    if let Some(record) = bins.then(|| slot.pop(class, class_bytes)).flatten() {
+                        record.hand_out(thread, tag, class, size);
                         inner.count_alloc(slot, class_bytes, size, true);
                         slot.leave();
                         // SAFETY: a record on a bin holds its block's non-null address.
-                        let addr = unsafe { rec.addr() };
+                        let addr = unsafe { record.addr() };
                         taken = Some(Taken {
                             record,
                             addr,
@@ -553,7 +550,6 @@ impl PoolInner {
             taken.addr,
             size,
             taken.record,
-            thread,
             class,
             zeroed,
         ))
@@ -571,7 +567,7 @@ impl PoolInner {
         zeroed: bool,
         thread: u32,
         tag: u32,
-    ) -> Result<Taken, PoolError> {
+    ) -> Result<Taken<'_>, PoolError> {
         self.mark_drawn(class);
         let taken = match self.pop_list(class) {
             Some(taken) => taken,
@@ -581,13 +577,11 @@ impl PoolInner {
             Entry::Closed => {
                 // Only a buffer's `alloc_sibling` allocates without a handle; the pool
                 // closed meanwhile, and its lists are drained for good: release the block.
-                self.release(taken.record, class);
+                self.release(taken.record.index, class);
                 Err(PoolError::Closed)
             }
             Entry::Open { .. } => {
-                self.blocks
-                    .record(taken.record)
-                    .hand_out(thread, tag, class, size);
+                taken.record.hand_out(thread, tag, class, size);
                 self.count_alloc(slot, class_bytes, size, false);
                 slot.leave();
                 Ok(taken)
@@ -599,45 +593,45 @@ impl PoolInner {
     #[inline(always)]
     fn count_alloc(&self, slot: &Slot, class_bytes: usize, requested: usize, hit: bool) {
         let c = &slot.counters;
-        bump(&c.allocations, 1);
+        bump(if hit { &c.hits } else { &c.misses }, 1);
         bump(&c.allocated_bytes, class_bytes as u64);
         bump(&c.allocated_requested, requested as u64);
-        if hit {
-            bump(&c.hits, 1);
-        }
         if self.config.exact_peaks {
             self.counters
                 .exact_alloc(class_bytes as u64, requested as u64);
         }
     }
 
-    /// Gives a buffer's block back (its `Drop`). Returns whether the caller must free the
-    /// pool: the pool was closed and this was its last live block.
+    /// Gives a buffer's block back (its `Drop`). Returns whether the pool was closed: the
+    /// block then went back to the system, and the caller must count the buffer out with
+    /// [`lifetime::count_out`] once no reference into the pool is left (this call's frame
+    /// included), since the pool may be freed from then on.
     #[inline]
-    pub(super) fn free(&self, record: u32, class: usize, allocator: u32, requested: usize) -> bool {
+    pub(super) fn free(&self, record: &Record, class: usize, requested: usize) -> bool {
         let class_bytes = class::class_size(class);
-        let rec = self.blocks.record(record);
-        rec.take_back();
+        let allocator = record.take_back();
         let Some((slot, thread)) = self.my_slot() else {
-            return self.free_slotless(record, class, requested);
+            return self.free_slotless(record.index, class, requested);
         };
         match slot.enter(&self.closed) {
-            Entry::Closed => lifetime::free_after_close(self, record, class),
+            Entry::Closed => {
+                lifetime::release_after_close(self, record.index, class);
+                true
+            }
             Entry::Open { bins } => {
                 let config = &self.config;
                 let cached = bins
                     && allocator == thread
-                    && config.caches(class_bytes)
+                    && class < self.cached_classes
                     && slot.push(
                         class,
                         class_bytes,
                         record,
-                        rec,
                         config.thread_cache_blocks_per_class,
                         config.thread_cache_bytes,
                     );
                 if !cached {
-                    self.lists[class].push_chain(record + 1, &rec.next);
+                    self.lists[class].push_chain(record.index + 1, &record.next);
                 }
                 let c = &slot.counters;
                 bump(&c.frees, 1);
@@ -685,9 +679,7 @@ impl PoolInner {
             .pop_list(class)
             .map_or_else(|| self.system_alloc(class, class_bytes, size, zeroed), Ok);
         if let Ok(taken) = &taken {
-            self.blocks
-                .record(taken.record)
-                .hand_out(SLOTLESS, tag, class, size);
+            taken.record.hand_out(SLOTLESS, tag, class, size);
             self.slotless.count(class_bytes, size, true);
         }
         self.slotless_busy.fetch_sub(1, Ordering::Release);
@@ -701,7 +693,6 @@ impl PoolInner {
             taken.addr,
             size,
             taken.record,
-            SLOTLESS,
             class,
             zeroed,
         ))
@@ -711,7 +702,8 @@ impl PoolInner {
     #[cold]
     fn free_slotless(&self, record: u32, class: usize, requested: usize) -> bool {
         if !self.enter_slotless() {
-            return lifetime::free_after_close(self, record, class);
+            lifetime::release_after_close(self, record, class);
+            return true;
         }
         self.push_list(class, record);
         self.slotless
@@ -722,11 +714,12 @@ impl PoolInner {
 
     /// Pops a block from the shared list of `class`.
     #[inline]
-    fn pop_list(&self, class: usize) -> Option<Taken> {
-        let record = self.lists[class].pop(|i| &self.blocks.record(i).next)?;
+    fn pop_list(&self, class: usize) -> Option<Taken<'_>> {
+        let index = self.lists[class].pop(|i| &self.blocks.record(i).next)?;
+        let record = self.blocks.record(index);
         // SAFETY: a listed record holds its block's non-null address (written before the
         // Release push that our Acquire pop synchronises with).
-        let addr = unsafe { self.blocks.record(record).addr() };
+        let addr = unsafe { record.addr() };
         Some(Taken {
             record,
             addr,
@@ -748,7 +741,7 @@ impl PoolInner {
         class_bytes: usize,
         size: usize,
         zeroed: bool,
-    ) -> Result<Taken, PoolError> {
+    ) -> Result<Taken<'_>, PoolError> {
         let mut released = None;
         if !self.reserve(class_bytes as u64) {
             // Release every cached block, other threads' caches included, and try once more.
@@ -793,7 +786,8 @@ impl PoolInner {
                 return Err(error);
             }
         };
-        self.blocks.record(record).set_block(addr, class);
+        let record = self.blocks.record(record);
+        record.set_block(addr, class);
         let config = &self.config;
         if (config.huge_pages || config.prefault) && class_bytes >= config.advise_min_block {
             advise::advise(
@@ -920,7 +914,7 @@ impl PoolInner {
     fn release_cached(&self) -> u64 {
         let mut released = 0;
         self.for_each_slot(|slot| {
-            released += slot.drain(|class, record| self.release(record, class), &self.blocks);
+            released += slot.drain(|class, record| self.release(record.index, class));
         });
         (0..class::CLASSES)
             .map(|c| self.release_list(c))
@@ -998,9 +992,13 @@ impl PoolInner {
         // A thread's cache is idle if the thread made no operation since the last round.
         self.for_each_slot(|slot| {
             let c = &slot.counters;
-            let operations = c.operations.load(Ordering::Relaxed);
-            if c.seen_operations.swap(operations, Ordering::Relaxed) == operations {
-                released += slot.drain(|class, record| self.release(record, class), &self.blocks);
+            let operations = slot.operations();
+            // (A slot with nothing cached is skipped: draining it would cost a heavy fence
+            // for nothing.)
+            if c.seen_operations.swap(operations, Ordering::Relaxed) == operations
+                && slot.binned() > 0
+            {
+                released += slot.drain(|class, record| self.release(record.index, class));
             }
         });
         self.trace(PoolEventKind::Trim, released, 0);
@@ -1029,11 +1027,14 @@ impl PoolInner {
         let mut s = PoolStats::default();
         let mut freed_requested = 0u64;
         let mut allocated_requested = 0u64;
+        let mut misses = 0u64;
         self.for_each_slot(|slot| {
             let c = &slot.counters;
-            s.allocations += c.allocations.load(Ordering::Relaxed);
-            s.frees += c.frees.load(Ordering::Relaxed);
+            // Each counter read once, so that hits and misses add up to the allocations
+            // however the owner moves on meanwhile.
+            misses += c.misses.load(Ordering::Relaxed);
             s.cache_hits += c.hits.load(Ordering::Relaxed);
+            s.frees += c.frees.load(Ordering::Relaxed);
             s.allocated_bytes_total += c.allocated_bytes.load(Ordering::Relaxed);
             s.freed_bytes_total += c.freed_bytes.load(Ordering::Relaxed);
             allocated_requested += c.allocated_requested.load(Ordering::Relaxed);
@@ -1041,7 +1042,8 @@ impl PoolInner {
             s.cached_in_threads_bytes += slot.binned();
         });
         let o = &self.slotless;
-        s.allocations += o.allocations.load(Ordering::Relaxed);
+        s.cache_misses = misses + o.allocations.load(Ordering::Relaxed);
+        s.allocations = s.cache_hits + s.cache_misses;
         s.frees += o.frees.load(Ordering::Relaxed);
         s.allocated_bytes_total += o.allocated_bytes.load(Ordering::Relaxed);
         s.freed_bytes_total += o.freed_bytes.load(Ordering::Relaxed);
@@ -1051,7 +1053,6 @@ impl PoolInner {
         s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
         s.requested_bytes = allocated_requested.saturating_sub(freed_requested);
         s.in_use_blocks = s.allocations.saturating_sub(s.frees);
-        s.cache_misses = s.allocations - s.cache_hits;
         s.reserved_bytes = c.reserved.load(Ordering::Relaxed);
         s.cached_bytes = s.reserved_bytes.saturating_sub(s.in_use_bytes);
         s.cached_in_threads_bytes = s.cached_in_threads_bytes.min(s.cached_bytes);
@@ -1085,8 +1086,9 @@ impl PoolInner {
     }
 }
 
-/// The thread of operations made by a thread without a slot (it matches no slot).
-const SLOTLESS: u32 = u32::MAX;
+/// The thread of operations made by a thread without a slot (it matches no slot; one less
+/// than `u32::MAX`, so that a record's `holder`, the thread plus one, does not wrap).
+const SLOTLESS: u32 = u32::MAX - 1;
 
 /// The counters of operations made by threads without a slot (shared: read-modify-writes).
 #[derive(Default)]

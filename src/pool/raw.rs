@@ -2,7 +2,7 @@
 //! caller gets a pointer and later gives back the pointer and the same layout, nothing else.
 //!
 //! A block allocated this way holds a header, just before the caller's pointer, that records
-//! what a [`PoolBuffer`] would hold (record, class, allocating thread, length). The pointer is
+//! what a [`PoolBuffer`] would hold (the pool, the block's record, class and length). The pointer is
 //! the first address with the layout's alignment that leaves room for the header before it.
 //! Giving it back reads the header at `ptr - HEADER`: O(1), no lock, no lookup table.
 

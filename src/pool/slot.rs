@@ -1,5 +1,5 @@
-//! Per-thread slots: in every pool a thread uses, the thread's *thread index* (the arena's
-//! small, reused per-thread number) names one slot, found with one table lookup. A slot holds
+//! Per-thread slots: in every pool a thread uses, the thread's *thread index* (a small
+//! number, reused after the thread exits) names one slot, found with one table lookup. A slot holds
 //! the thread's cache of blocks (a *bin* per small class: blocks this thread allocated and
 //! freed again) and its counters.
 //!
@@ -8,56 +8,73 @@
 //! Its *owner* (the thread with its index) reads and writes it, with plain (relaxed) atomic
 //! accesses, inside an operation bracketed by [`Slot::enter`] and [`Slot::leave`]. Other
 //! threads *drain* it (trim, budget pressure, the pool's close) without waiting for the owner
-//! to come back: a Dekker handshake between the owner's `busy` flag and the drainer's `drain`
-//! flag, each side storing its own flag, fencing, then loading the other's. The owner's fence
+//! to come back: a Dekker handshake between the owner's operation sequence (odd while it is
+//! busy) and the drainer's `drain` flag, each side storing its own, fencing, then loading
+//! the other's. The owner's fence
 //! is [`asymmetric::light`] (free on Linux) and the drainer's [`asymmetric::heavy`] (a
 //! `membarrier`), since owners run millions of operations for every drain. Afterwards either
-//! the drainer sees `busy` (and waits for that one operation to end) or the owner sees
+//! the drainer sees the owner busy (and waits for that one operation to end) or the owner sees
 //! `drain` (and leaves the bins alone while it is set).
 //!
 //! The counters are the owner's alone (single writer: a load and a store, no read-modify-
 //! write); readers sum them across slots. Closing the pool reads them for the last time once
 //! every owner is out of its operation (see `lifetime`).
 
-use super::blocks::{BlockTable, Record};
+use super::blocks::Record;
 use super::config::BIN_CLASSES;
-use crate::stack::{Link, NIL};
-use crate::sync::{asymmetric, yield_now, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{asymmetric, yield_now, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// One thread's slot in one pool.
 pub(super) struct Slot {
-    /// 1 while the owner runs an operation on the pool.
-    busy: AtomicU32,
+    /// The owner's operation sequence: odd while the owner runs an operation on the pool
+    /// (`enter` adds one, `leave` another). A drainer that saw it odd knows the operation
+    /// ended once it changes; the idle policy reads it as the number of operations so far.
+    seq: AtomicU64,
     /// Set (by compare-exchange) by a thread draining the bins; the owner leaves the bins
     /// alone while it is set.
     drain: AtomicU32,
-    /// Bins by class: `count << 32 | link` of a stack of block records, linked through their
-    /// `next`. Invariant: read or written only by the owner inside an operation that found
-    /// `drain` clear, or by the drainer that holds `drain` once the owner is out.
-    bins: [AtomicU64; BIN_CLASSES],
+    /// Bins by class: stacks of block records linked through `bin_next`. Invariant: read or
+    /// written only by the owner inside an operation that found `drain` clear, or by the
+    /// drainer that holds `drain` once the owner is out.
+    bins: [Bin; BIN_CLASSES],
     /// Bytes in the bins (same rule as `bins`).
     binned: AtomicU64,
     /// The owner's counters.
     pub(super) counters: SlotCounters,
 }
 
+/// One class's stack of cached blocks.
+struct Bin {
+    /// The top record (null: empty).
+    head: AtomicPtr<Record>,
+    /// Records on the stack.
+    count: AtomicU32,
+}
+
 /// What one thread counted in one pool: each written by the slot's owner only.
 #[derive(Default)]
 pub(super) struct SlotCounters {
-    /// Blocks handed out by this thread, and bytes (class sizes) and requested bytes of them.
-    pub(super) allocations: AtomicU64,
+    /// Blocks handed out by this thread from the shared lists or the system (the rest came
+    /// from its bins: `allocations = misses + hits`).
+    pub(super) misses: AtomicU64,
+    /// Blocks handed out by this thread from its bins.
+    pub(super) hits: AtomicU64,
+    /// Bytes (class sizes) and requested bytes of the blocks this thread handed out.
     pub(super) allocated_bytes: AtomicU64,
     pub(super) allocated_requested: AtomicU64,
     /// Blocks this thread gave back (whoever allocated them), and their bytes.
     pub(super) frees: AtomicU64,
     pub(super) freed_bytes: AtomicU64,
     pub(super) freed_requested: AtomicU64,
-    /// Allocations served by this thread's bins.
-    pub(super) hits: AtomicU64,
-    /// Operations so far (for the idle policy).
-    pub(super) operations: AtomicU64,
-    /// `operations` when the idle policy last looked.
+    /// The slot's operation count when the idle policy last looked.
     pub(super) seen_operations: AtomicU64,
+}
+
+impl SlotCounters {
+    /// Blocks handed out by this thread.
+    pub(super) fn allocations(&self, order: Ordering) -> u64 {
+        self.misses.load(order).wrapping_add(self.hits.load(order))
+    }
 }
 
 /// Adds `delta` to a counter only the calling thread writes.
@@ -81,9 +98,12 @@ pub(super) enum Entry {
 impl Slot {
     pub(super) fn new() -> Self {
         Self {
-            busy: AtomicU32::new(0),
+            seq: AtomicU64::new(0),
             drain: AtomicU32::new(0),
-            bins: std::array::from_fn(|_| AtomicU64::new(0)),
+            bins: std::array::from_fn(|_| Bin {
+                head: AtomicPtr::new(std::ptr::null_mut()),
+                count: AtomicU32::new(0),
+            }),
             binned: AtomicU64::new(0),
             counters: SlotCounters::default(),
         }
@@ -92,14 +112,15 @@ impl Slot {
     /// Starts an operation of the owner.
     #[inline(always)]
     pub(super) fn enter(&self, closed: &AtomicBool) -> Entry {
-        self.busy.store(1, Ordering::Relaxed);
-        // Numbered before the fence, so a drainer that sees this operation busy also sees its
-        // number, and knows it ended once the number moves on (see `wait_out`).
-        let operations = &self.counters.operations;
-        operations.store(operations.load(Ordering::Relaxed) + 1, Ordering::Release);
+        let seq = self.seq.load(Ordering::Relaxed);
+        debug_assert!(seq % 2 == 0, "operations of one owner do not nest");
+        // `Release`: a drainer that reads this value (odd) and later sees it move on must
+        // also see the effects of the operations before it (a later store of this thread
+        // does not continue the release sequence of `leave`'s store).
+        self.seq.store(seq + 1, Ordering::Release);
         asymmetric::light();
         if closed.load(Ordering::Acquire) {
-            self.busy.store(0, Ordering::Release);
+            self.seq.store(seq + 2, Ordering::Release);
             return Entry::Closed;
         }
         Entry::Open {
@@ -108,60 +129,57 @@ impl Slot {
     }
 
     /// Ends an operation of the owner: everything it did is visible to a drainer or closer
-    /// that then sees the slot idle.
+    /// that then sees the sequence move on.
     #[inline(always)]
     pub(super) fn leave(&self) {
-        self.busy.store(0, Ordering::Release);
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq + 1, Ordering::Release);
     }
 
-    /// Pops a cached block of `class` (owner, inside an operation with bins usable): its
-    /// record's index and the record.
+    /// Operations the owner started so far (for the idle policy).
+    pub(super) fn operations(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed).div_ceil(2)
+    }
+
+    /// Pops a cached block of `class` (owner, inside an operation with bins usable).
     #[inline(always)]
-    pub(super) fn pop<'b>(
-        &self,
-        class: usize,
-        class_bytes: usize,
-        blocks: &'b BlockTable,
-    ) -> Option<(u32, &'b Record)> {
+    pub(super) fn pop(&self, class: usize, class_bytes: usize) -> Option<&Record> {
         let bin = &self.bins[class];
-        let head = bin.load(Ordering::Relaxed);
-        let link = head as Link;
-        if link == NIL {
-            return None;
-        }
-        let record = blocks.record(link - 1);
-        let next = record.next.load(Ordering::Relaxed);
-        bin.store(
-            ((head >> 32) - 1) << 32 | u64::from(next),
-            Ordering::Relaxed,
-        );
+        let head = bin.head.load(Ordering::Relaxed);
+        // SAFETY: a bin holds pointers to records of this pool's block table, which are never
+        // freed while the pool lives (and the caller keeps it alive).
+        let record = unsafe { head.as_ref() }?;
+        bin.head
+            .store(record.bin_next.load(Ordering::Relaxed), Ordering::Relaxed);
+        bin.count
+            .store(bin.count.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
         bump(&self.binned, (class_bytes as u64).wrapping_neg());
-        Some((link - 1, record))
+        Some(record)
     }
 
-    /// Caches block `index` (its record `record`) in the bin of `class` if it fits
-    /// `max_blocks` and `max_bytes` (owner, inside an operation with bins usable); whether it
-    /// did.
+    /// Caches `record`'s block in the bin of `class` if it fits `max_blocks` and `max_bytes`
+    /// (owner, inside an operation with bins usable); whether it did.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)] // the free path's locals, passed on as they are
     pub(super) fn push(
         &self,
         class: usize,
         class_bytes: usize,
-        index: u32,
         record: &Record,
         max_blocks: usize,
         max_bytes: usize,
     ) -> bool {
         let bin = &self.bins[class];
-        let head = bin.load(Ordering::Relaxed);
-        let count = head >> 32;
+        let count = bin.count.load(Ordering::Relaxed);
         let binned = self.binned.load(Ordering::Relaxed);
-        if count >= max_blocks as u64 || binned + class_bytes as u64 > max_bytes as u64 {
+        if count as usize >= max_blocks || binned + class_bytes as u64 > max_bytes as u64 {
             return false;
         }
-        record.next.store(head as Link, Ordering::Relaxed);
-        bin.store((count + 1) << 32 | u64::from(index + 1), Ordering::Relaxed);
+        record
+            .bin_next
+            .store(bin.head.load(Ordering::Relaxed), Ordering::Relaxed);
+        bin.head
+            .store(std::ptr::from_ref(record).cast_mut(), Ordering::Relaxed);
+        bin.count.store(count + 1, Ordering::Relaxed);
         self.binned
             .store(binned + class_bytes as u64, Ordering::Relaxed);
         true
@@ -171,7 +189,7 @@ impl Slot {
     /// calls `each(class, record)` for each and returns the bytes taken. Waits only for an
     /// operation the owner is running right now; returns 0 if another drain is under way
     /// (that one takes the blocks).
-    pub(super) fn drain(&self, mut each: impl FnMut(usize, u32), blocks: &BlockTable) -> u64 {
+    pub(super) fn drain(&self, mut each: impl FnMut(usize, &Record)) -> u64 {
         if self
             .drain
             .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
@@ -185,11 +203,12 @@ impl Slot {
         // the bins are ours.
         let taken = self.binned.load(Ordering::Relaxed);
         for (class, bin) in self.bins.iter().enumerate() {
-            let mut link = bin.swap(0, Ordering::Relaxed) as Link;
-            while link != NIL {
-                let next = blocks.record(link - 1).next.load(Ordering::Relaxed);
-                each(class, link - 1);
-                link = next;
+            let mut head = bin.head.swap(std::ptr::null_mut(), Ordering::Relaxed);
+            bin.count.store(0, Ordering::Relaxed);
+            // SAFETY: as in `pop`: bin entries are records of the live pool's table.
+            while let Some(record) = unsafe { head.as_ref() } {
+                head = record.bin_next.load(Ordering::Relaxed);
+                each(class, record);
             }
         }
         self.binned.store(0, Ordering::Relaxed);
@@ -199,16 +218,15 @@ impl Slot {
 
     /// After a heavy fence that followed the caller's store of its flag (`drain`, or the
     /// pool's `closed`): waits until the owner is out of the operation it was in at the
-    /// fence, if any. Later operations see the flag, so they need no waiting: the owner's
-    /// operation number moving on means the one in flight has ended (and its effects are
-    /// visible: the number is stored with `Release` after the previous `leave`).
+    /// fence, if any. Later operations see the flag, so they need no waiting: the sequence
+    /// moving on means the one in flight has ended (and its effects are visible: `leave`
+    /// stores it with `Release`).
     pub(super) fn wait_out(&self) {
-        let operations = &self.counters.operations;
-        let in_flight = operations.load(Ordering::Acquire);
-        while self.busy.load(Ordering::Acquire) != 0
-            && operations.load(Ordering::Acquire) == in_flight
-        {
-            yield_now(); // the owner is inside one short operation
+        let in_flight = self.seq.load(Ordering::Acquire);
+        if in_flight % 2 == 1 {
+            while self.seq.load(Ordering::Acquire) == in_flight {
+                yield_now(); // the owner is inside one short operation
+            }
         }
     }
 

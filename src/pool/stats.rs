@@ -198,7 +198,8 @@ pub struct BlockInfo {
     /// Bytes of the block (its class).
     pub block_bytes: usize,
     /// The thread index of the allocating thread (small numbers, reused after a thread
-    /// exits).
+    /// exits; `u32::MAX - 1` for a thread without one: its thread-locals were being
+    /// destroyed).
     pub thread: u32,
     /// The tag current on that thread when it allocated the block.
     pub tag: Option<MemoryTag>,

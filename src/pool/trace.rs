@@ -54,7 +54,8 @@ pub struct PoolEvent {
     pub bytes: u64,
     /// The size class index (0 for `Trim` and `Mark`).
     pub class: u32,
-    /// The thread index of the thread that caused the event.
+    /// The thread index of the thread that caused the event (`u32::MAX - 1` for a thread
+    /// without one: its thread-locals were being destroyed).
     pub thread: u32,
     /// The memory tag current on that thread.
     pub tag: Option<MemoryTag>,
@@ -84,7 +85,9 @@ impl Trace {
             started: Instant::now(),
             capacity,
             ring: Mutex::new(Ring {
-                events: VecDeque::with_capacity(capacity.min(1 << 16)),
+                // All of it now: a ring that grew while recording would allocate inside a
+                // pool operation (and re-enter the pool, when the pool is the global one).
+                events: VecDeque::with_capacity(capacity),
                 in_use: 0,
                 reserved: 0,
             }),
