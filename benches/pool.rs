@@ -39,6 +39,22 @@ fn floor(c: &mut Criterion) {
         );
     }
     group.finish();
+    let mut group = c.benchmark_group("alloc_fill_free");
+    group.sample_size(10);
+    for size in FILL_SIZES {
+        let mut resident = vec![0u8; size];
+        group.bench_with_input(
+            BenchmarkId::new("floor_resident", size),
+            &size,
+            |b, &size| {
+                b.iter(|| {
+                    // SAFETY (bench): `size` bytes of `resident` are ours.
+                    unsafe { black_box(resident.as_mut_ptr()).write_bytes(1, size) }
+                })
+            },
+        );
+    }
+    group.finish();
     let sizes = step_sizes();
     let mut resident: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
     let mut group = c.benchmark_group("training_step_trace");
@@ -144,6 +160,8 @@ fn main() {
     bump_no_touch(&mut c);
     with_touch(&mut c, &pool);
     with_touch(&mut c, &glibc);
+    with_fill(&mut c, &pool);
+    with_fill(&mut c, &glibc);
     floor(&mut c);
     training_trace(&mut c, &pool);
     training_trace(&mut c, &glibc);

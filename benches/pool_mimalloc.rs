@@ -17,6 +17,7 @@ fn main() {
         .configure_from_args();
     no_touch(&mut c, &mimalloc);
     with_touch(&mut c, &mimalloc);
+    with_fill(&mut c, &mimalloc);
     training_trace(&mut c, &mimalloc);
     c.final_summary();
     fault_table(&mimalloc);

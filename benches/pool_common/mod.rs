@@ -91,6 +91,28 @@ pub fn with_touch<S: Source>(c: &mut Criterion, source: &S) {
     group.finish();
 }
 
+/// Large buffers written in full (every byte, as a kernel writing its output does): where
+/// huge pages pay off. `with_touch` writes one byte per page at the same offset in every
+/// page, which on huge pages (physically contiguous) falls into a few cache sets.
+pub const FILL_SIZES: [usize; 2] = [16 * MIB, 64 * MIB];
+
+pub fn with_fill<S: Source>(c: &mut Criterion, source: &S) {
+    let mut group = c.benchmark_group("alloc_fill_free");
+    group.sample_size(10);
+    for size in FILL_SIZES {
+        group.bench_with_input(BenchmarkId::new(source.name(), size), &size, |b, &size| {
+            b.iter(|| {
+                let mut buf = source.get(size);
+                // SAFETY (bench): `size` bytes of the buffer are ours.
+                unsafe { S::ptr(&mut buf).write_bytes(1, size) };
+                black_box(S::ptr(&mut buf));
+                drop(buf);
+            })
+        });
+    }
+    group.finish();
+}
+
 /// One step of the trace: allocate and touch every buffer, free them on another thread.
 pub fn run_step<S: Source>(source: &S, sizes: &[usize], to_freer: &mpsc::SyncSender<Vec<S::Buf>>) {
     let mut bufs = Vec::with_capacity(sizes.len());
