@@ -305,7 +305,7 @@ fn churn_table(rounds: usize) {
 }
 
 fn shared_read_table(passes: usize) {
-    println!("shared-key reads, aggregate M reads/s ({KEYS} keys inserted up front, every thread reads all of them, {passes} passes)");
+    println!("shared-key reads, aggregate M reads/s ({KEYS} keys inserted up front, every thread reads all of them, {passes} passes; 10 times as many with a pin per pass)");
     println!("| threads | ferropool, pin per get | ferropool, pin per pass | concurrent-slotmap, pin per get | sharded-slab | RwLock<Slab> |");
     println!("|---|---|---|---|---|---|");
     let arena = SlotArena::new();
@@ -337,8 +337,10 @@ fn shared_read_table(passes: usize) {
                     }
                 })
             }),
-            mops(reads, || {
-                run_threads(threads, passes as u64, &|_, n| {
+            // Ten times the passes: a pass costs about a microsecond here, and a run must
+            // last long enough that thread start-up does not count.
+            mops(reads * 10, || {
+                run_threads(threads, 10 * passes as u64, &|_, n| {
                     for _ in 0..n {
                         let guard = arena.pin();
                         for &key in &ours_keys {
@@ -482,7 +484,7 @@ fn cross_thread_table(batches: usize) {
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
-    churn_table(100);
-    shared_read_table(1000);
+    churn_table(500);
+    shared_read_table(2000);
     cross_thread_table(2000);
 }

@@ -79,7 +79,9 @@ pub struct ArenaConfig {
     /// Slots in the first page; each later page doubles. A power of two in `1..=65536`.
     pub first_page_len: u32,
     /// Removed slots handed to the epoch collector per deferred call, in `1..=4096`.
-    /// Larger batches amortise the deferral; smaller ones recycle slots sooner.
+    /// Default 256. Larger batches amortise the deferral (each one pushes a bag onto the
+    /// collector's global queue, which every thread of the collector shares); smaller ones
+    /// recycle slots sooner.
     pub removal_batch: u32,
     /// The epoch collector that protects readers. `None` uses crossbeam-epoch's global one.
     pub collector: Option<Collector>,
@@ -89,7 +91,7 @@ impl Default for ArenaConfig {
     fn default() -> Self {
         Self {
             first_page_len: 64,
-            removal_batch: 64,
+            removal_batch: 256,
             collector: None,
         }
     }
@@ -578,9 +580,16 @@ impl<T: Send + 'static> SlotArena<T> {
         let arena = &self.arena;
         let shards = arena.shards.len();
         let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
-        let recycled = recycle::recycling(|| {
-            // Batches of this shard, then of the others, recycled onto this shard's list.
+        recycle::recycling(|| {
+            // This shard's own batches first: its slots stay on its threads' cache lines.
             self.recycle_ready(shard, shard, panics);
+            if arena.shards[shard].free.is_empty() && self.ready.has_pending(shard) {
+                // Some are in transit: let the collector move what has passed its grace
+                // period (no user code runs there), and recycle that.
+                self.pin().flush();
+                self.recycle_ready(shard, shard, panics);
+            }
+            // Then other shards' batches (a thread that only removes leaves them there).
             if arena.shards[shard].free.is_empty() {
                 for from in others() {
                     if self.recycle_ready(from, shard, panics) {
@@ -594,17 +603,6 @@ impl<T: Send + 'static> SlotArena<T> {
         }
         if let Some(index) = others().find_map(|from| arena.pop_free(from)) {
             return Ok(index);
-        }
-        if recycled && self.ready.has_pending(shard) {
-            // Batches of this shard are in transit: let the collector move what has passed
-            // its grace period (no user code runs there), and recycle it.
-            self.pin().flush();
-            recycle::recycling(|| {
-                self.recycle_ready(shard, shard, panics);
-            });
-            if let Some(index) = arena.pop_free(shard) {
-                return Ok(index);
-            }
         }
         arena.claim_fresh(shard)
     }

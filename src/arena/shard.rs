@@ -26,7 +26,8 @@ impl Shard {
     }
 }
 
-/// Shards per arena: the machine's parallelism rounded up to a power of two, at most 64.
+/// Shards per arena: four times the machine's parallelism rounded up to a power of two, at
+/// most 64, so that more threads than cores still mostly work on shards of their own.
 /// Two under loom, so that models cover both a thread's own shard and stealing.
 pub(super) fn shard_count() -> usize {
     if cfg!(loom) {
@@ -36,8 +37,7 @@ pub(super) fn shard_count() -> usize {
     {
         static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         *COUNT.get_or_init(|| {
-            std::thread::available_parallelism()
-                .map_or(1, usize::from)
+            (std::thread::available_parallelism().map_or(1, usize::from) * 4)
                 .next_power_of_two()
                 .min(64)
         })
