@@ -73,10 +73,37 @@ fn main() {
         // SAFETY: from `alloc_zeroed` with this layout.
         unsafe { ALLOCATOR.dealloc(p, layout) };
     }
+    trace_of_the_global_pool(pool);
     println!(
         "global_allocator: ok ({} allocations served by the pool)",
         after.allocations
     );
+}
+
+/// The global pool traced, and its trace read: reading it allocates (through this very
+/// pool), which must not happen under the trace's own lock. A deadlock fails the check
+/// after ten seconds instead of hanging the run.
+fn trace_of_the_global_pool(pool: &'static BufferPool) {
+    assert!(pool.enable_trace(8192));
+    let mut held = Vec::new();
+    for _ in 0..3000 {
+        held.push(vec![1u8; 100 << 10]); // through the pool, each one traced
+        if held.len() > 8 {
+            held.remove(0);
+        }
+    }
+    drop(held);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let events = pool.trace_events();
+        let json = pool.trace_json();
+        done.send((events.len(), json.len())).unwrap();
+    });
+    let (events, json) = finished
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("reading the global pool's trace deadlocked");
+    assert!(events > 4096, "the ring kept the events: {events}");
+    assert!(json > events * 100);
 }
 
 /// Each of 8 threads: vectors of mixed sizes grown by pushes (so reallocated across the

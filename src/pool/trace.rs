@@ -126,8 +126,13 @@ impl Trace {
     }
 
     pub(super) fn events(&self) -> Vec<PoolEvent> {
+        // Allocated before the lock is taken, for the whole ring: nothing allocates under
+        // the lock (when this pool serves the global allocator, that allocation would
+        // record itself in this very ring, and deadlock).
+        let mut events = Vec::with_capacity(self.capacity);
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        ring.events.iter().copied().collect()
+        events.extend(ring.events.iter().copied());
+        events
     }
 }
 

@@ -35,7 +35,7 @@ pub struct Args {
     /// Seed of the data and the initial weights.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// Run the same training on the pool, on Vec<f32> with glibc, and on Vec<f32> with
+    /// Run the same training on the pool, on `Vec<f32>` with glibc, and on `Vec<f32>` with
     /// mimalloc (each in a child process), and compare.
     #[arg(long)]
     pub compare: bool,

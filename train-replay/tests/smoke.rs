@@ -1,0 +1,56 @@
+//! The main job end to end, small: a short training on the pool with the trace and the plot
+//! written, and the three-way comparison. (A trace read through the pool that serves the
+//! global allocator once deadlocked here.)
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_train-replay"))
+        .args([
+            "--steps", "6", "--batch", "32", "--hidden", "64", "--layers", "4",
+        ])
+        .args(args)
+        .output()
+        .expect("the main job runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?} failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn trains_on_the_pool_and_writes_the_trace_and_the_plot() {
+    let dir = std::env::temp_dir().join(format!("train-replay-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (trace, plot) = (dir.join("trace.json"), dir.join("timeline.svg"));
+    let text = run(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert!(text.contains("peak live bytes"), "{text}");
+    assert!(text.contains("(falling)"), "the loss falls: {text}");
+    let json = std::fs::read_to_string(&trace).unwrap();
+    assert!(json.starts_with('{') && json.contains("traceEvents"));
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.contains("<svg"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn compares_the_pool_with_glibc_and_mimalloc() {
+    let text = run(&["--compare"]);
+    for column in [
+        "ferropool",
+        "Vec<f32> glibc",
+        "Vec<f32> mimalloc",
+        "steps/s",
+        "peak RSS",
+    ] {
+        assert!(text.contains(column), "no {column:?} in:\n{text}");
+    }
+}
