@@ -1,33 +1,61 @@
 //! # ferropool
 //!
-//! The memory layer of a multithreaded CPU training runtime.
+//! The memory layer of a multithreaded CPU training runtime: where tensor bytes come from,
+//! who owns them, how many threads read saved tensors at once while a backward pass is
+//! replayed, and how all of it goes back without a leak, a double drop or a page fault.
 //!
-//! - [`SlotArena`]: a lock-free arena of generational slots. Readers pin an epoch and never
-//!   take a lock or write shared memory; removed values are reclaimed through crossbeam-epoch
-//!   only after every reader that could see them has unpinned. A stale key (removed, reused
-//!   or from another arena) yields a typed [`ArenaError`], never the wrong value.
+//! | layer | types | what it gives |
+//! |---|---|---|
+//! | buffers | [`BufferPool`], [`PoolBuffer`], [`PoolConfig`], [`PoolStats`], [`PoolAllocator`] | size-classed blocks, per-thread caches the pool can always take back, a byte budget, PyTorch-grade statistics, a snapshot of live blocks by [`MemoryTag`], a Perfetto trace; a `#[global_allocator]` front end |
+//! | tensors | [`Tensor`], [`TensorRead`], [`Layout`], [`DType`], [`Element`] | typed, strided views over pooled bytes; `f16`/`bf16` from [`half`]; caller-owned payloads ([`ExternalPayload`]) |
+//! | descriptors | [`SlotArena`], [`Key`], [`ArenaConfig`] | a lock-free arena of generational slots reclaimed with crossbeam-epoch |
+//! | groups | [`AllocationGroup`], [`DescriptorSlot`], [`TensorValue`] | one owner of buffers, many views; read-only while shared |
+//! | retention | [`RetainedValue`], [`RetentionContainer`], [`RetainedInputMap`] | handles that keep a group alive and read it from any thread without a lock |
+//! | checkpoints | [`CheckpointNode`] | chains of retained inputs, graphs and aliases |
 //!
 //! ```
-//! use ferropool::SlotArena;
-//! use std::sync::Arc;
+//! use ferropool::{AllocationGroup, BufferPool, RetainedValue, Tensor};
 //!
-//! let arena = Arc::new(SlotArena::new());
-//! let keys: Vec<_> = (0..4u64).map(|i| arena.insert(i * 10).unwrap()).collect();
-//! let readers: Vec<_> = (0..2)
+//! let pool = BufferPool::new();
+//! let x = Tensor::from_slice_in(&pool, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+//! let (group, slots) = AllocationGroup::from_tensors([x])?;
+//! let saved = RetainedValue::from_group(&group, slots[0])?;
+//! drop(group); // the retained handle keeps the bytes
+//! let readers: Vec<_> = (0..4)
 //!     .map(|_| {
-//!         let (arena, keys) = (Arc::clone(&arena), keys.clone());
-//!         std::thread::spawn(move || {
-//!             let guard = arena.pin();
-//!             keys.iter().map(|&k| *arena.get(k, &guard).unwrap()).sum::<u64>()
-//!         })
+//!         let saved = saved.clone();
+//!         std::thread::spawn(move || saved.tensor_read().unwrap().as_slice::<f32>().unwrap().iter().sum::<f32>())
 //!     })
 //!     .collect();
 //! for reader in readers {
-//!     assert_eq!(reader.join().unwrap(), 60);
+//!     assert_eq!(reader.join().unwrap(), 10.0);
 //! }
+//! drop(saved);
+//! assert_eq!(pool.stats().in_use_bytes, 0); // the buffer is back in the pool
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The architecture, its layers and invariants are described in `DESIGN.md`.
+//! ## Guarantees
+//!
+//! - Sound under any sequence of safe calls: sizes, counts, offsets and strides are checked
+//!   and fail with typed errors ([`Error`] and each layer's own).
+//! - User code may panic or re-enter: a value's `Drop` that panics, or that allocates from
+//!   the same pool or inserts into the same arena, leaves every structure consistent, and
+//!   every value is dropped exactly once.
+//! - Nothing is stranded: a pool's caches belong to the pool, and trimming, budget pressure
+//!   or the pool's close take them back from idle threads too; a pool's control block is
+//!   freed when its last handle and last buffer are gone.
+//! - The concurrent protocols are model-checked with loom, each model shown able to fail by
+//!   a planted bug; Miri, the sanitizers and a fuzzer run on demand.
+//!
+//! ## Features
+//!
+//! - `allocator-api2`: `Allocator` for [`BufferPool`], for collections under a pool's budget.
+//! - `ndarray`: [`TensorRead::to_ndarray`], a zero-copy `ArrayViewD` of any view.
+//! - `serde`: `Serialize`/`Deserialize` for the pool's configuration, statistics, snapshots
+//!   and trace events.
+//!
+//! The design, its layers, protocols and invariants: [`design`].
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, missing_debug_implementations)]
@@ -60,6 +88,12 @@ pub use retain::{RetainedInputMap, RetainedValue, RetentionContainer};
 pub use tensor::{
     DType, Element, ExternalPayload, Layout, RawView, Tensor, TensorError, TensorRead, UninitTensor,
 };
+
+pub mod design {
+    //! The design document (`DESIGN.md`): the layers, the protocols and the invariants,
+    //! each tested.
+    #![doc = include_str!("../DESIGN.md")]
+}
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

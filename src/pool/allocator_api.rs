@@ -12,8 +12,9 @@ use super::{BufferPool, PoolInner};
 /// Allocates blocks for collections from the pool: blocks are raw pool blocks whose header
 /// says where they belong, so `deallocate` finds the block from the pointer in O(1) without a
 /// lock. `&BufferPool` is an allocator too (`allocator-api2` implements it for references),
-/// and so is an owned handle (`Vec<T, BufferPool>` keeps its pool open). A refusal (the budget, the system, an alignment above 4096) is an [`AllocError`];
-/// the budget's refusals count in the pool's statistics.
+/// and so is an owned handle (`Vec<T, BufferPool>` keeps its pool open). A refusal (the
+/// budget, the system, an alignment above 4096) is an [`AllocError`]; the budget's
+/// refusals count in the pool's statistics.
 ///
 /// ```
 /// use allocator_api2::vec::Vec;

@@ -49,6 +49,7 @@ impl MemoryTag {
     pub fn enter(self) -> TagScope {
         TagScope {
             previous: crate::thread::set_tag(self.0.get()),
+            _not_send: std::marker::PhantomData,
         }
     }
 
@@ -75,11 +76,19 @@ impl fmt::Display for MemoryTag {
     }
 }
 
-/// The scope of an [entered](MemoryTag::enter) tag.
+/// The scope of an [entered](MemoryTag::enter) tag. It stays on the thread that entered it
+/// (it restores that thread's previous tag):
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// send(ferropool::MemoryTag::new("weights").enter());
+/// ```
 #[derive(Debug)]
 #[must_use = "the tag applies only while the scope lives"]
 pub struct TagScope {
     previous: u32,
+    /// Not `Send`: the scope restores the tag of the thread that entered it.
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for TagScope {
