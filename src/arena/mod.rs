@@ -26,79 +26,33 @@
 //! Dropping the arena drops every value it still holds, removed or not: no reader can hold
 //! one then, since readers borrow the arena.
 
+mod config;
 mod error;
 mod key;
 mod pin;
 mod recycle;
 mod shard;
 mod slot;
+mod table;
 mod trim;
 
+pub use config::ArenaConfig;
 pub use error::ArenaError;
 pub use key::Key;
 pub use slot::SlotPhase;
 
 use std::fmt;
-use std::num::NonZeroU64;
 
 use crossbeam_utils::CachePadded;
 
 use crate::identity::next_identity;
 use crate::paged::PagedTable;
-use crate::stack::{Link, NIL};
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
-use recycle::{Panics, PendingBatch, ReadyLists};
+use recycle::{Panics, ReadyLists};
 use shard::Shard;
-use slot::{Slot, EXHAUSTED, OCCUPIED, REMOVED, VACANT};
-
-/// Slot indices are `u32`; `u32::MAX` is reserved so that `index + 1` always fits a [`Link`].
-const MAX_SLOTS: u64 = u32::MAX as u64;
-
-/// Set in the frontier while a `trim` runs: no fresh slot can be claimed then.
-const FROZEN: u64 = 1 << 63;
-
-/// Fresh slots a shard claims at once (at most the first page's length, so that a chunk
-/// never straddles two pages). Chunks keep one thread's slots on cache lines of their own.
-const CHUNK: u32 = 64;
-
-/// Configuration of a [`SlotArena`].
-///
-/// ```
-/// use ferropool::{ArenaConfig, SlotArena};
-/// let arena: SlotArena<u64> = SlotArena::with_config(ArenaConfig {
-///     first_page_len: 4,
-///     removal_batch: 8,
-///     ..ArenaConfig::default()
-/// })?;
-/// assert_eq!(arena.capacity(), 0); // pages are allocated on the first insert
-/// # Ok::<(), ferropool::ArenaError>(())
-/// ```
-#[derive(Clone, Debug)]
-pub struct ArenaConfig {
-    /// Slots in the first page; each later page doubles. A power of two in `1..=65536`.
-    pub first_page_len: u32,
-    /// Removed slots handed to the epoch collector per deferred call, in `1..=4096`.
-    /// Default 64. Larger batches amortise the deferral (each one pushes a bag onto the
-    /// collector's global queue, which every thread of the collector shares: 256 made a
-    /// two-thread churn about 20% faster); smaller ones recycle slots, and drop removed
-    /// values, sooner. A removed value waits in its thread's batch until the batch is full
-    /// (or [`SlotArena::flush`] takes it), so values that own much memory call for small
-    /// batches.
-    pub removal_batch: u32,
-    /// The epoch collector that protects readers. `None` uses crossbeam-epoch's global one.
-    pub collector: Option<Collector>,
-}
-
-impl Default for ArenaConfig {
-    fn default() -> Self {
-        Self {
-            first_page_len: 64,
-            removal_batch: 64,
-            collector: None,
-        }
-    }
-}
+use slot::{EXHAUSTED, OCCUPIED, REMOVED, VACANT};
+use table::{stale, Arena, CHUNK};
 
 /// A lock-free arena of generational slots whose removed values are reclaimed through
 /// crossbeam-epoch.
@@ -126,10 +80,10 @@ impl Default for ArenaConfig {
 /// ([`ArenaConfig::removal_batch`] removals on one shard) is full and has passed its grace
 /// period, by an [`insert`](Self::insert) that needs a slot, by [`flush`](Self::flush)
 /// (which also takes partial batches) or [`shrink`](Self::shrink), or when the arena drops;
-/// never inside the epoch collector. If
-/// such a `Drop` panics, the arena first finishes its work (every other value dropped once,
-/// every slot reusable), then resumes the panic from that call; an `insert` that resumes one
-/// drops the value it was given. A `Drop` may use the arena it is dropped from.
+/// never inside the epoch collector. If such a `Drop` panics, the arena first finishes its
+/// work (every other value dropped once, every slot reusable), then resumes the panic from
+/// that call; an `insert` that resumes one drops the value it was given. A `Drop` may use
+/// the arena it is dropped from.
 pub struct SlotArena<T: Send + 'static> {
     arena: Arena<T>,
     /// Ready lists, shared with the batches in transit through the collector.
@@ -140,43 +94,6 @@ pub struct SlotArena<T: Send + 'static> {
     /// thread-local handle).
     default_collector: bool,
 }
-
-/// Slots, links and lists: the arena less its collector.
-struct Arena<T> {
-    id: NonZeroU64,
-    removal_batch: u32,
-    /// Fresh slots claimed at once.
-    chunk: u32,
-    /// The slots.
-    ///
-    /// Invariant: a page is released only by `trim`, when every slot in it below the
-    /// frontier is on a free list `trim` took; its memory is freed after an epoch grace
-    /// period (or at once under exclusive access). So a slot reference obtained while
-    /// pinned, or through a slot one owns (popped, claimed, occupied by a live key, or in a
-    /// removal batch), never dangles.
-    slots: PagedTable<Slot<T>>,
-    /// The list link of every slot (`Link` of the next slot on whichever list it is on).
-    /// Never released while the arena lives, so a racing pop that reads the link of a slot
-    /// another thread just took reads allocated memory.
-    links: PagedTable<AtomicU32>,
-    /// The first generation of every slot of page `k` when the page is next allocated: the
-    /// generations a released page reached, so that keys from before a `trim` stay stale.
-    page_floor: Box<[AtomicU32]>,
-    /// Slot indices below this have been claimed at least once, plus [`FROZEN`] while a
-    /// `trim` runs. Claims advance it with an `AcqRel` compare-exchange when it is not
-    /// frozen, and `trim` unfreezes it with a `Release` store, so a claimer sees the page
-    /// floors `trim` wrote.
-    frontier: CachePadded<AtomicU64>,
-    /// The free lists and removal batches, by shard; the length is a power of two.
-    shards: Box<[Shard]>,
-}
-
-// SAFETY: `Arena` owns `T` values through raw page pointers. Sending it moves or drops them
-// on the receiving thread, which needs `T: Send`.
-unsafe impl<T: Send> Send for Arena<T> {}
-// SAFETY: through `&Arena`, threads obtain `&T` (needs `T: Sync`) and drop values removed by
-// other threads (needs `T: Send`). Every other access goes through atomics.
-unsafe impl<T: Send + Sync> Sync for Arena<T> {}
 
 impl<T: Send + 'static> SlotArena<T> {
     /// An empty arena with the default configuration, on the global epoch collector.
@@ -576,274 +493,6 @@ impl<T: Send + 'static> SlotArena<T> {
             _ => Err(ArenaError::ForeignGuard),
         }
     }
-
-    /// A vacant slot for `shard`, whose free list is empty: recycled, taken from another
-    /// shard, or fresh.
-    #[cold]
-    #[inline(never)]
-    fn refill(&self, shard: usize, panics: &mut Panics) -> Result<u32, ArenaError> {
-        let arena = &self.arena;
-        let shards = arena.shards.len();
-        let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
-        recycle::recycling(|| {
-            // This shard's own batches first: its slots stay on its threads' cache lines.
-            self.recycle_ready(shard, shard, panics);
-            if arena.shards[shard].free.is_empty() && self.ready.has_pending(shard) {
-                // Some are in transit: let the collector move what has passed its grace
-                // period (no user code runs there), and recycle that.
-                self.pin().flush();
-                self.recycle_ready(shard, shard, panics);
-            }
-            // Then other shards' batches (a thread that only removes leaves them there).
-            if arena.shards[shard].free.is_empty() {
-                for from in others() {
-                    if self.recycle_ready(from, shard, panics) {
-                        break;
-                    }
-                }
-            }
-        });
-        if let Some(index) = arena.pop_free(shard) {
-            return Ok(index);
-        }
-        if let Some(index) = others().find_map(|from| arena.pop_free(from)) {
-            return Ok(index);
-        }
-        arena.claim_fresh(shard)
-    }
-
-    /// Recycles the ready batches of shard `from` onto the free list of shard `to`. Returns
-    /// whether there were any.
-    fn recycle_ready(&self, from: usize, to: usize, panics: &mut Panics) -> bool {
-        let mut any = false;
-        for head in self.ready.take(from) {
-            self.arena.recycle_chain(head, to, panics);
-            any = true;
-        }
-        any
-    }
-
-    /// Adds `index`, just removed, to the calling thread's removal batch; hands the batch
-    /// to the collector when it is full.
-    fn add_to_batch(&self, index: u32, guard: &Guard) {
-        let arena = &self.arena;
-        let shard = arena.my_shard();
-        let removed = &arena.shards[shard].removed;
-        let link = index + 1;
-        let next = arena.links.at(index);
-        let mut current = removed.load(Ordering::Relaxed);
-        loop {
-            let count = (current >> 32) as u32;
-            next.store(current as Link, Ordering::Relaxed);
-            let (new, full) = if count + 1 >= arena.removal_batch {
-                (0, true)
-            } else {
-                ((u64::from(count + 1) << 32) | u64::from(link), false)
-            };
-            match removed.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) if full => {
-                    self.defer_batch(shard, link, guard);
-                    // Push it to the collector's global queue now: left in this thread's
-                    // bag, it would wait for 63 more deferrals, forever if the thread idles.
-                    guard.flush();
-                    return;
-                }
-                Ok(_) => return,
-                Err(actual) => current = actual,
-            }
-        }
-    }
-
-    /// Hands the removal batch starting at `head` to the collector; after its grace period
-    /// it lands on the ready list of `shard`.
-    fn defer_batch(&self, shard: usize, head: Link, guard: &Guard) {
-        self.ready.note_pending(shard);
-        let ready = Arc::clone(&self.ready);
-        let batch = PendingBatch::new(head);
-        let to_ready_list = move || ready.push(shard, batch);
-        // SAFETY: the closure owns what it touches (an `Arc` of the ready lists and the batch
-        // node; it reads no slot), so it may run on any thread at any later time. `guard` is
-        // pinned on the arena's collector (checked by every caller), so it runs only after
-        // every reader that could have resolved one of the batch's slots has unpinned.
-        unsafe { guard.defer_unchecked(to_ready_list) };
-    }
-}
-
-impl<T> Arena<T> {
-    /// The shard of the calling thread.
-    #[inline]
-    fn my_shard(&self) -> usize {
-        crate::thread::shard() & (self.shards.len() - 1)
-    }
-
-    /// Pops a vacant slot from the free list of `shard`.
-    #[inline]
-    fn pop_free(&self, shard: usize) -> Option<u32> {
-        self.shards[shard].free.pop(|i| self.links.at(i))
-    }
-
-    /// Publishes the chain `head ..= tail` (linked through `links`) on the free list of
-    /// `shard`.
-    fn push_free(&self, shard: usize, head: Link, tail: Link) {
-        self.shards[shard]
-            .free
-            .push_chain(head, self.links.at(tail - 1));
-    }
-
-    /// The slot of `key` if the key is this arena's and its page is allocated.
-    #[inline]
-    fn resolve(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
-        if key.arena() != self.id {
-            return Err(ArenaError::ForeignKey {
-                key_arena: key.arena_id(),
-                arena: self.id.get(),
-            });
-        }
-        self.slots
-            .get(key.index())
-            .ok_or_else(|| ArenaError::OutOfRange {
-                index: key.index(),
-                capacity: self.slots.allocated(),
-            })
-    }
-
-    /// The slot of `key` if it holds the key's value: resolved and `OCCUPIED` at the key's
-    /// generation (an `Acquire` load, pairing with the inserter's `Release` store).
-    #[inline]
-    fn live(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
-        let slot = self.resolve(key)?;
-        let state = slot.state.load(Ordering::Acquire);
-        if state == slot::state(key.generation(), OCCUPIED) {
-            Ok(slot)
-        } else {
-            Err(stale(key, state))
-        }
-    }
-
-    /// Calls `f` on every slot below the frontier in an allocated page. The caller keeps
-    /// the pages alive (a pin, or exclusive access).
-    fn for_each_slot<'a>(&'a self, mut f: impl FnMut(u32, &'a Slot<T>)) {
-        let frontier = (self.frontier.load(Ordering::Acquire) & !FROZEN).min(MAX_SLOTS);
-        for k in 0..self.slots.page_count() {
-            let start = self.slots.page_start(k);
-            if start >= frontier {
-                break;
-            }
-            let Some(page) = self.slots.page(k) else {
-                continue;
-            };
-            let used = (frontier - start).min(page.len() as u64) as usize;
-            for (offset, slot) in page[..used].iter().enumerate() {
-                f((start + offset as u64) as u32, slot);
-            }
-        }
-    }
-
-    /// Takes every shard's partly filled removal batch: `(shard, head of its chain)` for
-    /// each shard that had one.
-    fn take_partial_batches(&self) -> impl Iterator<Item = (usize, Link)> + '_ {
-        self.shards.iter().enumerate().filter_map(|(shard, lists)| {
-            let taken = lists.removed.swap(0, Ordering::AcqRel) as Link;
-            (taken != NIL).then_some((shard, taken))
-        })
-    }
-
-    /// Claims a chunk of never-used slots for `shard`: returns one, publishes the rest on
-    /// the shard's free list. Waits while a `trim` has the frontier frozen.
-    #[cold]
-    fn claim_fresh(&self, shard: usize) -> Result<u32, ArenaError> {
-        let chunk = u64::from(self.chunk);
-        let mut frontier = self.frontier.load(Ordering::Acquire);
-        let start = loop {
-            if frontier & FROZEN != 0 {
-                // A trim is running (briefly): it gives vacant slots back when done.
-                if let Some(index) = self.pop_free(shard) {
-                    return Ok(index);
-                }
-                crate::sync::yield_now();
-                frontier = self.frontier.load(Ordering::Acquire);
-                continue;
-            }
-            if frontier >= MAX_SLOTS {
-                return Err(ArenaError::Full {
-                    capacity: MAX_SLOTS,
-                });
-            }
-            // AcqRel: see the invariant on `frontier`.
-            match self.frontier.compare_exchange_weak(
-                frontier,
-                frontier + chunk,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break frontier,
-                Err(actual) => frontier = actual,
-            }
-        };
-        let end = (start + chunk).min(MAX_SLOTS) as u32;
-        let start = start as u32;
-        // A chunk lies within one page: pages start at multiples of the first page's length,
-        // which the chunk divides.
-        let (page, _) = self.slots.locate(start);
-        let floor = self.page_floor[page].load(Ordering::Relaxed);
-        self.links.ensure_page(page, |_| AtomicU32::new(NIL));
-        self.slots.ensure_page(page, |_| Slot::vacant(floor));
-        if end - start > 1 {
-            // Link start + 1 .. end in order and publish them.
-            for index in start + 1..end - 1 {
-                self.links.at(index).store(index + 2, Ordering::Relaxed);
-            }
-            self.push_free(shard, start + 2, end);
-        }
-        Ok(start)
-    }
-
-    /// Drops the values of the removed chain starting at `head` and publishes its slots on
-    /// the free list of `shard` (an exhausted slot is left out for good).
-    ///
-    /// The chain's grace period has passed (it came off a ready list), or the caller has
-    /// exclusive access: no reader can see the values.
-    fn recycle_chain(&self, head: Link, shard: usize, panics: &mut Panics) {
-        let (mut vacant_head, mut vacant_tail) = (NIL, NIL);
-        let mut link = head;
-        while link != NIL {
-            let index = link - 1;
-            let next = self.links.at(index).load(Ordering::Relaxed);
-            let slot = self.slots.at(index);
-            let state = slot.state.load(Ordering::Acquire);
-            debug_assert_eq!(slot::phase(state), REMOVED);
-            let generation = slot::generation(state);
-            // First the state, then the drop: a value whose drop panics has been dropped, and
-            // nothing may drop it again (invariant on `Slot::state`). The slot is on no list
-            // until the chain is published below, so a destructor that inserts cannot take it.
-            if generation == 0 {
-                // The generation wrapped: keep the slot out of use rather than let a key from
-                // 2^32 generations ago resolve again.
-                slot.state
-                    .store(slot::state(0, EXHAUSTED), Ordering::Relaxed);
-            } else {
-                slot.state
-                    .store(slot::state(generation, VACANT), Ordering::Relaxed);
-                self.links.at(index).store(vacant_head, Ordering::Relaxed);
-                if vacant_tail == NIL {
-                    vacant_tail = link;
-                }
-                vacant_head = link;
-            }
-            panics.catch(|| {
-                slot.value.with_mut(|value_ptr| {
-                    // SAFETY: REMOVED means initialised; this chain was taken off a ready list
-                    // (or a removal batch under exclusive access) by this call alone, after its
-                    // grace period, so no reader holds the value and nobody else drops it.
-                    unsafe { (*value_ptr).assume_init_drop() }
-                });
-            });
-            link = next;
-        }
-        if vacant_head != NIL {
-            self.push_free(shard, vacant_head, vacant_tail);
-        }
-    }
 }
 
 impl<T: Send + 'static> Default for SlotArena<T> {
@@ -887,17 +536,6 @@ impl<T: Send + 'static> Drop for SlotArena<T> {
             }
         });
         panics.resume_unless_unwinding();
-    }
-}
-
-/// The error for a key whose slot is not `OCCUPIED` at the key's generation.
-#[cold]
-fn stale(key: Key, state: u64) -> ArenaError {
-    ArenaError::Stale {
-        index: key.index(),
-        generation: key.generation(),
-        current_generation: slot::generation(state),
-        phase: slot::slot_phase(state),
     }
 }
 

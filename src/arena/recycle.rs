@@ -21,7 +21,10 @@ use std::ptr;
 
 use crossbeam_utils::CachePadded;
 
+use super::ArenaError;
 use crate::stack::Link;
+use crate::sync::epoch::Guard;
+use crate::sync::Arc;
 use crate::sync::{thread_local, AtomicPtr, AtomicU32, Ordering};
 
 /// A removal batch handed to the epoch collector: the first link of its chain of slots
@@ -218,4 +221,97 @@ pub(super) fn recycling(recycle: impl FnOnce()) -> bool {
     let _leave = Leave;
     recycle();
     true
+}
+
+impl<T: Send + 'static> super::SlotArena<T> {
+    /// A vacant slot for `shard`, whose free list is empty: recycled, taken from another
+    /// shard, or fresh.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn refill(&self, shard: usize, panics: &mut Panics) -> Result<u32, ArenaError> {
+        let arena = &self.arena;
+        let shards = arena.shards.len();
+        let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
+        recycling(|| {
+            // This shard's own batches first: its slots stay on its threads' cache lines.
+            self.recycle_ready(shard, shard, panics);
+            if arena.shards[shard].free.is_empty() && self.ready.has_pending(shard) {
+                // Some are in transit: let the collector move what has passed its grace
+                // period (no user code runs there), and recycle that.
+                self.pin().flush();
+                self.recycle_ready(shard, shard, panics);
+            }
+            // Then other shards' batches (a thread that only removes leaves them there).
+            if arena.shards[shard].free.is_empty() {
+                for from in others() {
+                    if self.recycle_ready(from, shard, panics) {
+                        break;
+                    }
+                }
+            }
+        });
+        if let Some(index) = arena.pop_free(shard) {
+            return Ok(index);
+        }
+        if let Some(index) = others().find_map(|from| arena.pop_free(from)) {
+            return Ok(index);
+        }
+        arena.claim_fresh(shard)
+    }
+
+    /// Recycles the ready batches of shard `from` onto the free list of shard `to`. Returns
+    /// whether there were any.
+    pub(super) fn recycle_ready(&self, from: usize, to: usize, panics: &mut Panics) -> bool {
+        let mut any = false;
+        for head in self.ready.take(from) {
+            self.arena.recycle_chain(head, to, panics);
+            any = true;
+        }
+        any
+    }
+
+    /// Adds `index`, just removed, to the calling thread's removal batch; hands the batch
+    /// to the collector when it is full.
+    pub(super) fn add_to_batch(&self, index: u32, guard: &Guard) {
+        let arena = &self.arena;
+        let shard = arena.my_shard();
+        let removed = &arena.shards[shard].removed;
+        let link = index + 1;
+        let next = arena.links.at(index);
+        let mut current = removed.load(Ordering::Relaxed);
+        loop {
+            let count = (current >> 32) as u32;
+            next.store(current as Link, Ordering::Relaxed);
+            let (new, full) = if count + 1 >= arena.removal_batch {
+                (0, true)
+            } else {
+                ((u64::from(count + 1) << 32) | u64::from(link), false)
+            };
+            match removed.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) if full => {
+                    self.defer_batch(shard, link, guard);
+                    // Push it to the collector's global queue now: left in this thread's
+                    // bag, it would wait for 63 more deferrals, forever if the thread idles.
+                    guard.flush();
+                    return;
+                }
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Hands the removal batch starting at `head` to the collector; after its grace period
+    /// it lands on the ready list of `shard`.
+    pub(super) fn defer_batch(&self, shard: usize, head: Link, guard: &Guard) {
+        self.ready.note_pending(shard);
+        let ready = Arc::clone(&self.ready);
+        let batch = PendingBatch::new(head);
+        let to_ready_list = move || ready.push(shard, batch);
+        // SAFETY: the closure owns what it touches (an `Arc` of the ready lists and the batch
+        // node; it reads no slot), so it may run on any thread at any later time. `guard` is
+        // pinned on the arena's collector (checked by every caller), so it runs only after
+        // every reader that could have resolved one of the batch's slots has unpinned.
+        unsafe { guard.defer_unchecked(to_ready_list) };
+    }
 }

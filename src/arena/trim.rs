@@ -10,7 +10,7 @@
 //! released page and unfreezes it in one store, and gives the kept slots back.
 
 use super::slot::{self, Slot};
-use super::{Arena, FROZEN, MAX_SLOTS};
+use super::table::{Arena, FROZEN, MAX_SLOTS};
 use crate::paged::Page;
 use crate::stack::NIL;
 use crate::sync::Ordering::{AcqRel, Acquire, Relaxed, Release};

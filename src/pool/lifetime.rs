@@ -28,9 +28,10 @@ use std::ptr::{addr_of_mut, NonNull};
 use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
+use super::ops::SlotlessCounters;
 use super::stats::PoolCounters;
 use super::trace::Trace;
-use super::{class, PoolConfig, PoolInner, SlotlessCounters};
+use super::{class, PoolConfig, PoolInner};
 use crate::identity::next_identity;
 use crate::paged::PagedTable;
 use crate::stack::TaggedStack;

@@ -266,3 +266,71 @@ mod tests {
         assert_eq!(format!("{:>8}", HumanBytes(1024)), "1.00 KiB");
     }
 }
+
+impl super::PoolInner {
+    /// Bytes in use and requested, summed over the slots.
+    pub(super) fn sum_in_use(&self) -> (u64, u64) {
+        let (mut allocated, mut freed, mut asked, mut given) = (0u64, 0u64, 0u64, 0u64);
+        self.for_each_slot(|slot| {
+            let c = &slot.counters;
+            allocated = allocated.wrapping_add(c.allocated_bytes.load(Ordering::Relaxed));
+            freed = freed.wrapping_add(c.freed_bytes.load(Ordering::Relaxed));
+            asked = asked.wrapping_add(c.allocated_requested.load(Ordering::Relaxed));
+            given = given.wrapping_add(c.freed_requested.load(Ordering::Relaxed));
+        });
+        let o = &self.slotless;
+        allocated = allocated.wrapping_add(o.allocated_bytes.load(Ordering::Relaxed));
+        freed = freed.wrapping_add(o.freed_bytes.load(Ordering::Relaxed));
+        asked = asked.wrapping_add(o.allocated_requested.load(Ordering::Relaxed));
+        given = given.wrapping_add(o.freed_requested.load(Ordering::Relaxed));
+        (allocated.saturating_sub(freed), asked.saturating_sub(given))
+    }
+
+    pub(super) fn stats(&self) -> PoolStats {
+        let mut s = PoolStats::default();
+        let mut freed_requested = 0u64;
+        let mut allocated_requested = 0u64;
+        let mut misses = 0u64;
+        self.for_each_slot(|slot| {
+            let c = &slot.counters;
+            // Each counter read once, so that hits and misses add up to the allocations
+            // however the owner moves on meanwhile.
+            misses += c.misses.load(Ordering::Relaxed);
+            s.cache_hits += c.hits.load(Ordering::Relaxed);
+            s.frees += c.frees.load(Ordering::Relaxed);
+            s.allocated_bytes_total += c.allocated_bytes.load(Ordering::Relaxed);
+            s.freed_bytes_total += c.freed_bytes.load(Ordering::Relaxed);
+            allocated_requested += c.allocated_requested.load(Ordering::Relaxed);
+            freed_requested += c.freed_requested.load(Ordering::Relaxed);
+            s.cached_in_threads_bytes += slot.binned();
+        });
+        let o = &self.slotless;
+        s.cache_misses = misses + o.allocations.load(Ordering::Relaxed);
+        s.allocations = s.cache_hits + s.cache_misses;
+        s.frees += o.frees.load(Ordering::Relaxed);
+        s.allocated_bytes_total += o.allocated_bytes.load(Ordering::Relaxed);
+        s.freed_bytes_total += o.freed_bytes.load(Ordering::Relaxed);
+        allocated_requested += o.allocated_requested.load(Ordering::Relaxed);
+        freed_requested += o.freed_requested.load(Ordering::Relaxed);
+        let c = &self.counters;
+        s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
+        s.requested_bytes = allocated_requested.saturating_sub(freed_requested);
+        s.in_use_blocks = s.allocations.saturating_sub(s.frees);
+        s.reserved_bytes = c.reserved.load(Ordering::Relaxed);
+        s.cached_bytes = s.reserved_bytes.saturating_sub(s.in_use_bytes);
+        s.cached_in_threads_bytes = s.cached_in_threads_bytes.min(s.cached_bytes);
+        s.cached_in_lists_bytes = s.cached_bytes - s.cached_in_threads_bytes;
+        s.peak_reserved_bytes = c
+            .peak_reserved
+            .load(Ordering::Relaxed)
+            .max(s.reserved_bytes);
+        s.peak_in_use_bytes = raise(&c.peak_in_use, s.in_use_bytes);
+        s.peak_requested_bytes = raise(&c.peak_requested, s.requested_bytes);
+        s.system_allocations = c.system_allocations.load(Ordering::Relaxed);
+        s.system_frees = c.system_frees.load(Ordering::Relaxed);
+        s.alloc_retries = c.retries.load(Ordering::Relaxed);
+        s.budget_failures = c.budget_failures.load(Ordering::Relaxed);
+        s.trims = c.trims.load(Ordering::Relaxed);
+        s
+    }
+}

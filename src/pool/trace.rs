@@ -196,3 +196,14 @@ fn json_string(text: &str) -> String {
     out.push('"');
     out
 }
+
+impl super::PoolInner {
+    /// Records an event if tracing is on.
+    #[inline(always)]
+    pub(super) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
+        if let Some(trace) = self.trace.get() {
+            let thread = crate::thread::index().map_or(super::ops::SLOTLESS, |t| t as u32);
+            trace.record(kind, bytes, class, thread);
+        }
+    }
+}

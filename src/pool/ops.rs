@@ -1,0 +1,332 @@
+//! A buffer's way out and back: `alloc` and `free` through the calling thread's slot (its
+//! bins, then the class's shared list, then the system), and the same through the shared
+//! lists alone for a thread that holds no thread index (its thread-locals are being
+//! destroyed).
+
+use std::ptr::NonNull;
+
+use crossbeam_utils::CachePadded;
+
+use super::blocks::Record;
+use super::slot::{bump, Entry, Slot};
+use super::{class, lifetime, tag, PoolBuffer, PoolError, PoolEventKind, PoolInner};
+use crate::sync::{AtomicU64, Ordering};
+use crate::thread;
+
+/// A block just taken for a buffer.
+pub(super) struct Taken<'p> {
+    pub(super) record: &'p Record,
+    pub(super) addr: NonNull<u8>,
+    /// Whether its bytes are known to be zero.
+    pub(super) zeroed: bool,
+}
+
+impl Taken<'_> {
+    /// The buffer of `size` bytes over this block (of `class`, whose blocks hold at least
+    /// `size` bytes), zeroed first if `zeroed` asks and the block is not known to be zero.
+    #[inline(always)]
+    fn into_buffer(
+        self,
+        pool: NonNull<PoolInner>,
+        size: usize,
+        class: usize,
+        zeroed: bool,
+    ) -> PoolBuffer {
+        if zeroed && !self.zeroed {
+            // SAFETY: the block holds `class_size(class) >= size` bytes and is exclusively
+            // ours (just taken).
+            unsafe { self.addr.as_ptr().write_bytes(0, size) };
+        }
+        PoolBuffer::new(pool, self.addr, size, self.record, class, zeroed)
+    }
+}
+
+impl PoolInner {
+    /// The calling thread's slot and index: one thread-local read when this thread's last
+    /// pool operation was on this pool. `None` if the thread holds no index.
+    #[inline(always)]
+    pub(super) fn my_slot(&self) -> Option<(&Slot, u32)> {
+        if let Some((slot, thread)) = thread::cached_slot(self.id) {
+            // SAFETY: `my_slot_slow` cached this pointer from this pool's slot table (pool
+            // identities are never reused), whose pages never move or free while the pool
+            // lives; the caller keeps the pool alive.
+            return Some((unsafe { &*slot.cast::<Slot>() }, thread));
+        }
+        self.my_slot_slow()
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn my_slot_slow(&self) -> Option<(&Slot, u32)> {
+        let thread = thread::index()? as u32;
+        let slot = self.slot(thread);
+        thread::cache_slot(self.id, std::ptr::from_ref(slot).cast());
+        Some((slot, thread))
+    }
+
+    /// The slot of thread `thread`, allocating its page on first use.
+    #[inline(always)]
+    pub(super) fn slot(&self, thread: u32) -> &Slot {
+        match self.slots.get(thread) {
+            Some(slot) => slot,
+            None => self.new_slot(thread),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn new_slot(&self, thread: u32) -> &Slot {
+        let (page, _) = self.slots.locate(thread);
+        self.slots
+            .ensure_page(page, |_| CachePadded::new(Slot::new()));
+        self.slots.at(thread)
+    }
+
+    /// Allocates a buffer from the pool at `this`.
+    #[inline]
+    pub(super) fn alloc(
+        this: NonNull<PoolInner>,
+        size: usize,
+        zeroed: bool,
+    ) -> Result<PoolBuffer, PoolError> {
+        // SAFETY: the caller holds a handle or a live buffer of the pool, which keeps it alive.
+        let inner = unsafe { this.as_ref() };
+        let class = class::class_of(size).ok_or(PoolError::TooLarge {
+            requested: size,
+            max: class::MAX_SIZE,
+        })?;
+        let class_bytes = class::class_size(class);
+        let tag = tag::current();
+        let Some((slot, thread)) = inner.my_slot() else {
+            return inner.alloc_slotless(this, class, class_bytes, size, zeroed, tag);
+        };
+        let mut taken = None;
+        if class < inner.cached_classes {
+            match slot.enter(&inner.closed) {
+                Entry::Closed => return Err(PoolError::Closed),
+                Entry::Open { bins } => {
+                    if let Some(record) = bins.then(|| slot.pop(class, class_bytes)).flatten() {
+                        record.hand_out(thread, tag, class, size);
+                        inner.count_alloc(slot, class_bytes, size, true);
+                        slot.leave();
+                        // SAFETY: a record on a bin holds its block's non-null address.
+                        let addr = unsafe { record.addr() };
+                        taken = Some(Taken {
+                            record,
+                            addr,
+                            zeroed: false,
+                        });
+                    } else {
+                        slot.leave();
+                    }
+                }
+            }
+        }
+        let taken = match taken {
+            Some(taken) => taken,
+            None => inner.alloc_slow(slot, class, class_bytes, size, zeroed, thread, tag)?,
+        };
+        inner.trace(PoolEventKind::Alloc, class_bytes as u64, class);
+        Ok(taken.into_buffer(this, size, class, zeroed))
+    }
+
+    /// A block from the class's shared list or the system, handed out to `thread`.
+    #[cold]
+    #[allow(clippy::too_many_arguments)] // the hot path's locals, passed on as they are
+    pub(super) fn alloc_slow(
+        &self,
+        slot: &Slot,
+        class: usize,
+        class_bytes: usize,
+        size: usize,
+        zeroed: bool,
+        thread: u32,
+        tag: u32,
+    ) -> Result<Taken<'_>, PoolError> {
+        self.mark_drawn(class);
+        let taken = match self.pop_list(class) {
+            Some(taken) => taken,
+            None => self.system_alloc(class, class_bytes, size, zeroed)?,
+        };
+        match slot.enter(&self.closed) {
+            Entry::Closed => {
+                // Only a buffer's `alloc_sibling` allocates without a handle; the pool
+                // closed meanwhile, and its lists are drained for good: release the block.
+                self.release(taken.record.index, class);
+                Err(PoolError::Closed)
+            }
+            Entry::Open { .. } => {
+                taken.record.hand_out(thread, tag, class, size);
+                self.count_alloc(slot, class_bytes, size, false);
+                slot.leave();
+                Ok(taken)
+            }
+        }
+    }
+
+    /// Counts an allocation in the calling thread's slot (inside an operation).
+    #[inline(always)]
+    pub(super) fn count_alloc(&self, slot: &Slot, class_bytes: usize, requested: usize, hit: bool) {
+        let c = &slot.counters;
+        bump(if hit { &c.hits } else { &c.misses }, 1);
+        bump(&c.allocated_bytes, class_bytes as u64);
+        bump(&c.allocated_requested, requested as u64);
+        if self.config.exact_peaks {
+            self.counters
+                .exact_alloc(class_bytes as u64, requested as u64);
+        }
+    }
+
+    /// Gives a buffer's block back (its `Drop`). Returns whether the pool was closed: the
+    /// block then went back to the system, and the caller must count the buffer out with
+    /// [`lifetime::count_out`] once no reference into the pool is left (this call's frame
+    /// included), since the pool may be freed from then on.
+    #[inline]
+    pub(super) fn free(&self, record: &Record, class: usize, requested: usize) -> bool {
+        let class_bytes = class::class_size(class);
+        let allocator = record.take_back();
+        let Some((slot, thread)) = self.my_slot() else {
+            return self.free_slotless(record.index, class, requested);
+        };
+        match slot.enter(&self.closed) {
+            Entry::Closed => {
+                lifetime::release_after_close(self, record.index, class);
+                true
+            }
+            Entry::Open { bins } => {
+                let config = &self.config;
+                let cached = bins
+                    && allocator == thread
+                    && class < self.cached_classes
+                    && slot.push(
+                        class,
+                        class_bytes,
+                        record,
+                        config.thread_cache_blocks_per_class,
+                        config.thread_cache_bytes,
+                    );
+                if !cached {
+                    self.lists[class].push_chain(record.index + 1, &record.next);
+                }
+                let c = &slot.counters;
+                bump(&c.frees, 1);
+                bump(&c.freed_bytes, class_bytes as u64);
+                bump(&c.freed_requested, requested as u64);
+                if config.exact_peaks {
+                    self.counters
+                        .exact_free(class_bytes as u64, requested as u64);
+                }
+                // Inside the operation: after `leave`, a closing thread may free the pool.
+                self.trace(PoolEventKind::Free, class_bytes as u64, class);
+                slot.leave();
+                false
+            }
+        }
+    }
+
+    /// Starts an operation of a thread without a slot: the pool's open (and the operation
+    /// counted, so the close waits for it), or closed.
+    pub(super) fn enter_slotless(&self) -> bool {
+        self.slotless_busy.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.slotless_busy.fetch_sub(1, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// [`alloc`](Self::alloc) for a thread without a slot: from the shared lists or the
+    /// system, counted in the pool's shared counters.
+    #[cold]
+    pub(super) fn alloc_slotless(
+        &self,
+        this: NonNull<PoolInner>,
+        class: usize,
+        class_bytes: usize,
+        size: usize,
+        zeroed: bool,
+        tag: u32,
+    ) -> Result<PoolBuffer, PoolError> {
+        if !self.enter_slotless() {
+            return Err(PoolError::Closed);
+        }
+        let taken = self
+            .pop_list(class)
+            .map_or_else(|| self.system_alloc(class, class_bytes, size, zeroed), Ok);
+        if let Ok(taken) = &taken {
+            taken.record.hand_out(SLOTLESS, tag, class, size);
+            self.slotless.count(class_bytes, size, true);
+        }
+        self.slotless_busy.fetch_sub(1, Ordering::Release);
+        let taken = taken?;
+        self.trace(PoolEventKind::Alloc, class_bytes as u64, class);
+        Ok(taken.into_buffer(this, size, class, zeroed))
+    }
+
+    /// [`free`](Self::free) for a thread without a slot: to the shared list.
+    #[cold]
+    pub(super) fn free_slotless(&self, record: u32, class: usize, requested: usize) -> bool {
+        if !self.enter_slotless() {
+            lifetime::release_after_close(self, record, class);
+            return true;
+        }
+        self.push_list(class, record);
+        self.slotless
+            .count(class::class_size(class), requested, false);
+        self.slotless_busy.fetch_sub(1, Ordering::Release);
+        false
+    }
+
+    /// Pops a block from the shared list of `class`.
+    #[inline]
+    pub(super) fn pop_list(&self, class: usize) -> Option<Taken<'_>> {
+        let index = self.lists[class].pop(|i| &self.blocks.record(i).next)?;
+        let record = self.blocks.record(index);
+        // SAFETY: a listed record holds its block's non-null address (written before the
+        // Release push that our Acquire pop synchronises with).
+        let addr = unsafe { record.addr() };
+        Some(Taken {
+            record,
+            addr,
+            zeroed: false,
+        })
+    }
+
+    /// Puts a block on the shared list of its class.
+    #[inline]
+    pub(super) fn push_list(&self, class: usize, record: u32) {
+        self.lists[class].push_chain(record + 1, &self.blocks.record(record).next);
+    }
+}
+
+/// The thread of operations made by a thread without a slot (it matches no slot; one less
+/// than `u32::MAX`, so that a record's `holder`, the thread plus one, does not wrap).
+pub(super) const SLOTLESS: u32 = u32::MAX - 1;
+
+/// The counters of operations made by threads without a slot (shared: read-modify-writes).
+#[derive(Default)]
+pub(super) struct SlotlessCounters {
+    pub(super) allocations: AtomicU64,
+    pub(super) allocated_bytes: AtomicU64,
+    pub(super) allocated_requested: AtomicU64,
+    pub(super) frees: AtomicU64,
+    pub(super) freed_bytes: AtomicU64,
+    pub(super) freed_requested: AtomicU64,
+}
+
+impl SlotlessCounters {
+    pub(super) fn count(&self, class_bytes: usize, requested: usize, allocation: bool) {
+        let (count, bytes, asked) = if allocation {
+            (
+                &self.allocations,
+                &self.allocated_bytes,
+                &self.allocated_requested,
+            )
+        } else {
+            (&self.frees, &self.freed_bytes, &self.freed_requested)
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add(class_bytes as u64, Ordering::Relaxed);
+        asked.fetch_add(requested as u64, Ordering::Relaxed);
+    }
+}

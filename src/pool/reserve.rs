@@ -1,0 +1,299 @@
+//! Memory from the system and back: blocks reserved within the byte budget, released by
+//! trim, the idle policy, budget pressure and the close, and the out-of-memory report.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
+use super::ops::Taken;
+use super::slot::Slot;
+use super::stats::raise;
+use super::{advise, class, OutOfMemory, PoolError, PoolEventKind, PoolInner};
+use crate::stack::NIL;
+use crate::sync::{global, system, Ordering};
+
+impl PoolInner {
+    /// A block new from the system, within the budget.
+    #[cold]
+    pub(super) fn system_alloc(
+        &self,
+        class: usize,
+        class_bytes: usize,
+        size: usize,
+        zeroed: bool,
+    ) -> Result<Taken<'_>, PoolError> {
+        let mut released = None;
+        if !self.reserve(class_bytes as u64) {
+            // Release every cached block, other threads' caches included, and try once more.
+            released = Some(self.release_for_room());
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
+            if !self.reserve(class_bytes as u64) {
+                self.counters
+                    .budget_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                let report = self.out_of_memory(size, class_bytes, released);
+                return Err(PoolError::BudgetExceeded(Box::new(report)));
+            }
+        }
+        let layout = self.layout(class_bytes);
+        // SAFETY: `layout` has a non-zero size (every class is at least 8 bytes).
+        let allocate = || unsafe {
+            match (self.system_blocks, zeroed) {
+                (true, true) => system::alloc_zeroed(layout),
+                (true, false) => system::alloc(layout),
+                (false, true) => global::alloc_zeroed(layout),
+                (false, false) => global::alloc(layout),
+            }
+        };
+        let mut raw = allocate();
+        if raw.is_null() && released.is_none() {
+            // The system is short: give it back what is cached, then try once more.
+            released = Some(self.release_for_room());
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
+            raw = allocate();
+        }
+        let Some(addr) = NonNull::new(raw) else {
+            self.unreserve(class_bytes as u64);
+            let report = self.out_of_memory(size, class_bytes, released);
+            return Err(PoolError::SystemAllocFailed(Box::new(report)));
+        };
+        let record = match self.blocks.claim() {
+            Ok(record) => record,
+            Err(error) => {
+                // SAFETY: allocated just above with `layout`, never shared.
+                unsafe { self.dealloc_block(addr.as_ptr(), layout) };
+                self.unreserve(class_bytes as u64);
+                return Err(error);
+            }
+        };
+        let record = self.blocks.record(record);
+        record.set_block(addr, class);
+        let config = &self.config;
+        if (config.huge_pages || config.prefault) && class_bytes >= config.advise_min_block {
+            advise::advise(
+                addr.as_ptr(),
+                class_bytes,
+                config.huge_pages,
+                config.prefault,
+            );
+        }
+        let c = &self.counters;
+        c.system_allocations.fetch_add(1, Ordering::Relaxed);
+        // The peak moves only once the memory is really held (a refused request never
+        // counts).
+        raise(&c.peak_reserved, c.reserved.load(Ordering::Relaxed));
+        if !config.exact_peaks {
+            let (in_use, requested) = self.sum_in_use();
+            raise(&c.peak_in_use, in_use + class_bytes as u64);
+            raise(&c.peak_requested, requested + size as u64);
+        }
+        self.trace(PoolEventKind::SystemAlloc, class_bytes as u64, class);
+        Ok(Taken {
+            record,
+            addr,
+            zeroed,
+        })
+    }
+
+    /// The layout of a block of `class_bytes`: the configured alignment, or 2 MiB for a block
+    /// that gets transparent huge pages, so that huge pages can cover it end to end.
+    pub(super) fn layout(&self, class_bytes: usize) -> Layout {
+        const HUGE_PAGE: usize = 2 << 20;
+        let config = &self.config;
+        let align = if config.huge_pages
+            && class_bytes >= config.advise_min_block
+            && class_bytes >= HUGE_PAGE
+        {
+            HUGE_PAGE
+        } else {
+            config.alignment
+        };
+        Layout::from_size_align(class_bytes, align)
+            .expect("class sizes and alignments are validated")
+    }
+
+    /// Returns a block's memory to where `system_alloc` got it.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `system_alloc` with `layout`, and nothing uses it afterwards.
+    pub(super) unsafe fn dealloc_block(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, and `system_blocks` names the allocator it came from.
+        unsafe {
+            if self.system_blocks {
+                system::dealloc(ptr, layout);
+            } else {
+                global::dealloc(ptr, layout);
+            }
+        }
+    }
+
+    /// Adds `bytes` to `reserved` if the budget allows.
+    pub(super) fn reserve(&self, bytes: u64) -> bool {
+        let budget = self.budget.load(Ordering::Relaxed);
+        let reserved = &self.counters.reserved;
+        let mut current = reserved.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = current.checked_add(bytes).filter(|&n| n <= budget) else {
+                return false;
+            };
+            match reserved.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    pub(super) fn unreserve(&self, bytes: u64) {
+        self.counters.reserved.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Returns a block's memory to the system and its record to the spare list.
+    pub(super) fn release(&self, record: u32, class: usize) {
+        let class_bytes = class::class_size(class);
+        let rec = self.blocks.record(record);
+        // SAFETY: the caller owns the block (taken off a list or bin, or handed back), which
+        // was allocated by `system_alloc` with this class's layout.
+        unsafe { self.dealloc_block(rec.addr().as_ptr(), self.layout(class_bytes)) };
+        rec.clear_block();
+        self.blocks.release(record);
+        self.unreserve(class_bytes as u64);
+        self.counters.system_frees.fetch_add(1, Ordering::Relaxed);
+        self.trace(PoolEventKind::SystemFree, class_bytes as u64, class);
+    }
+
+    /// Releases every block on the list of `class`. Returns the bytes released.
+    pub(super) fn release_list(&self, class: usize) -> u64 {
+        let mut released = 0;
+        let mut link = self.lists[class].take_all();
+        while link != NIL {
+            let record = link - 1;
+            link = self.blocks.record(record).next.load(Ordering::Relaxed);
+            released += class::class_size(class) as u64;
+            self.release(record, class);
+        }
+        released
+    }
+
+    /// Calls `f` with every slot.
+    pub(super) fn for_each_slot(&self, mut f: impl FnMut(&Slot)) {
+        for page in 0..self.slots.page_count() {
+            if let Some(slots) = self.slots.page(page) {
+                slots.iter().for_each(|slot| f(slot));
+            }
+        }
+    }
+
+    /// Releases every cached block: every thread's cache and every list. Returns the bytes
+    /// released.
+    pub(super) fn release_cached(&self) -> u64 {
+        let mut released = 0;
+        self.for_each_slot(|slot| {
+            released += slot.drain(|class, record| self.release(record.index, class));
+        });
+        (0..class::CLASSES)
+            .map(|c| self.release_list(c))
+            .sum::<u64>()
+            + released
+    }
+
+    /// Releases every cached block to make room for an allocation; returns what was cached
+    /// before, for the error report should the room still not suffice.
+    pub(super) fn release_for_room(&self) -> CachedPicture {
+        let picture = self.cached_picture();
+        self.release_cached();
+        picture
+    }
+
+    /// Where cached memory is, for an out-of-memory report.
+    pub(super) fn cached_picture(&self) -> CachedPicture {
+        let mut in_threads = 0;
+        self.for_each_slot(|slot| in_threads += slot.binned());
+        let mut largest = 0;
+        self.blocks.for_each(|record| {
+            if let Some((class, false)) = record.picture() {
+                largest = largest.max(class::class_size(class));
+            }
+        });
+        let (in_use, _) = self.sum_in_use();
+        let reserved = self.counters.reserved.load(Ordering::Relaxed);
+        CachedPicture {
+            in_threads,
+            in_lists: reserved.saturating_sub(in_use).saturating_sub(in_threads),
+            largest,
+        }
+    }
+
+    pub(super) fn out_of_memory(
+        &self,
+        requested: usize,
+        block_bytes: usize,
+        released: Option<CachedPicture>,
+    ) -> OutOfMemory {
+        let before = released.unwrap_or_else(|| self.cached_picture());
+        let (in_use, _) = self.sum_in_use();
+        OutOfMemory {
+            requested,
+            block_bytes,
+            budget: self.budget(),
+            in_use,
+            cached_in_threads: before.in_threads,
+            cached_in_lists: before.in_lists,
+            reserved: self.counters.reserved.load(Ordering::Relaxed),
+            peak_reserved: self.counters.peak_reserved.load(Ordering::Relaxed),
+            largest_cached_block: before.largest,
+        }
+    }
+
+    /// Records that an allocation drew on `class` in the current idle round. Stores only on
+    /// a change, so a class in steady use keeps its line shared instead of bouncing it.
+    pub(super) fn mark_drawn(&self, class: usize) {
+        let round = self.idle_round.load(Ordering::Relaxed);
+        if self.last_drawn[class].load(Ordering::Relaxed) != round {
+            self.last_drawn[class].store(round, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn trim_idle(&self) -> u64 {
+        let round = self.idle_round.fetch_add(1, Ordering::Relaxed) + 1;
+        let idle_rounds = u64::from(self.config.idle_rounds);
+        let mut released: u64 = (0..class::CLASSES)
+            .filter(|&class| {
+                // Saturating: a racing call may have advanced the round already.
+                round.saturating_sub(self.last_drawn[class].load(Ordering::Relaxed)) > idle_rounds
+            })
+            .map(|class| self.release_list(class))
+            .sum();
+        // A thread's cache is idle if the thread made no operation since the last round.
+        self.for_each_slot(|slot| {
+            let c = &slot.counters;
+            let operations = slot.operations();
+            // (A slot with nothing cached is skipped: draining it would cost a heavy fence
+            // for nothing.)
+            if c.seen_operations.swap(operations, Ordering::Relaxed) == operations
+                && slot.binned() > 0
+            {
+                released += slot.drain(|class, record| self.release(record.index, class));
+            }
+        });
+        self.trace(PoolEventKind::Trim, released, 0);
+        released
+    }
+
+    /// The byte budget, if any.
+    pub(super) fn budget(&self) -> Option<u64> {
+        Some(self.budget.load(Ordering::Relaxed)).filter(|&b| b != u64::MAX)
+    }
+}
+
+/// Where cached memory was before a release.
+#[derive(Clone, Copy)]
+pub(super) struct CachedPicture {
+    pub(super) in_threads: u64,
+    pub(super) in_lists: u64,
+    pub(super) largest: usize,
+}
