@@ -264,3 +264,26 @@ fn newcomer_conveniences() {
     let message = group.reshape(slots[0], &[1, 2]).unwrap_err().to_string();
     assert!(message.contains("RetainedValue"), "{message}");
 }
+
+/// A zeroed block is zeroed over all of its length, also when it is a reused block whose
+/// earlier user wrote more than it now asks for.
+#[cfg(feature = "allocator-api2")]
+#[test]
+fn allocate_zeroed_zeroes_all_it_returns() {
+    use allocator_api2::alloc::Allocator;
+    use std::alloc::Layout;
+    let pool = BufferPool::new();
+    let layout = Layout::from_size_align(100, 8).unwrap();
+    let first = pool.allocate(layout).unwrap();
+    // SAFETY: `first` holds `first.len()` bytes, ours until deallocated.
+    unsafe { first.cast::<u8>().as_ptr().write_bytes(0xAB, first.len()) };
+    // SAFETY: allocated above with `layout`.
+    unsafe { pool.deallocate(first.cast(), layout) };
+    let zeroed = pool.allocate_zeroed(layout).unwrap();
+    // SAFETY: `zeroed` holds `zeroed.len()` bytes, said to be zero.
+    let bytes = unsafe { std::slice::from_raw_parts(zeroed.cast::<u8>().as_ptr(), zeroed.len()) };
+    assert!(bytes.len() >= 100);
+    assert!(bytes.iter().all(|&b| b == 0));
+    // SAFETY: allocated above with `layout`.
+    unsafe { pool.deallocate(zeroed.cast(), layout) };
+}

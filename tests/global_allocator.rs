@@ -15,8 +15,11 @@ static ALLOCATOR: PoolAllocator = PoolAllocator::new();
 const BUDGET: u64 = 1 << 30;
 
 fn main() {
+    // A trace ring this large is allocated through this very allocator: the configuration
+    // must still be the one the process-wide pool gets.
     BufferPool::configure_global(PoolConfig {
         budget: Some(BUDGET),
+        trace_capacity: 8192,
         ..PoolConfig::default()
     })
     .expect("configured before first use");
@@ -84,7 +87,8 @@ fn main() {
 /// pool), which must not happen under the trace's own lock. A deadlock fails the check
 /// after ten seconds instead of hanging the run.
 fn trace_of_the_global_pool(pool: &'static BufferPool) {
-    assert!(pool.enable_trace(8192));
+    assert_eq!(pool.config().trace_capacity, 8192);
+    assert!(!pool.enable_trace(8192), "traced since `configure_global`");
     let mut held = Vec::new();
     for _ in 0..3000 {
         held.push(vec![1u8; 100 << 10]); // through the pool, each one traced

@@ -118,3 +118,37 @@ fn pool_sizes_at_the_edges() {
     drop(empty);
     assert_pool_consistent(&pool.stats());
 }
+
+/// A size-1 dimension with a huge stride is within the view's extent (it is never stepped
+/// along), so walking the view must not step along it either.
+#[test]
+fn a_unit_dimension_with_a_huge_stride_is_never_stepped() {
+    use ferropool::AllocationGroup;
+    let pool = BufferPool::new();
+    let t = Tensor::from_slice_in(&pool, &[0.0f32, 1.0, 2.0, 3.0], &[4]).unwrap();
+    let (mut group, slots) = AllocationGroup::from_tensors([t]).unwrap();
+    let layout = Layout::new(&[1, 2], &[usize::MAX, 2], 1).unwrap();
+    let view = group.add_view(slots[0], layout).unwrap();
+    assert_eq!(
+        group.read_view(view).unwrap().to_vec::<f32>().unwrap(),
+        [1.0, 3.0]
+    );
+    let copied = group.into_tensor(view).unwrap();
+    assert_eq!(copied.as_slice::<f32>().unwrap(), &[1.0, 3.0]);
+}
+
+/// Safe code cannot read bytes it un-wrote: `as_uninit_mut` makes the buffer count as not
+/// written until it is vouched for again.
+#[test]
+fn a_buffer_handed_out_as_uninit_is_no_longer_readable() {
+    use std::mem::MaybeUninit;
+    let pool = BufferPool::new();
+    let mut buffer = pool.alloc(16).unwrap();
+    buffer.fill(7);
+    assert!(buffer.as_bytes().is_some());
+    buffer.as_uninit_mut()[3] = MaybeUninit::uninit();
+    assert!(buffer.as_bytes().is_none());
+    assert!(buffer.as_bytes_mut().is_none());
+    buffer.fill(1);
+    assert_eq!(buffer.as_bytes().unwrap()[3], 1);
+}

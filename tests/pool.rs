@@ -497,3 +497,49 @@ fn global_pool_is_shared() {
     assert!(b.stats().in_use_bytes >= 128);
     drop(buffer);
 }
+
+/// A buffer allocated by a thread without a slot (in a thread-local destructor, after the
+/// thread gave its index back) and freed by a thread with one: the exact counters count it
+/// in and out like any other.
+#[test]
+fn exact_peaks_count_a_slotless_allocation() {
+    use std::cell::RefCell;
+    struct AllocOnExit(BufferPool, std::sync::mpsc::Sender<ferropool::PoolBuffer>);
+    impl Drop for AllocOnExit {
+        fn drop(&mut self) {
+            self.1.send(self.0.alloc(1000).unwrap()).unwrap();
+        }
+    }
+    thread_local! {
+        static ON_EXIT: RefCell<Option<AllocOnExit>> = const { RefCell::new(None) };
+    }
+    let pool = BufferPool::with_config(PoolConfig {
+        exact_peaks: true,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = pool.clone();
+    std::thread::spawn(move || {
+        // Registered before the thread's first pool operation, so destroyed after the
+        // thread's index is given back: the allocation in it has no slot.
+        ON_EXIT.with(|slot| *slot.borrow_mut() = Some(AllocOnExit(worker.clone(), tx)));
+        drop(worker.alloc(8).unwrap());
+    })
+    .join()
+    .unwrap();
+    let slotless = rx.recv().unwrap();
+    assert!(pool.snapshot().iter().any(|b| b.thread == u32::MAX - 1));
+    assert_eq!(
+        pool.stats().peak_in_use_bytes,
+        1024,
+        "the slotless block counted in"
+    );
+    drop(slotless);
+    assert_eq!(pool.stats().in_use_bytes, 0);
+    // Counted out again: a small allocation now must not find the exact count below zero
+    // (it wrapped to about 2^64 and became the peak).
+    let held = pool.alloc(100).unwrap();
+    assert_eq!(pool.stats().peak_in_use_bytes, 1024);
+    drop(held);
+}

@@ -74,7 +74,8 @@ unsafe impl Allocator for BufferPool {
     }
 }
 
-/// A block for `layout` from `pool`, with the capacity it really has.
+/// A block for `layout` from `pool`: with the capacity it really has, or, zeroed, with the
+/// layout's size (only those bytes are zeroed, and the whole block returned must be).
 fn allocate(pool: &BufferPool, layout: Layout, zeroed: bool) -> Result<NonNull<[u8]>, AllocError> {
     if layout.size() == 0 {
         // A dangling pointer with the layout's alignment: zero-sized blocks are never read.
@@ -85,6 +86,9 @@ fn allocate(pool: &BufferPool, layout: Layout, zeroed: bool) -> Result<NonNull<[
         return Err(AllocError);
     }
     let ptr = PoolInner::alloc_raw(pool.inner, layout, zeroed).map_err(|_| AllocError)?;
+    if zeroed {
+        return Ok(NonNull::slice_from_raw_parts(ptr, layout.size()));
+    }
     // SAFETY: just allocated by `alloc_raw`.
     let capacity = unsafe { PoolInner::raw_capacity(ptr) };
     Ok(NonNull::slice_from_raw_parts(ptr, capacity))

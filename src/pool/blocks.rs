@@ -10,7 +10,7 @@
 use super::PoolError;
 use crate::paged::PagedTable;
 use crate::stack::{TaggedStack, NIL};
-use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// Records in the table's first page.
 const FIRST_PAGE: u32 = 256;
@@ -21,7 +21,7 @@ pub(crate) struct Record {
     pub(super) index: u32,
     /// The block's address. Written by the thread that obtained the block from the system
     /// before the record is published on any list (list pushes are `Release`).
-    pub(super) addr: AtomicUsize,
+    pub(super) addr: AtomicPtr<u8>,
     /// The next record (plus one; `NIL` ends) on the shared list the record is on (a class
     /// list or the spare list); meaningless off a list.
     pub(super) next: AtomicU32,
@@ -76,7 +76,7 @@ impl BlockTable {
         let start = self.records.page_start(page) as u32;
         self.records.ensure_page(page, |offset| Record {
             index: start + offset as u32,
-            addr: AtomicUsize::new(0),
+            addr: AtomicPtr::new(std::ptr::null_mut()),
             next: AtomicU32::new(NIL),
             bin_next: AtomicPtr::new(std::ptr::null_mut()),
             holder: AtomicU32::new(0),
@@ -133,7 +133,7 @@ impl Record {
     /// [`set_block`](Self::set_block), and not released since.
     #[inline(always)]
     pub(super) unsafe fn addr(&self) -> std::ptr::NonNull<u8> {
-        let addr = self.addr.load(Ordering::Relaxed) as *mut u8;
+        let addr = self.addr.load(Ordering::Relaxed);
         debug_assert!(!addr.is_null(), "a record without a block");
         // SAFETY: a record holding a block has its non-null address (the caller's contract).
         unsafe { std::ptr::NonNull::new_unchecked(addr) }
@@ -141,20 +141,20 @@ impl Record {
 
     /// Gives a freshly claimed record its block, of `class`.
     pub(super) fn set_block(&self, addr: std::ptr::NonNull<u8>, class: usize) {
-        self.addr.store(addr.as_ptr() as usize, Ordering::Relaxed);
+        self.addr.store(addr.as_ptr(), Ordering::Relaxed);
         self.holder.store(0, Ordering::Relaxed);
         self.request.store((class as u64) << 48, Ordering::Relaxed);
     }
 
     /// Forgets the block (it went back to the system).
     pub(super) fn clear_block(&self) {
-        self.addr.store(0, Ordering::Relaxed);
+        self.addr.store(std::ptr::null_mut(), Ordering::Relaxed);
         self.holder.store(0, Ordering::Relaxed);
     }
 
     /// `(class, handed out?)` of a record holding a block, for statistics.
     pub(super) fn picture(&self) -> Option<(usize, bool)> {
-        if self.addr.load(Ordering::Relaxed) == 0 {
+        if self.addr.load(Ordering::Relaxed).is_null() {
             return None;
         }
         let class = (self.request.load(Ordering::Relaxed) >> 48) as usize;
@@ -164,7 +164,7 @@ impl Record {
     /// What a snapshot reports of a handed-out block.
     pub(super) fn live_info(&self) -> Option<super::BlockInfo> {
         let holder = self.holder.load(Ordering::Relaxed);
-        if holder == 0 || self.addr.load(Ordering::Relaxed) == 0 {
+        if holder == 0 || self.addr.load(Ordering::Relaxed).is_null() {
             return None;
         }
         let request = self.request.load(Ordering::Relaxed);

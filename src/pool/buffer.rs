@@ -96,10 +96,25 @@ impl PoolBuffer {
             .then(|| unsafe { std::slice::from_raw_parts_mut(ptr, len) })
     }
 
-    /// The bytes as possibly uninitialised memory, for a first write.
+    /// The bytes as possibly uninitialised memory, for writing. The buffer counts as not
+    /// written from here on (a `MaybeUninit` slice may also be used to un-write a byte), until
+    /// [`assume_init`](Self::assume_init), [`fill`](Self::fill) or
+    /// [`copy_from_slice`](Self::copy_from_slice).
+    ///
+    /// ```
+    /// use std::mem::MaybeUninit;
+    /// let pool = ferropool::BufferPool::new();
+    /// let mut buffer = pool.alloc(4)?;
+    /// buffer.fill(7);
+    /// buffer.as_uninit_mut()[3] = MaybeUninit::uninit();
+    /// assert!(buffer.as_bytes().is_none(), "no longer known to be written");
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
+        self.initialized = false;
         // SAFETY: `len` bytes of the block are exclusively ours; `MaybeUninit` makes no claim
-        // about their contents.
+        // about their contents, and `initialized` is cleared, so no byte written through it
+        // is read as initialised before the caller vouches for all of them.
         unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr().cast(), self.len) }
     }
 

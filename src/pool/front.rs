@@ -53,8 +53,17 @@ impl BufferPool {
     /// [`PoolError::InvalidConfig`] for a bad field.
     #[cfg(not(loom))]
     pub fn configure_global(config: PoolConfig) -> Result<(), PoolError> {
+        let capacity = config.trace_capacity;
         let pool = BufferPool::build(config, true)?;
-        GLOBAL.set(pool).map_err(|_| PoolError::AlreadyInitialized)
+        GLOBAL
+            .set(pool)
+            .map_err(|_| PoolError::AlreadyInitialized)?;
+        // Now that the configured pool is in place, its trace ring may be allocated (through
+        // `PoolAllocator`, it comes from this very pool).
+        if capacity > 0 {
+            BufferPool::global().enable_trace(capacity);
+        }
+        Ok(())
     }
 }
 

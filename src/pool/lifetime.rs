@@ -58,7 +58,10 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
     };
     let p = ptr.as_ptr();
     let trace = std::sync::OnceLock::new();
-    if config.trace_capacity > 0 {
+    // The process-wide pool's ring is allocated by `configure_global` once the pool is in
+    // place: allocated here, through a `PoolAllocator` installed as the global allocator,
+    // it would bring up the default process-wide pool first.
+    if config.trace_capacity > 0 && !system_blocks {
         let _ = trace.set(Trace::new(config.trace_capacity));
     }
     let budget = AtomicU64::new(config.budget.unwrap_or(u64::MAX));

@@ -255,12 +255,26 @@ impl PoolInner {
             .map_or_else(|| self.system_alloc(class, class_bytes, size, zeroed), Ok);
         if let Ok(taken) = &taken {
             taken.record.hand_out(SLOTLESS, tag, class, size);
-            self.slotless.count(class_bytes, size, true);
+            self.count_slotless(class_bytes, size, true);
         }
         self.slotless_busy.fetch_sub(1, Ordering::Release);
         let taken = taken?;
         self.trace(PoolEventKind::Alloc, class_bytes as u64, class);
         Ok(taken.into_buffer(this, size, class, zeroed))
+    }
+
+    /// Counts an operation of a thread without a slot, in the shared counters and (with
+    /// `exact_peaks`) the exact ones, as a slot's operation is counted.
+    fn count_slotless(&self, class_bytes: usize, requested: usize, allocation: bool) {
+        self.slotless.count(class_bytes, requested, allocation);
+        if self.config.exact_peaks {
+            let (bytes, requested) = (class_bytes as u64, requested as u64);
+            if allocation {
+                self.counters.exact_alloc(bytes, requested);
+            } else {
+                self.counters.exact_free(bytes, requested);
+            }
+        }
     }
 
     /// [`free`](Self::free) for a thread without a slot: to the shared list.
@@ -271,8 +285,7 @@ impl PoolInner {
             return true;
         }
         self.push_list(class, record);
-        self.slotless
-            .count(class::class_size(class), requested, false);
+        self.count_slotless(class::class_size(class), requested, false);
         self.slotless_busy.fetch_sub(1, Ordering::Release);
         false
     }

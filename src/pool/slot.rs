@@ -16,6 +16,10 @@
 //! the drainer sees the owner busy (and waits for that one operation to end) or the owner sees
 //! `drain` (and leaves the bins alone while it is set).
 //!
+//! Nothing between `enter` and `leave` may panic (arithmetic there wraps, nothing there
+//! allocates or runs user code): a panic would leave the owner busy for good, and a drain or
+//! the close would wait for it forever.
+//!
 //! The counters are the owner's alone (single writer: a load and a store, no read-modify-
 //! write); readers sum them across slots. Closing the pool reads them for the last time once
 //! every owner is out of its operation (see `lifetime`).
@@ -151,8 +155,10 @@ impl Slot {
         let record = unsafe { head.as_ref() }?;
         bin.head
             .store(record.bin_next.load(Ordering::Relaxed), Ordering::Relaxed);
-        bin.count
-            .store(bin.count.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        bin.count.store(
+            bin.count.load(Ordering::Relaxed).wrapping_sub(1),
+            Ordering::Relaxed,
+        );
         bump(&self.binned, (class_bytes as u64).wrapping_neg());
         Some(record)
     }
@@ -171,7 +177,11 @@ impl Slot {
         let bin = &self.bins[class];
         let count = bin.count.load(Ordering::Relaxed);
         let binned = self.binned.load(Ordering::Relaxed);
-        if count as usize >= max_blocks || binned + class_bytes as u64 > max_bytes as u64 {
+        // (Nothing inside an operation may panic, hence no unchecked `+ 1` on the count.)
+        if count as usize >= max_blocks
+            || count == u32::MAX
+            || binned + class_bytes as u64 > max_bytes as u64
+        {
             return false;
         }
         record

@@ -226,9 +226,12 @@ impl PoolCounters {
     /// Counts an allocation of `bytes` (`requested`) in the exact counters.
     #[inline]
     pub(super) fn exact_alloc(&self, bytes: u64, requested: u64) {
-        let in_use = self.exact_in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        // Wrapping: inside a pool operation nothing may panic (a panic there would leave
+        // the thread's slot busy for good); the counts never exceed the bytes held.
+        let in_use = (self.exact_in_use.fetch_add(bytes, Ordering::Relaxed)).wrapping_add(bytes);
         raise(&self.peak_in_use, in_use);
-        let requested = self.exact_requested.fetch_add(requested, Ordering::Relaxed) + requested;
+        let requested =
+            (self.exact_requested.fetch_add(requested, Ordering::Relaxed)).wrapping_add(requested);
         raise(&self.peak_requested, requested);
     }
 

@@ -291,11 +291,13 @@ pub(crate) fn for_each_offset(layout: &Layout, mut f: impl FnMut(usize)) {
             }
             k -= 1;
             index[k] += 1;
-            offset += layout.strides()[k];
             if index[k] < shape[k] {
+                // Within the view's extent (checked when the layout was built): no overflow.
+                offset += layout.strides()[k];
                 break;
             }
-            offset -= layout.strides()[k] * shape[k];
+            // Back to this dimension's first element: the steps taken along it, undone.
+            offset -= layout.strides()[k] * (shape[k] - 1);
             index[k] = 0;
         }
     }
