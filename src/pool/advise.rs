@@ -5,12 +5,16 @@ const PAGE: usize = 4096;
 
 /// Applies the configured advice to the block `[addr, addr + len)`, which the caller owns.
 pub(super) fn advise(addr: *mut u8, len: usize, huge_pages: bool, prefault: bool) {
-    let start = (addr as usize).next_multiple_of(PAGE);
-    let end = (addr as usize + len) & !(PAGE - 1);
-    if end <= start {
+    // The whole pages inside the block, as offsets from `addr` (the pointer keeps its
+    // provenance).
+    let first = (addr as usize).next_multiple_of(PAGE) - addr as usize;
+    let last = ((addr as usize + len) & !(PAGE - 1)).saturating_sub(addr as usize);
+    if last <= first {
         return;
     }
-    let populated = platform::advise(start, end - start, huge_pages, prefault);
+    // SAFETY: `first < last <= len`: inside the caller's block.
+    let start = unsafe { addr.add(first) };
+    let populated = platform::advise(start, last - first, huge_pages, prefault);
     if prefault && !populated {
         // Write one zero byte per page: the block is ours, its contents are unspecified
         // (a zeroed block stays zeroed).
@@ -21,11 +25,11 @@ pub(super) fn advise(addr: *mut u8, len: usize, huge_pages: bool, prefault: bool
     }
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(miri)))]
 mod platform {
     /// Returns whether the kernel populated the range.
-    pub(super) fn advise(start: usize, len: usize, huge_pages: bool, prefault: bool) -> bool {
-        let range = start as *mut libc::c_void;
+    pub(super) fn advise(start: *mut u8, len: usize, huge_pages: bool, prefault: bool) -> bool {
+        let range = start.cast::<libc::c_void>();
         if huge_pages {
             // Advice only: failure (THP off, or an old kernel) leaves ordinary pages.
             // SAFETY: a page-aligned range inside a block the caller owns; madvise with
@@ -37,9 +41,11 @@ mod platform {
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+/// Elsewhere (and under Miri, which cannot call `madvise`): no advice; pre-faulting touches
+/// each page.
+#[cfg(any(not(target_os = "linux"), miri))]
 mod platform {
-    pub(super) fn advise(_: usize, _: usize, _: bool, _: bool) -> bool {
+    pub(super) fn advise(_: *mut u8, _: usize, _: bool, _: bool) -> bool {
         false
     }
 }
