@@ -85,12 +85,13 @@ fn bump_no_touch(c: &mut Criterion) {
 }
 
 /// A cold 64 MiB block: a fresh pool each time, so the block comes from the system; touch
-/// every page, then close the pool. Compares the madvise options (all off by default).
+/// every page, then close the pool. Compares the madvise options (huge pages are on by
+/// default, pre-faulting off).
 fn cold_blocks(c: &mut Criterion) {
     let mut group = c.benchmark_group("cold_64mib_alloc_touch");
     group.sample_size(10);
     let configs: [(&str, bool, bool); 4] = [
-        ("default", false, false),
+        ("no_advice", false, false),
         ("prefault", true, false),
         ("huge_pages", false, true),
         ("prefault_huge_pages", true, true),
