@@ -2,7 +2,7 @@
 
 use crate::sync::epoch::Collector;
 
-/// Configuration of a [`SlotArena`].
+/// Configuration of a [`SlotArena`](super::SlotArena).
 ///
 /// ```
 /// use ferropool::{ArenaConfig, SlotArena};
@@ -23,7 +23,7 @@ pub struct ArenaConfig {
     /// collector's global queue, which every thread of the collector shares: 256 made a
     /// two-thread churn about 20% faster); smaller ones recycle slots, and drop removed
     /// values, sooner. A removed value waits in its thread's batch until the batch is full
-    /// (or [`SlotArena::flush`] takes it), so values that own much memory call for small
+    /// (or [`SlotArena::flush`](super::SlotArena::flush) takes it), so values that own much memory call for small
     /// batches.
     pub removal_batch: u32,
     /// The epoch collector that protects readers. `None` uses crossbeam-epoch's global one.

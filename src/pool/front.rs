@@ -1,6 +1,10 @@
 //! The process-wide pool, and `PoolAllocator`: a `#[global_allocator]` front end that serves
 //! large allocations from it.
 
+// Under loom the `GlobalAlloc` front end is compiled out (loom's atomics cannot back a
+// process-wide allocator), which leaves parts of this file unused.
+#![cfg_attr(loom, allow(unused_imports, dead_code))]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr::{self, NonNull};
 

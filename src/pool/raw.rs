@@ -6,6 +6,10 @@
 //! the first address with the layout's alignment that leaves room for the header before it.
 //! Giving it back reads the header at `ptr - HEADER`: O(1), no lock, no lookup table.
 
+// Raw blocks serve the `GlobalAlloc` and `Allocator` front ends, which loom builds leave
+// out (loom's atomics cannot back a process-wide allocator): parts of this file go unused.
+#![cfg_attr(loom, allow(unused_imports, dead_code))]
+
 use std::alloc::Layout;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
