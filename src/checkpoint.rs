@@ -17,6 +17,19 @@ use crate::sync::Arc;
 /// part of the chain.
 ///
 /// Dropping a chain never recurses, whatever its length.
+///
+/// ```
+/// use std::sync::Arc;
+/// use ferropool::{CheckpointNode, RetainedInputMap};
+/// let node: CheckpointNode<&str, &str, u32> = CheckpointNode {
+///     graph: Arc::new("segment 0"),
+///     alias_key: "x",
+///     alias_target: 0,
+///     old_inputs: Arc::new(RetainedInputMap::new()),
+///     prev: None,
+/// };
+/// assert_eq!(node.depth(), 1);
+/// ```
 pub struct CheckpointNode<G, K, A> {
     /// The checkpointed graph.
     pub graph: Arc<G>,
@@ -110,16 +123,45 @@ impl<G, K, A> CheckpointNode<G, K, A> {
     }
 
     /// The nodes from this one to the oldest.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap};
+    /// let inputs = Arc::new(RetainedInputMap::new());
+    /// let old = CheckpointNode::push(None, Arc::new("g0"), "x", 0u32, inputs.clone());
+    /// let head = CheckpointNode::push(Some(old), Arc::new("g1"), "y", 1u32, inputs);
+    /// let keys: Vec<&str> = head.iter().map(|node| node.alias_key).collect();
+    /// assert_eq!(keys, ["y", "x"]); // newest first
+    /// ```
     pub fn iter(&self) -> impl Iterator<Item = &Self> {
         std::iter::successors(Some(self), |node| node.prev.as_deref())
     }
 
     /// Nodes in the chain from this one.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap};
+    /// let inputs = Arc::new(RetainedInputMap::new());
+    /// let chain = CheckpointNode::push(None, Arc::new("g0"), "x", 0u32, inputs.clone());
+    /// let chain = CheckpointNode::push(Some(chain), Arc::new("g1"), "y", 1u32, inputs);
+    /// assert_eq!(chain.depth(), 2);
+    /// ```
     pub fn depth(&self) -> usize {
         self.iter().count()
     }
 
     /// Every graph, head first (the runtime's order).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap};
+    /// let inputs = Arc::new(RetainedInputMap::new());
+    /// let old = CheckpointNode::push(None, Arc::new("g0"), "x", 0u32, inputs.clone());
+    /// let head = CheckpointNode::push(Some(old), Arc::new("g1"), "y", 1u32, inputs);
+    /// let graphs: Vec<&str> = head.collect_graphs().iter().map(|graph| **graph).collect();
+    /// assert_eq!(graphs, ["g1", "g0"]);
+    /// ```
     pub fn collect_graphs(&self) -> Vec<Arc<G>> {
         self.iter().map(|node| Arc::clone(&node.graph)).collect()
     }
@@ -127,6 +169,17 @@ impl<G, K, A> CheckpointNode<G, K, A> {
 
 impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
     /// Every alias of the chain; for a key bound by several nodes, the oldest node's target.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap};
+    /// let inputs = Arc::new(RetainedInputMap::new());
+    /// let old = CheckpointNode::push(None, Arc::new("g0"), "x", 0u32, inputs.clone());
+    /// let head = CheckpointNode::push(Some(old), Arc::new("g1"), "x", 1u32, inputs);
+    /// let aliases = head.collect_aliases();
+    /// assert_eq!(aliases.len(), 1);
+    /// assert_eq!(aliases["x"], 0); // the oldest node's target wins
+    /// ```
     pub fn collect_aliases(&self) -> HashMap<K, A> {
         let mut aliases = HashMap::new();
         for node in self.iter() {
@@ -138,6 +191,21 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
     /// Every retained input of the chain; for a key retained by several nodes, the oldest
     /// node's value. (Sizing the map for every entry up front was measured slower: keys
     /// repeat along real chains, so it over-allocates.)
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap, RetainedValue, Tensor};
+    /// let saved = |x: f32| -> ferropool::Result<_> {
+    ///     Ok(Arc::new(RetainedValue::from_tensor(Tensor::from_slice(&[x], &[1])?)))
+    /// };
+    /// let old = Arc::new(RetainedInputMap::from([("a", saved(1.0)?)]));
+    /// let new = Arc::new(RetainedInputMap::from([("a", saved(2.0)?)]));
+    /// let chain = CheckpointNode::push(None, Arc::new("g0"), "x", 0u32, old);
+    /// let chain = CheckpointNode::push(Some(chain), Arc::new("g1"), "y", 1u32, new);
+    /// let inputs = chain.collect_inputs();
+    /// assert_eq!(inputs["a"].tensor_read()?.get::<f32>(&[0])?, 1.0); // the oldest value wins
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
     pub fn collect_inputs(&self) -> RetainedInputMap<K> {
         let mut inputs = HashMap::new();
         for node in self.iter() {
@@ -151,6 +219,16 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
     }
 
     /// The alias target `collect_aliases()` would give for `key`, without building a map.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap};
+    /// let inputs = Arc::new(RetainedInputMap::new());
+    /// let old = CheckpointNode::push(None, Arc::new("g0"), "x", 0u32, inputs.clone());
+    /// let head = CheckpointNode::push(Some(old), Arc::new("g1"), "x", 1u32, inputs);
+    /// assert_eq!(head.lookup_alias(&"x"), Some(&0)); // as `collect_aliases()["x"]`
+    /// assert_eq!(head.lookup_alias(&"y"), None);
+    /// ```
     pub fn lookup_alias(&self, key: &K) -> Option<&A> {
         self.iter()
             .filter(|node| node.alias_key == *key)
@@ -159,6 +237,17 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
     }
 
     /// The input `collect_inputs()` would give for `key`, without building a map.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap, RetainedValue, Tensor};
+    /// let x = Arc::new(RetainedValue::from_tensor(Tensor::from_slice(&[4.0f32], &[1])?));
+    /// let inputs = Arc::new(RetainedInputMap::from([("x", x)]));
+    /// let chain = CheckpointNode::push(None, Arc::new("g0"), "x", 0u32, inputs);
+    /// assert_eq!(chain.lookup_input(&"x").map(|value| value.shape()), Some(&[1][..]));
+    /// assert!(chain.lookup_input(&"y").is_none());
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
     pub fn lookup_input(&self, key: &K) -> Option<&Arc<RetainedValue>> {
         self.iter()
             .filter_map(|node| node.old_inputs.get(key))
@@ -171,6 +260,18 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
     /// Where the lhs spine is owned only by the caller, it is relinked in place, with no
     /// allocation; from the first node shared with someone else, the rest of the lhs is
     /// copied node by node (as the runtime's reference implementation does for all of it).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap};
+    /// let inputs = Arc::new(RetainedInputMap::new());
+    /// let rhs = CheckpointNode::push(None, Arc::new("r0"), "x", 0u32, inputs.clone());
+    /// let lhs = CheckpointNode::push(None, Arc::new("l0"), "x", 1u32, inputs);
+    /// let merged = CheckpointNode::merge_chains(Some(lhs), Some(rhs)).expect("two chains");
+    /// let graphs: Vec<&str> = merged.collect_graphs().iter().map(|graph| **graph).collect();
+    /// assert_eq!(graphs, ["l0", "r0"]);
+    /// assert_eq!(merged.lookup_alias(&"x"), Some(&0)); // rhs is older: its alias wins
+    /// ```
     pub fn merge_chains(lhs: Option<Arc<Self>>, rhs: Option<Arc<Self>>) -> Option<Arc<Self>> {
         let (mut head, rhs) = match (lhs, rhs) {
             (None, rhs) => return rhs,

@@ -14,9 +14,25 @@ use crate::pool::PoolError;
 use crate::tensor::TensorError;
 
 /// The crate-level result type.
+///
+/// ```
+/// use ferropool::{Result, Tensor};
+/// fn first(tensor: &Tensor) -> Result<f32> {
+///     Ok(tensor.as_slice::<f32>()?[0]) // a `TensorError` converts with `?`
+/// }
+/// assert_eq!(first(&Tensor::from_slice(&[2.5f32], &[1])?)?, 2.5);
+/// # Ok::<(), ferropool::Error>(())
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Which phase of the runtime an error was raised in.
+///
+/// ```
+/// use ferropool::{Error, ErrorPhase};
+/// let error = Error::runtime_state("Runtime::release", ErrorPhase::Teardown, "still shared");
+/// assert!(matches!(error, Error::RuntimeState { phase: ErrorPhase::Teardown, .. }));
+/// assert_eq!(ErrorPhase::Teardown.to_string(), "teardown");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorPhase {
@@ -39,6 +55,14 @@ impl fmt::Display for ErrorPhase {
 }
 
 /// The crate-level error.
+///
+/// ```
+/// use ferropool::{Error, Tensor, TensorError};
+/// fn build() -> ferropool::Result<Tensor> {
+///     Ok(Tensor::from_slice(&[1.0f32; 5], &[2, 3])?)
+/// }
+/// assert!(matches!(build(), Err(Error::Tensor(TensorError::ShapeMismatch { .. }))));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -65,6 +65,15 @@ unsafe impl Send for Retained {}
 unsafe impl Sync for Retained {}
 
 /// What one retained handle holds.
+///
+/// ```
+/// use ferropool::{AllocationGroup, RetainedValue, RetentionContainer, Tensor};
+/// let (group, slots) = AllocationGroup::from_tensors([Tensor::from_slice(&[1u8, 2], &[2])?])?;
+/// let saved = RetainedValue::from_group(&group, slots[0])?;
+/// let RetentionContainer::Pooled { group: held, .. } = saved.container() else { panic!() };
+/// assert_eq!(held.handles(), 2); // `group` and the retained handle
+/// # Ok::<(), ferropool::Error>(())
+/// ```
 // The pooled variant owns an allocation group handle inline; boxing it would add an
 // allocation to every retained value on the hot path.
 #[allow(clippy::large_enum_variant)]
@@ -102,6 +111,14 @@ const TRANSFER_FAILED: &str = "a TensorValue could not be transferred into its r
 
 impl RetainedValue {
     /// Move an owned tensor value into a retained group-backed handle.
+    ///
+    /// ```
+    /// use ferropool::{RetainedValue, Tensor, TensorValue};
+    /// let value = TensorValue::from_tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2])?);
+    /// let saved = RetainedValue::from_tensor_value(value)?;
+    /// assert_eq!(saved.tensor_read()?.to_vec::<f32>()?, [1.0, 2.0]);
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -142,6 +159,13 @@ impl RetainedValue {
 
     /// Move an owned compact tensor into a retained group-backed handle.
     ///
+    /// ```
+    /// use ferropool::{RetainedValue, Tensor};
+    /// let saved = RetainedValue::from_tensor(Tensor::from_slice(&[3i32, 4], &[2])?);
+    /// assert_eq!(saved.tensor_read()?.get::<i32>(&[1])?, 4);
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
+    ///
     /// # Panics
     ///
     /// Panics only if the validated compact tensor cannot produce its valid allocation-group
@@ -156,6 +180,16 @@ impl RetainedValue {
     /// Retains one descriptor of a shared group without moving the group: the handle holds
     /// a group reference (one atomic increment), so several descriptors of one group can be
     /// retained and read concurrently.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, RetainedValue, Tensor};
+    /// let t = Tensor::from_slice(&[1i32, 2, 3, 4], &[2, 2])?;
+    /// let (group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let saved = RetainedValue::from_group(&group, slots[0])?;
+    /// drop(group); // the retained handle keeps the group alive
+    /// assert_eq!(saved.tensor_read()?.to_vec::<i32>()?, [1, 2, 3, 4]);
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -197,21 +231,50 @@ impl RetainedValue {
     }
 
     /// The element type.
+    ///
+    /// ```
+    /// use ferropool::{DType, RetainedValue, Tensor};
+    /// let saved = RetainedValue::from_tensor(Tensor::from_slice(&[1.0f64], &[1])?);
+    /// assert_eq!(saved.dtype(), DType::F64);
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// The shape.
+    ///
+    /// ```
+    /// use ferropool::{RetainedValue, Tensor};
+    /// let saved = RetainedValue::from_tensor(Tensor::from_slice(&[0u8; 6], &[2, 3])?);
+    /// assert_eq!(saved.shape(), &[2, 3]);
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
     pub fn shape(&self) -> &[usize] {
         &self.inner.shape
     }
 
     /// What the handle holds.
+    ///
+    /// ```
+    /// use ferropool::{RetainedValue, RetentionContainer, Tensor};
+    /// let saved = RetainedValue::from_tensor(Tensor::from_slice(&[1u8], &[1])?);
+    /// assert!(matches!(saved.container(), RetentionContainer::Pooled { .. }));
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
     pub fn container(&self) -> &RetentionContainer {
         &self.inner.container
     }
 
     /// Borrow the retained descriptor for one read-only execution boundary.
+    ///
+    /// ```
+    /// use ferropool::{RetainedValue, Tensor};
+    /// let saved = RetainedValue::from_tensor(Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3])?);
+    /// let read = saved.tensor_read()?;
+    /// assert_eq!(read.as_slice::<f32>()?.iter().sum::<f32>(), 6.0);
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -240,4 +303,14 @@ impl RetainedValue {
 }
 
 /// Retained inputs of one checkpoint, by input key.
+///
+/// ```
+/// use std::sync::Arc;
+/// use ferropool::{RetainedInputMap, RetainedValue, Tensor};
+/// let mut inputs = RetainedInputMap::new();
+/// let x = RetainedValue::from_tensor(Tensor::from_slice(&[1.0f32], &[1])?);
+/// inputs.insert("x", Arc::new(x));
+/// assert_eq!(inputs["x"].shape(), &[1]);
+/// # Ok::<(), ferropool::Error>(())
+/// ```
 pub type RetainedInputMap<K> = HashMap<K, Arc<RetainedValue>>;

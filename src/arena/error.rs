@@ -6,6 +6,17 @@ use super::SlotPhase;
 ///
 /// Every variant says what was asked for and what the arena had instead; an operation that
 /// returns one of these has left the arena unchanged.
+///
+/// ```
+/// use ferropool::{ArenaError, SlotArena, SlotPhase};
+/// let arena = SlotArena::new();
+/// let key = arena.insert(1u8)?;
+/// let guard = arena.pin();
+/// arena.remove(key, &guard)?;
+/// let error = arena.get(key, &guard).unwrap_err();
+/// assert!(matches!(error, ArenaError::Stale { phase: SlotPhase::Removed, .. }));
+/// # Ok::<(), ferropool::ArenaError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ArenaError {

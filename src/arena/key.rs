@@ -10,6 +10,15 @@ use std::num::NonZeroU64;
 /// removed: the slot's generation moves on, and a slot whose generation would wrap around is
 /// retired for good, so a stale key never resolves to a later value of the same slot. A key
 /// from another arena is rejected with [`ArenaError::ForeignKey`](crate::ArenaError).
+///
+/// ```
+/// use ferropool::{ArenaError, SlotArena};
+/// let (a, b) = (SlotArena::new(), SlotArena::new());
+/// let key = a.insert(1u8)?;
+/// b.insert(2u8)?;
+/// assert!(matches!(b.get(key, &b.pin()), Err(ArenaError::ForeignKey { .. })));
+/// # Ok::<(), ferropool::ArenaError>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
     /// `generation << 32 | index`.
@@ -27,16 +36,42 @@ impl Key {
     }
 
     /// The slot index.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena = SlotArena::new();
+    /// let (a, b) = (arena.insert('a')?, arena.insert('b')?);
+    /// assert_ne!(a.index(), b.index());
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn index(&self) -> u32 {
         self.packed as u32
     }
 
     /// The generation the slot had when this key was issued.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let mut arena = SlotArena::new();
+    /// let old = arena.insert(1u32)?;
+    /// arena.take(old)?;
+    /// let new = arena.insert(2u32)?; // the same slot, one generation on
+    /// assert_eq!(new.generation(), old.generation() + 1);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn generation(&self) -> u32 {
         (self.packed >> 32) as u32
     }
 
     /// The identity of the arena that issued this key.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena = SlotArena::new();
+    /// let key = arena.insert(0i64)?;
+    /// assert_eq!(key.arena_id(), arena.id());
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn arena_id(&self) -> u64 {
         self.arena.get()
     }

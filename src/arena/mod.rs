@@ -97,12 +97,29 @@ pub struct SlotArena<T: Send + 'static> {
 
 impl<T: Send + 'static> SlotArena<T> {
     /// An empty arena with the default configuration, on the global epoch collector.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena: SlotArena<u32> = SlotArena::new();
+    /// assert!(arena.is_empty());
+    /// assert_eq!(arena.capacity(), 0);
+    /// ```
     pub fn new() -> Self {
         Self::with_config(ArenaConfig::default()).expect("the default configuration is valid")
     }
 
     /// An empty arena on a private collector (for example one per test, or per subsystem, so
     /// that its garbage is collected independently of the rest of the process).
+    ///
+    /// ```
+    /// use ferropool::{Collector, SlotArena};
+    /// let collector = Collector::new();
+    /// let arena = SlotArena::with_collector(collector.clone());
+    /// let key = arena.insert(1u32)?;
+    /// assert!(arena.collector() == &collector);
+    /// assert_eq!(arena.get(key, &arena.pin())?, &1);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn with_collector(collector: Collector) -> Self {
         Self::with_config(ArenaConfig {
             collector: Some(collector),
@@ -112,6 +129,13 @@ impl<T: Send + 'static> SlotArena<T> {
     }
 
     /// An empty arena with `config`.
+    ///
+    /// ```
+    /// use ferropool::{ArenaConfig, ArenaError, SlotArena};
+    /// let config = ArenaConfig { first_page_len: 3, ..ArenaConfig::default() };
+    /// let refused = SlotArena::<u32>::with_config(config);
+    /// assert!(matches!(refused, Err(ArenaError::InvalidConfig { field: "first_page_len", .. })));
+    /// ```
     ///
     /// # Errors
     ///
@@ -163,22 +187,59 @@ impl<T: Send + 'static> SlotArena<T> {
     /// On the global collector this uses crossbeam-epoch's thread-local handle. On a private
     /// collector each thread keeps a handle for the last few private collectors it pinned
     /// on, so pinning costs about the same.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena = SlotArena::new();
+    /// let key = arena.insert([1.0f32, 2.0])?;
+    /// let guard = arena.pin();
+    /// assert_eq!(arena.get(key, &guard)?, &[1.0, 2.0]);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     #[inline]
     pub fn pin(&self) -> Guard {
         pin::pin(&self.collector, self.default_collector)
     }
 
     /// The collector whose guards protect this arena's reads.
+    ///
+    /// ```
+    /// use ferropool::{Collector, SlotArena};
+    /// let arena = SlotArena::with_collector(Collector::new());
+    /// let key = arena.insert('k')?;
+    /// let handle = arena.collector().register(); // a thread's own handle
+    /// assert_eq!(arena.get(key, &handle.pin())?, &'k');
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn collector(&self) -> &Collector {
         &self.collector
     }
 
     /// This arena's identity, as carried by its keys.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let (a, b) = (SlotArena::new(), SlotArena::<u8>::new());
+    /// let key = a.insert(1u8)?;
+    /// assert_eq!(key.arena_id(), a.id());
+    /// assert_ne!(a.id(), b.id());
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn id(&self) -> u64 {
         self.arena.id.get()
     }
 
     /// Inserts `value` and returns its key. Lock-free; needs no pin.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena = SlotArena::new();
+    /// let a = arena.insert("a")?;
+    /// let b = arena.insert("b")?;
+    /// assert_ne!(a, b);
+    /// assert_eq!(arena.len(), 2);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -195,6 +256,14 @@ impl<T: Send + 'static> SlotArena<T> {
     }
 
     /// As [`insert`](Self::insert), but a refused value comes back with the error.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena = SlotArena::new();
+    /// let key = arena.try_insert(vec![1u8; 4]).map_err(|(error, _refused)| error)?;
+    /// assert_eq!(arena.with(key, |bytes| bytes.len())?, 4);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -246,6 +315,16 @@ impl<T: Send + 'static> SlotArena<T> {
     ///
     /// The reference stays valid while `guard` lives, even if the value is removed meanwhile.
     ///
+    /// ```
+    /// use ferropool::{ArenaError, Collector, SlotArena};
+    /// let arena = SlotArena::new();
+    /// let key = arena.insert(7u64)?;
+    /// assert_eq!(arena.get(key, &arena.pin())?, &7);
+    /// let other = Collector::new().register();
+    /// assert_eq!(arena.get(key, &other.pin()), Err(ArenaError::ForeignGuard));
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`ArenaError::ForeignGuard`] if `guard` is not pinned on this arena's collector;
@@ -290,6 +369,16 @@ impl<T: Send + 'static> SlotArena<T> {
 
     /// Runs `f` on the value of `key` under a fresh pin.
     ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena = SlotArena::new();
+    /// let key = arena.insert(String::from("layer.0"))?;
+    /// assert_eq!(arena.with(key, |name| name.len())?, 7);
+    /// arena.remove(key, &arena.pin())?;
+    /// assert!(arena.with(key, |name| name.len()).is_err()); // the key is stale now
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`get`](Self::get), except that the guard is always the arena's own.
@@ -299,6 +388,16 @@ impl<T: Send + 'static> SlotArena<T> {
     }
 
     /// Whether `key` resolves to a live value.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena = SlotArena::new();
+    /// let key = arena.insert(1i32)?;
+    /// assert!(arena.contains(key));
+    /// arena.remove(key, &arena.pin())?;
+    /// assert!(!arena.contains(key));
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn contains(&self, key: Key) -> bool {
         // Pinned: the key may be stale, and its page may be released by a concurrent `trim`.
         let _guard = self.pin();
@@ -309,6 +408,16 @@ impl<T: Send + 'static> SlotArena<T> {
     ///
     /// Returns the removed value, readable while `guard` lives; it is dropped after every
     /// thread that could have seen it has unpinned (see [Destructors](Self#destructors)).
+    ///
+    /// ```
+    /// use ferropool::{ArenaError, SlotArena};
+    /// let arena = SlotArena::new();
+    /// let key = arena.insert(vec![1, 2])?;
+    /// let guard = arena.pin();
+    /// assert_eq!(arena.remove(key, &guard)?, &[1, 2]);
+    /// assert!(matches!(arena.remove(key, &guard), Err(ArenaError::Stale { .. })));
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -336,6 +445,17 @@ impl<T: Send + 'static> SlotArena<T> {
 
     /// Removes the value of `key` and returns it by value. Exclusive access means no reader
     /// can hold it, so the slot is reusable at once.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let mut arena = SlotArena::new();
+    /// let key = arena.insert(String::from("grad"))?;
+    /// assert_eq!(arena.take(key)?, "grad");
+    /// let next = arena.insert(String::from("next"))?;
+    /// assert_eq!(next.index(), key.index()); // the slot was reusable at once
+    /// assert!(!arena.contains(key));
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -365,6 +485,20 @@ impl<T: Send + 'static> SlotArena<T> {
     /// fills, and recycles the batches whose grace period has passed. Call it at a step
     /// boundary to get removed slots back sooner.
     ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::SlotArena;
+    /// let (arena, weights) = (SlotArena::new(), Arc::new([0.5f32; 4]));
+    /// let key = arena.insert(Arc::clone(&weights))?;
+    /// arena.remove(key, &arena.pin())?;
+    /// for _ in 0..1000 {
+    ///     if Arc::strong_count(&weights) == 1 { break; } // the removed value was dropped
+    ///     arena.flush(&arena.pin())?;
+    /// }
+    /// assert_eq!(Arc::strong_count(&weights), 1);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`ArenaError::ForeignGuard`] if `guard` is not pinned on this arena's collector.
@@ -393,6 +527,18 @@ impl<T: Send + 'static> SlotArena<T> {
     /// Values inserted or removed concurrently may or may not be visited; every visited
     /// reference stays valid while `guard` lives.
     ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena = SlotArena::new();
+    /// for x in [1u32, 2, 3] {
+    ///     arena.insert(x)?;
+    /// }
+    /// let mut sum = 0;
+    /// arena.for_each(&arena.pin(), |_key, x| sum += *x)?;
+    /// assert_eq!(sum, 6);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`ArenaError::ForeignGuard`] if `guard` is not pinned on this arena's collector.
@@ -417,6 +563,16 @@ impl<T: Send + 'static> SlotArena<T> {
 
     /// The number of live values: a snapshot that may be stale by the time it returns.
     /// It counts slot states, so it costs O(capacity) and adds nothing to the hot paths.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let arena = SlotArena::new();
+    /// let key = arena.insert(1u8)?;
+    /// arena.insert(2u8)?;
+    /// arena.remove(key, &arena.pin())?;
+    /// assert_eq!(arena.len(), 1); // removed values are not counted
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn len(&self) -> usize {
         let _guard = self.pin(); // pages may be released by a concurrent `trim`
         let mut live = 0;
@@ -427,11 +583,33 @@ impl<T: Send + 'static> SlotArena<T> {
     }
 
     /// Whether [`len`](Self::len) is zero.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let mut arena = SlotArena::new();
+    /// let key = arena.insert(1u8)?;
+    /// assert!(!arena.is_empty());
+    /// arena.take(key)?;
+    /// assert!(arena.is_empty());
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Slots in allocated pages.
+    ///
+    /// ```
+    /// use ferropool::{ArenaConfig, SlotArena};
+    /// let config = ArenaConfig { first_page_len: 4, ..ArenaConfig::default() };
+    /// let arena = SlotArena::with_config(config)?;
+    /// assert_eq!(arena.capacity(), 0);
+    /// for x in 0..5u32 {
+    ///     arena.insert(x)?;
+    /// }
+    /// assert_eq!(arena.capacity(), 4 + 8); // pages of 4, then 8 slots
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     pub fn capacity(&self) -> u64 {
         self.arena.slots.allocated()
     }
@@ -446,6 +624,17 @@ impl<T: Send + 'static> SlotArena<T> {
     /// them); so does every page below an occupied slot (keys never move). Keys into a
     /// released page stay stale: the page's next allocation starts its generations past
     /// every generation it reached.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let mut arena = SlotArena::new();
+    /// let key = arena.insert(1u64)?;
+    /// assert_eq!(arena.trim(), 0); // the page holds a live value
+    /// arena.take(key)?;
+    /// assert_eq!(arena.trim(), 64); // the default first page
+    /// assert_eq!(arena.capacity(), 0);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     ///
     /// # Panics
     ///
@@ -465,6 +654,16 @@ impl<T: Send + 'static> SlotArena<T> {
     /// collector (no reader can hold one: `&mut self` excludes readers), then releases the
     /// trailing vacant pages at once, as [`trim`](Self::trim) does. Returns the slots
     /// released.
+    ///
+    /// ```
+    /// use ferropool::SlotArena;
+    /// let mut arena = SlotArena::new();
+    /// let key = arena.insert(vec![0u8; 1024])?;
+    /// arena.remove(key, &arena.pin())?;
+    /// assert_eq!(arena.shrink(), 64); // the removed value is dropped, its page released
+    /// assert_eq!(arena.capacity(), 0);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
     ///
     /// # Panics
     ///

@@ -19,6 +19,17 @@ pub(super) const EXHAUSTED: u64 = 3;
 const PHASE_MASK: u64 = 0b11;
 
 /// Where a slot is in its life, as reported by [`ArenaError::Stale`](crate::ArenaError).
+///
+/// ```
+/// use ferropool::{ArenaError, SlotArena, SlotPhase};
+/// let mut arena = SlotArena::new();
+/// let key = arena.insert("x")?;
+/// arena.take(key)?;
+/// let Err(ArenaError::Stale { phase, .. }) = arena.take(key) else { panic!("not stale") };
+/// assert_eq!(phase, SlotPhase::Vacant);
+/// assert_eq!(phase.to_string(), "vacant");
+/// # Ok::<(), ferropool::ArenaError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum SlotPhase {

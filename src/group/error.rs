@@ -6,6 +6,18 @@ use crate::tensor::{DType, TensorError};
 
 /// Errors of [`AllocationGroup`](crate::AllocationGroup). A failed operation leaves the group
 /// unchanged.
+///
+/// ```
+/// use ferropool::{AllocationGroup, GroupError, Tensor};
+/// let mut group = AllocationGroup::new();
+/// let slot = group.append_tensor(Tensor::from_slice(&[1u8], &[1])?)?;
+/// let shared = group.clone();
+/// assert_eq!(group.remove(slot), Err(GroupError::Shared { handles: 2 }));
+/// drop(shared);
+/// group.remove(slot)?;
+/// assert_eq!(group.describe(slot), Err(GroupError::Removed { slot }));
+/// # Ok::<(), ferropool::GroupError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum GroupError {

@@ -63,6 +63,16 @@ fn descriptors() -> &'static SlotArena<Descriptor> {
 
 /// A descriptor's key: which group, which of its views, which arena record. `Copy` and
 /// opaque.
+///
+/// ```
+/// use ferropool::{AllocationGroup, DType, Tensor};
+/// let t = Tensor::zeros(DType::F32, &[2])?;
+/// let (group, slots) = AllocationGroup::from_tensors([t])?;
+/// let slot = slots[0]; // `Copy`: a key, not a borrow
+/// assert_eq!(group.describe(slot)?, (DType::F32, vec![2]));
+/// assert!(AllocationGroup::new().read_view(slot).is_err()); // another group's slot
+/// # Ok::<(), ferropool::GroupError>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DescriptorSlot {
     key: Key,
@@ -145,6 +155,15 @@ impl Drop for GroupInner {
 
 impl AllocationGroup {
     /// An empty group.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let mut group = AllocationGroup::new();
+    /// assert!(group.is_empty());
+    /// group.append_tensor(Tensor::from_slice(&[1u8], &[1])?)?;
+    /// assert_eq!(group.len(), 1);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn new() -> Self {
         Self {
             inner: Arc::new(GroupInner {
@@ -157,6 +176,15 @@ impl AllocationGroup {
     }
 
     /// A group owning `tensors`, with one descriptor each (returned in order).
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let a = Tensor::from_slice(&[1.0f32, 2.0], &[2])?;
+    /// let b = Tensor::zeros(DType::I64, &[3])?;
+    /// let (group, slots) = AllocationGroup::from_tensors([a, b])?;
+    /// assert_eq!(group.describe(slots[1])?, (DType::I64, vec![3]));
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -181,6 +209,14 @@ impl AllocationGroup {
     }
 
     /// Moves `tensor`'s buffer into the group and adds a descriptor for it.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let mut group = AllocationGroup::new();
+    /// let slot = group.append_tensor(Tensor::from_slice(&[4i32, 5], &[2])?)?;
+    /// assert_eq!(group.read_view(slot)?.as_slice::<i32>()?, &[4, 5]);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -291,6 +327,15 @@ impl AllocationGroup {
 
     /// A read-only view of `slot`. Lock-free; works through any handle, from any thread.
     ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3])?;
+    /// let (group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let reader = group.clone(); // a shared handle reads too
+    /// assert_eq!(reader.read_view(slots[0])?.get::<f32>(&[2])?, 3.0);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`GroupError::ForeignSlot`] for another group's slot; [`GroupError::Removed`] for a
@@ -315,6 +360,14 @@ impl AllocationGroup {
 
     /// The dtype and shape of `slot`.
     ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::BF16, &[4, 2])?;
+    /// let (group, slots) = AllocationGroup::from_tensors([t])?;
+    /// assert_eq!(group.describe(slots[0])?, (DType::BF16, vec![4, 2]));
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`read_view`](Self::read_view).
@@ -324,6 +377,17 @@ impl AllocationGroup {
     }
 
     /// An exclusive writable view of `slot` (the only handle, borrowed mutably).
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::F32, &[2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// group.write_view(slots[0])?.set(&[1], 7.0f32)?;
+    /// assert_eq!(group.read_view(slots[0])?.to_vec::<f32>()?, vec![0.0, 7.0]);
+    /// let shared = group.clone();
+    /// assert!(group.write_view(slots[0]).is_err()); // not the only handle
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -346,6 +410,16 @@ impl AllocationGroup {
     }
 
     /// Adds a descriptor viewing `of`'s buffer through `layout`.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Layout, Tensor};
+    /// let t = Tensor::from_slice(&[1i32, 2, 3, 4, 5, 6], &[6])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let evens = group.add_view(slots[0], Layout::new(&[3], &[2], 1)?)?;
+    /// assert_eq!(group.read_view(evens)?.to_vec::<i32>()?, vec![2, 4, 6]);
+    /// assert!(group.add_view(slots[0], Layout::contiguous(&[7])?).is_err()); // past the end
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -370,6 +444,15 @@ impl AllocationGroup {
 
     /// A view of `of` under another shape (needs a contiguous layout).
     ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1u8, 2, 3, 4, 5, 6], &[6])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let matrix = group.reshape(slots[0], &[2, 3])?;
+    /// assert_eq!(group.read_view(matrix)?.get::<u8>(&[1, 0])?, 4);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`add_view`](Self::add_view), and the errors of [`Layout::reshape`].
@@ -384,6 +467,15 @@ impl AllocationGroup {
 
     /// A view of `of` with its dimensions reordered.
     ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1u8, 2, 3, 4], &[2, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let transposed = group.permute(slots[0], &[1, 0])?;
+    /// assert_eq!(group.read_view(transposed)?.to_vec::<u8>()?, vec![1, 3, 2, 4]);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`add_view`](Self::add_view), and the errors of [`Layout::permute`].
@@ -397,6 +489,15 @@ impl AllocationGroup {
     }
 
     /// A view of `len` elements of `of`'s dimension `axis`, from `start`.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1u8, 2, 3, 4, 5, 6], &[3, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let last_rows = group.narrow(slots[0], 0, 1, 2)?;
+    /// assert_eq!(group.read_view(last_rows)?.as_slice::<u8>()?, &[3, 4, 5, 6]);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -414,6 +515,18 @@ impl AllocationGroup {
 
     /// Removes `slot`'s descriptor and returns its buffer as a tensor, without copying. Only
     /// when no other descriptor views the buffer and the view covers it compactly.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, GroupError, Tensor};
+    /// let t = Tensor::from_slice(&[1u8, 2, 3, 4], &[2, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let row = group.narrow(slots[0], 0, 0, 1)?;
+    /// assert!(matches!(group.try_extract(slots[0]), Err(GroupError::Aliased { aliases: 1 })));
+    /// group.remove(row)?;
+    /// let t = group.try_extract(slots[0])?; // no copy
+    /// assert_eq!((t.shape(), group.len()), (&[2, 2][..], 0));
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -451,6 +564,17 @@ impl AllocationGroup {
     /// itself when [`try_extract`](Self::try_extract) can, otherwise a copy in the pool the
     /// buffer came from.
     ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1i32, 2, 3, 4], &[2, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let transposed = group.permute(slots[0], &[1, 0])?;
+    /// let copy = group.into_tensor(transposed)?; // strided: a compact copy
+    /// assert_eq!(copy.as_slice::<i32>()?, &[1, 3, 2, 4]);
+    /// assert_eq!(group.len(), 1); // `transposed` was removed
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`GroupError::Shared`]; the errors of [`read_view`](Self::read_view); a pool error
@@ -480,6 +604,16 @@ impl AllocationGroup {
     /// Removes `slot`'s descriptor; its buffer goes back to the pool when no other
     /// descriptor views it.
     ///
+    /// ```
+    /// use ferropool::{AllocationGroup, BufferPool, Tensor};
+    /// let pool = BufferPool::new();
+    /// let t = Tensor::from_slice_in(&pool, &[1.0f64; 4], &[4])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// group.remove(slots[0])?;
+    /// assert_eq!(pool.stats().in_use_bytes, 0); // its last view: the buffer is back
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`GroupError::Shared`]; the errors of [`read_view`](Self::read_view).
@@ -504,21 +638,56 @@ impl AllocationGroup {
     }
 
     /// Live descriptors.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::U8, &[2, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// group.permute(slots[0], &[1, 0])?;
+    /// assert_eq!(group.len(), 2); // two views of one buffer
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.inner.views.len() - self.inner.vacant_views.len()
     }
 
     /// Whether the group has no descriptors.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let mut group = AllocationGroup::new();
+    /// let slot = group.append_tensor(Tensor::zeros(DType::U8, &[1])?)?;
+    /// assert!(!group.is_empty());
+    /// group.remove(slot)?;
+    /// assert!(group.is_empty());
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Handles sharing this group (1 when this is the only one).
+    ///
+    /// ```
+    /// use ferropool::AllocationGroup;
+    /// let group = AllocationGroup::new();
+    /// let shared = group.clone();
+    /// assert_eq!(group.handles(), 2);
+    /// drop(shared);
+    /// assert_eq!(group.handles(), 1);
+    /// ```
     pub fn handles(&self) -> usize {
         Arc::strong_count(&self.inner)
     }
 
     /// The group's identity, as carried by its slots.
+    ///
+    /// ```
+    /// use ferropool::AllocationGroup;
+    /// let group = AllocationGroup::new();
+    /// assert_eq!(group.clone().id(), group.id()); // handles share the group
+    /// assert_ne!(AllocationGroup::new().id(), group.id());
+    /// ```
     pub fn id(&self) -> u64 {
         self.inner.id.get()
     }
@@ -528,11 +697,29 @@ impl AllocationGroup {
     /// by every group of the process and grows to the most descriptors ever live at once;
     /// call this after a phase that held many (say, a large model torn down). Safe to call
     /// at any time, from any thread.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let tensors = (0..5000).map(|_| Tensor::zeros(DType::U8, &[1]));
+    /// drop(AllocationGroup::from_tensors(tensors.collect::<Result<Vec<_>, _>>()?)?);
+    /// let before = AllocationGroup::descriptor_capacity();
+    /// let released = AllocationGroup::trim_descriptors();
+    /// assert_eq!(AllocationGroup::descriptor_capacity(), before - released);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn trim_descriptors() -> u64 {
         descriptors().trim()
     }
 
     /// Descriptor slots the process-wide descriptor arena holds pages for.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::U8, &[1])?;
+    /// let (group, _) = AllocationGroup::from_tensors([t])?;
+    /// assert!(AllocationGroup::descriptor_capacity() >= group.len() as u64);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn descriptor_capacity() -> u64 {
         descriptors().capacity()
     }
@@ -556,6 +743,16 @@ impl fmt::Debug for AllocationGroup {
 }
 
 /// An exclusive writable view of one descriptor.
+///
+/// ```
+/// use ferropool::{AllocationGroup, DType, Tensor, TensorWrite};
+/// let t = Tensor::zeros(DType::I32, &[2, 2])?;
+/// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+/// let mut write: TensorWrite<'_> = group.write_view(slots[0])?;
+/// write.as_mut_slice::<i32>()?.copy_from_slice(&[1, 2, 3, 4]);
+/// assert_eq!(group.read_view(slots[0])?.get::<i32>(&[1, 1])?, 4);
+/// # Ok::<(), ferropool::GroupError>(())
+/// ```
 pub struct TensorWrite<'a> {
     bytes: &'a mut [u8],
     dtype: DType,
@@ -564,11 +761,28 @@ pub struct TensorWrite<'a> {
 
 impl TensorWrite<'_> {
     /// The element type.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::F64, &[2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// assert_eq!(group.write_view(slots[0])?.dtype(), DType::F64);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// The shape.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::F64, &[2, 3])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let transposed = group.permute(slots[0], &[1, 0])?;
+    /// assert_eq!(group.write_view(transposed)?.shape(), &[3, 2]);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn shape(&self) -> &[usize] {
         self.layout.shape()
     }
@@ -582,6 +796,17 @@ impl TensorWrite<'_> {
     }
 
     /// The elements as a mutable slice, when the view is contiguous.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::F32, &[2, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// group.write_view(slots[0])?.as_mut_slice::<f32>()?.fill(1.5);
+    /// assert_eq!(group.read_view(slots[0])?.to_vec::<f32>()?, vec![1.5; 4]);
+    /// let transposed = group.permute(slots[0], &[1, 0])?;
+    /// assert!(group.write_view(transposed)?.as_mut_slice::<f32>().is_err()); // strided
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -597,6 +822,16 @@ impl TensorWrite<'_> {
     }
 
     /// Sets one element by multi-index (any layout).
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::I64, &[2, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let transposed = group.permute(slots[0], &[1, 0])?;
+    /// group.write_view(transposed)?.set(&[0, 1], 9i64)?; // row 1, column 0 of `slots[0]`
+    /// assert_eq!(group.read_view(slots[0])?.to_vec::<i64>()?, vec![0, 0, 9, 0]);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     ///
     /// # Errors
     ///

@@ -14,6 +14,18 @@ use super::{class, lifetime, PoolError, PoolInner};
 /// [`alloc_zeroed`](super::BufferPool::alloc_zeroed)): write them through
 /// [`as_uninit_mut`](Self::as_uninit_mut) or [`fill`](Self::fill), after which
 /// [`as_bytes`](Self::as_bytes) gives them back.
+///
+/// ```
+/// let pool = ferropool::BufferPool::new();
+/// let mut buffer = pool.alloc(8)?;
+/// buffer.copy_from_slice(&42u64.to_le_bytes())?;
+/// assert_eq!(buffer.as_bytes(), Some(&42u64.to_le_bytes()[..]));
+/// std::thread::scope(|s| {
+///     s.spawn(move || drop(buffer)); // given back from another thread
+/// });
+/// assert_eq!(pool.stats().in_use_bytes, 0);
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
 pub struct PoolBuffer {
     /// The block: at least `len` bytes (its class size), aligned to the pool's alignment.
     addr: NonNull<u8>,
@@ -57,31 +69,80 @@ impl PoolBuffer {
     }
 
     /// Requested length in bytes.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let buffer = pool.alloc(1000)?;
+    /// assert_eq!(buffer.len(), 1000);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the length is zero.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// assert!(pool.alloc(0)?.is_empty());
+    /// assert!(!pool.alloc(1)?.is_empty());
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Bytes the block actually holds (the size class).
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let buffer = pool.alloc(1000)?;
+    /// assert_eq!(buffer.capacity(), 1024); // the 1 KiB class
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn capacity(&self) -> usize {
         class::class_size(usize::from(self.class))
     }
 
     /// Start of the bytes; aligned to the pool's alignment.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new(); // 64-byte alignment by default
+    /// let buffer = pool.alloc(100)?;
+    /// assert_eq!(buffer.as_ptr() as usize % 64, 0);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn as_ptr(&self) -> *const u8 {
         self.addr.as_ptr()
     }
 
     /// Start of the bytes, for writing.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let mut buffer = pool.alloc(4)?;
+    /// // SAFETY: the buffer holds 4 bytes, all written here.
+    /// unsafe {
+    ///     buffer.as_mut_ptr().write_bytes(0xff, 4);
+    ///     buffer.assume_init();
+    /// }
+    /// assert_eq!(buffer.as_bytes(), Some(&[0xff; 4][..]));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.addr.as_ptr()
     }
 
     /// The bytes, if all have been written (or the buffer came zeroed).
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let mut buffer = pool.alloc(3)?;
+    /// assert_eq!(buffer.as_bytes(), None, "not written yet");
+    /// buffer.fill(1);
+    /// assert_eq!(buffer.as_bytes(), Some(&[1, 1, 1][..]));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn as_bytes(&self) -> Option<&[u8]> {
         // SAFETY: `len` bytes of the block are ours, and `initialized` says they are written.
         self.initialized
@@ -89,6 +150,16 @@ impl PoolBuffer {
     }
 
     /// The bytes for writing, if all have been written (or the buffer came zeroed).
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let mut buffer = pool.alloc_zeroed(4)?;
+    /// if let Some(bytes) = buffer.as_bytes_mut() {
+    ///     bytes[..2].copy_from_slice(&[1, 2]);
+    /// }
+    /// assert_eq!(buffer.as_bytes(), Some(&[1, 2, 0, 0][..]));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
         let (ptr, len) = (self.as_mut_ptr(), self.len);
         // SAFETY: as in `as_bytes`, and `&mut self` makes the access exclusive.
@@ -120,6 +191,18 @@ impl PoolBuffer {
 
     /// Declares every byte written.
     ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let mut buffer = pool.alloc(3)?;
+    /// for (i, byte) in buffer.as_uninit_mut().iter_mut().enumerate() {
+    ///     byte.write(i as u8);
+    /// }
+    /// // SAFETY: every byte was written above.
+    /// unsafe { buffer.assume_init() };
+    /// assert_eq!(buffer.as_bytes(), Some(&[0, 1, 2][..]));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    ///
     /// # Safety
     ///
     /// All [`len`](Self::len) bytes must have been initialised (for example through
@@ -129,6 +212,14 @@ impl PoolBuffer {
     }
 
     /// Sets every byte to `byte`.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let mut buffer = pool.alloc(16)?;
+    /// buffer.fill(0xab);
+    /// assert_eq!(buffer.as_bytes(), Some(&[0xab; 16][..]));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn fill(&mut self, byte: u8) {
         // SAFETY: `len` bytes of the block are exclusively ours.
         unsafe { self.as_mut_ptr().write_bytes(byte, self.len) };
@@ -136,6 +227,17 @@ impl PoolBuffer {
     }
 
     /// Copies `src` into the buffer.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolError};
+    /// let pool = BufferPool::new();
+    /// let mut buffer = pool.alloc(4)?;
+    /// buffer.copy_from_slice(b"abcd")?;
+    /// assert_eq!(buffer.as_bytes(), Some(&b"abcd"[..]));
+    /// let short = buffer.copy_from_slice(b"ab");
+    /// assert_eq!(short, Err(PoolError::LengthMismatch { expected: 4, found: 2 }));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -155,6 +257,17 @@ impl PoolBuffer {
 
     /// A buffer of `size` bytes from the pool this one came from.
     ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolError};
+    /// let pool = BufferPool::new();
+    /// let first = pool.alloc(64)?;
+    /// let second = first.alloc_sibling(128)?; // no pool handle needed
+    /// assert_eq!(second.pool_id(), pool.id());
+    /// drop(pool);
+    /// assert!(matches!(first.alloc_sibling(64), Err(PoolError::Closed)));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`BufferPool::alloc`](super::BufferPool::alloc), and [`PoolError::Closed`] if the
@@ -164,6 +277,15 @@ impl PoolBuffer {
     }
 
     /// The identity of the pool this buffer came from.
+    ///
+    /// ```
+    /// use ferropool::BufferPool;
+    /// let (a, b) = (BufferPool::new(), BufferPool::new());
+    /// let buffer = a.alloc(64)?;
+    /// assert_eq!(buffer.pool_id(), a.id());
+    /// assert_ne!(buffer.pool_id(), b.id());
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn pool_id(&self) -> u64 {
         // SAFETY: invariant on `pool`.
         unsafe { self.pool.as_ref() }.id

@@ -8,6 +8,14 @@ use super::stats::HumanBytes;
 ///
 /// A failed allocation leaves the pool's counters and lists as they were (but for the cached
 /// memory it released while trying).
+///
+/// ```
+/// use ferropool::{BufferPool, PoolError};
+/// let pool = BufferPool::new();
+/// let Err(error) = pool.alloc(usize::MAX) else { panic!("served more than 1 TiB") };
+/// assert!(matches!(error, PoolError::TooLarge { max, .. } if max == 1 << 40));
+/// assert!(error.to_string().contains("exceeds the largest size class"), "{error}");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PoolError {
@@ -59,6 +67,18 @@ pub enum PoolError {
 
 /// What the pool held when it could not serve an allocation: the figures a person needs to
 /// decide what to do. Its `Display` says it in human units and suggests the next step.
+///
+/// ```
+/// use ferropool::{BufferPool, PoolConfig, PoolError};
+/// let config = PoolConfig { budget: Some(1 << 20), ..PoolConfig::default() };
+/// let pool = BufferPool::with_config(config)?;
+/// let Err(PoolError::BudgetExceeded(oom)) = pool.alloc(3 << 20) else {
+///     panic!("3 MiB within a 1 MiB budget")
+/// };
+/// assert_eq!((oom.block_bytes, oom.budget), (3 << 20, Some(1 << 20)));
+/// assert!(oom.to_string().contains("raise PoolConfig::budget"), "{oom}");
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OutOfMemory {

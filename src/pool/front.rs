@@ -19,6 +19,14 @@ impl BufferPool {
     /// [`configure_global`](Self::configure_global) came first). It is never closed. Its
     /// blocks come from the system allocator directly, so that [`PoolAllocator`] can serve
     /// from it.
+    ///
+    /// ```
+    /// use ferropool::BufferPool;
+    /// let buffer = BufferPool::global().alloc(4096)?;
+    /// assert_eq!(buffer.pool_id(), BufferPool::global().id());
+    /// assert!(BufferPool::global().stats().in_use_bytes >= 4096);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     #[cfg(not(loom))]
     pub fn global() -> &'static BufferPool {
         GLOBAL.get_or_init(|| {
@@ -124,12 +132,25 @@ impl PoolAllocator {
     pub const MIN_THRESHOLD: usize = 4 << 10;
 
     /// A front end with the default threshold.
+    ///
+    /// ```
+    /// use ferropool::PoolAllocator;
+    /// static ALLOCATOR: PoolAllocator = PoolAllocator::new(); // usable in a `static`
+    /// assert_eq!(ALLOCATOR.threshold(), PoolAllocator::DEFAULT_THRESHOLD);
+    /// ```
     pub const fn new() -> Self {
         Self::with_threshold(Self::DEFAULT_THRESHOLD)
     }
 
     /// A front end that sends requests of at least `threshold` bytes (at least
     /// [`MIN_THRESHOLD`](Self::MIN_THRESHOLD)) to the pool.
+    ///
+    /// ```
+    /// use ferropool::PoolAllocator;
+    /// static ALLOCATOR: PoolAllocator = PoolAllocator::with_threshold(1 << 20); // 1 MiB and more
+    /// assert_eq!(ALLOCATOR.threshold(), 1 << 20);
+    /// assert_eq!(PoolAllocator::with_threshold(0).threshold(), PoolAllocator::MIN_THRESHOLD);
+    /// ```
     pub const fn with_threshold(threshold: usize) -> Self {
         Self {
             threshold: if threshold < Self::MIN_THRESHOLD {
@@ -141,11 +162,22 @@ impl PoolAllocator {
     }
 
     /// The threshold.
+    ///
+    /// ```
+    /// let allocator = ferropool::PoolAllocator::default();
+    /// assert_eq!(allocator.threshold(), 64 << 10);
+    /// ```
     pub const fn threshold(&self) -> usize {
         self.threshold
     }
 
     /// The pool it serves from: [`BufferPool::global`].
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolAllocator};
+    /// let pool = PoolAllocator::pool(); // whether the allocator is installed or not
+    /// assert!(std::ptr::eq(pool, BufferPool::global()));
+    /// ```
     #[cfg(not(loom))]
     pub fn pool() -> &'static BufferPool {
         BufferPool::global()

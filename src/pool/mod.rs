@@ -143,11 +143,28 @@ pub(crate) struct PoolInner {
 
 impl BufferPool {
     /// A pool with the default configuration.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolConfig};
+    /// let pool = BufferPool::new();
+    /// assert_eq!(pool.config(), &PoolConfig::default());
+    /// assert_eq!(pool.stats().reserved_bytes, 0); // nothing is held before the first buffer
+    /// ```
     pub fn new() -> Self {
         Self::with_config(PoolConfig::default()).expect("the default configuration is valid")
     }
 
     /// A pool with `config`.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolConfig, PoolError};
+    /// let page_aligned = PoolConfig { alignment: 4096, ..PoolConfig::default() };
+    /// let pool = BufferPool::with_config(page_aligned)?;
+    /// assert_eq!(pool.alloc(100)?.as_ptr() as usize % 4096, 0);
+    /// let odd = BufferPool::with_config(PoolConfig { alignment: 3, ..PoolConfig::default() });
+    /// assert!(matches!(odd, Err(PoolError::InvalidConfig { field: "alignment", .. })));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -173,6 +190,15 @@ impl BufferPool {
 
     /// A buffer of `size` bytes with unspecified contents.
     ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let mut buffer = pool.alloc(1000)?;
+    /// buffer.fill(0); // its bytes start unspecified
+    /// assert_eq!((buffer.len(), buffer.capacity()), (1000, 1024));
+    /// assert_eq!(pool.stats().in_use_bytes, 1024);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`PoolError::BudgetExceeded`] when the budget cannot hold another block even after
@@ -186,6 +212,14 @@ impl BufferPool {
     /// A buffer of `size` zero bytes. A reused block is cleared; a block new from the system
     /// is zeroed by the system (no extra pass).
     ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// pool.alloc(256)?.fill(0xff); // dropped dirty, into this thread's cache
+    /// let buffer = pool.alloc_zeroed(256)?; // the same block, cleared
+    /// assert_eq!(buffer.as_bytes(), Some(&[0u8; 256][..]));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`alloc`](Self::alloc).
@@ -196,6 +230,14 @@ impl BufferPool {
     /// Returns every cached block to the system now: the shared lists and every thread's
     /// cache (waiting, at most, for an operation a thread is running on the pool at that
     /// moment). Returns the bytes released.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// drop(pool.alloc(1 << 20)?); // kept in this thread's cache
+    /// assert_eq!(pool.trim(), 1 << 20);
+    /// assert_eq!(pool.stats().reserved_bytes, 0);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn trim(&self) -> u64 {
         let inner = self.inner();
         inner.counters.trims.fetch_add(1, Ordering::Relaxed);
@@ -254,12 +296,31 @@ impl BufferPool {
     }
 
     /// A snapshot of the counters.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let buffer = pool.alloc(1000)?;
+    /// let stats = pool.stats();
+    /// assert_eq!((stats.in_use_bytes, stats.requested_bytes), (1024, 1000));
+    /// assert_eq!(stats.in_use_blocks, 1);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn stats(&self) -> PoolStats {
         self.inner().stats()
     }
 
     /// Starts every peak statistic again from its current value (as
     /// `torch.cuda.reset_peak_memory_stats` does), for example at the start of a step.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let buffer = pool.alloc(1 << 20)?;
+    /// assert_eq!(pool.stats().peak_in_use_bytes, 1 << 20);
+    /// drop(buffer);
+    /// pool.reset_peak_stats();
+    /// assert_eq!(pool.stats().peak_in_use_bytes, 0);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn reset_peak_stats(&self) {
         let inner = self.inner();
         let now = inner.stats();
@@ -272,6 +333,16 @@ impl BufferPool {
 
     /// The blocks of every size class the pool holds, in use or cached (classes it holds
     /// none of are left out). A scan of the pool's block records.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let held = pool.alloc(1000)?;
+    /// drop(pool.alloc(4096)?);
+    /// let classes = pool.class_stats(); // smallest class first
+    /// assert_eq!((classes[0].block_bytes, classes[0].in_use_blocks), (1024, 1));
+    /// assert_eq!((classes[1].block_bytes, classes[1].cached_blocks), (4096, 1));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn class_stats(&self) -> Vec<ClassStats> {
         let mut by_class: HashMap<usize, ClassStats> = HashMap::new();
         self.inner().blocks.for_each(|record| {
@@ -295,6 +366,14 @@ impl BufferPool {
     /// The blocks handed out right now: size, class, allocating thread and tag of each, so a
     /// caller can see what holds memory. A scan of the pool's block records; blocks moving
     /// during the scan may be missed or seen twice.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let held = [pool.alloc(1000)?, pool.alloc(50)?];
+    /// let requested: usize = pool.snapshot().iter().map(|block| block.requested).sum();
+    /// assert_eq!(requested, 1050);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn snapshot(&self) -> Vec<BlockInfo> {
         let mut live = Vec::new();
         self.inner().blocks.for_each(|record| {
@@ -307,6 +386,17 @@ impl BufferPool {
 
     /// Bytes in use (class sizes) per memory tag (`None` for untagged buffers), from a
     /// [`snapshot`](Self::snapshot).
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, MemoryTag};
+    /// let pool = BufferPool::new();
+    /// let weights = MemoryTag::new("weights");
+    /// let w = { let _scope = weights.enter(); pool.alloc(4096)? };
+    /// let scratch = pool.alloc(1000)?;
+    /// let by_tag = pool.memory_by_tag();
+    /// assert_eq!((by_tag[&Some(weights)], by_tag[&None]), (4096, 1024));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn memory_by_tag(&self) -> HashMap<Option<MemoryTag>, u64> {
         let mut by_tag = HashMap::new();
         for block in self.snapshot() {
@@ -316,6 +406,15 @@ impl BufferPool {
     }
 
     /// The traced events, oldest first (empty when tracing is off).
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// assert!(pool.trace_events().is_empty()); // tracing is off
+    /// pool.enable_trace(2); // a ring of two events
+    /// for step in 0..5 { pool.trace_mark(step); }
+    /// let values: Vec<u64> = pool.trace_events().iter().map(|event| event.bytes).collect();
+    /// assert_eq!(values, [3, 4]); // oldest first; older ones fell out of the ring
+    /// ```
     pub fn trace_events(&self) -> Vec<PoolEvent> {
         self.inner()
             .trace
@@ -325,12 +424,30 @@ impl BufferPool {
 
     /// Nanoseconds on the trace's clock (the `at_ns` of an event recorded now), or `None`
     /// when tracing is off.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// assert_eq!(pool.trace_now_ns(), None); // tracing is off
+    /// pool.enable_trace(16);
+    /// pool.trace_mark(0);
+    /// let now = pool.trace_now_ns();
+    /// assert!(now >= Some(pool.trace_events()[0].at_ns));
+    /// ```
     pub fn trace_now_ns(&self) -> Option<u64> {
         self.inner().trace.get().map(Trace::now_ns)
     }
 
     /// Records a caller's own moment in the trace (a [`PoolEventKind::Mark`] event carrying
     /// `value`), for example a step boundary. Does nothing when tracing is off.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolEventKind};
+    /// let pool = BufferPool::new();
+    /// pool.enable_trace(16);
+    /// pool.trace_mark(42); // step 42 begins
+    /// let mark = pool.trace_events()[0];
+    /// assert_eq!((mark.kind, mark.bytes), (PoolEventKind::Mark, 42));
+    /// ```
     pub fn trace_mark(&self, value: u64) {
         self.inner().trace(PoolEventKind::Mark, value, 0);
     }
@@ -356,11 +473,27 @@ impl BufferPool {
 
     /// The configuration, as given when the pool was made (see [`budget`](Self::budget) for
     /// the budget in force).
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolConfig};
+    /// let config = PoolConfig { idle_rounds: 8, ..PoolConfig::default() };
+    /// let pool = BufferPool::with_config(config.clone())?;
+    /// assert_eq!(pool.config(), &config);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn config(&self) -> &PoolConfig {
         &self.inner().config
     }
 
     /// The byte budget in force.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// assert_eq!(pool.budget(), None);
+    /// pool.set_budget(Some(1 << 20));
+    /// assert_eq!(pool.budget(), Some(1 << 20));
+    /// assert_eq!(pool.config().budget, None); // the configuration stays as given
+    /// ```
     pub fn budget(&self) -> Option<u64> {
         self.inner().budget()
     }
@@ -387,12 +520,28 @@ impl BufferPool {
     /// Starts tracing with a ring of `capacity` events (at most [`PoolConfig::MAX_TRACE_EVENTS`]: a
     /// larger capacity is cut to it), if the pool does not trace already (the
     /// configuration's `trace_capacity`, or an earlier call); whether this call started it.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// assert!(pool.enable_trace(1024));
+    /// assert!(!pool.enable_trace(1024), "it traces already");
+    /// drop(pool.alloc(64)?);
+    /// assert_eq!(pool.trace_events().len(), 3); // system alloc, alloc, free
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn enable_trace(&self, capacity: usize) -> bool {
         let capacity = capacity.min(PoolConfig::MAX_TRACE_EVENTS);
         capacity > 0 && self.inner().trace.set(Trace::new(capacity)).is_ok()
     }
 
     /// This pool's identity.
+    ///
+    /// ```
+    /// use ferropool::BufferPool;
+    /// let pool = BufferPool::new();
+    /// assert_eq!(pool.clone().id(), pool.id()); // clones share one pool
+    /// assert_ne!(BufferPool::new().id(), pool.id());
+    /// ```
     pub fn id(&self) -> u64 {
         self.inner().id
     }
@@ -400,11 +549,29 @@ impl BufferPool {
     /// Pools of this process whose control block is still allocated: those with a handle or
     /// a buffer alive. A leak check for programs that make a pool per job: it goes back down
     /// when a job's pool and buffers are gone.
+    ///
+    /// ```
+    /// use ferropool::BufferPool;
+    /// let before = BufferPool::pools_alive();
+    /// let pool = BufferPool::new();
+    /// let buffer = pool.alloc(64)?;
+    /// drop(pool);
+    /// assert_eq!(BufferPool::pools_alive(), before + 1); // the buffer keeps it
+    /// drop(buffer);
+    /// assert_eq!(BufferPool::pools_alive(), before);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn pools_alive() -> usize {
         lifetime::alive()
     }
 
     /// The rounded size a request of `size` bytes occupies, or `None` if too large.
+    ///
+    /// ```
+    /// use ferropool::BufferPool;
+    /// assert_eq!(BufferPool::class_size_for(1000), Some(1024));
+    /// assert_eq!(BufferPool::class_size_for(usize::MAX), None);
+    /// ```
     pub fn class_size_for(size: usize) -> Option<usize> {
         class::class_of(size).map(class::class_size)
     }

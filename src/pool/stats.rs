@@ -82,11 +82,26 @@ pub struct PoolStats {
 
 impl PoolStats {
     /// Bytes lost to rounding requests up to their class: `in_use - requested`.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let buffer = pool.alloc(1000)?; // a block of 1024 bytes
+    /// assert_eq!(pool.stats().rounding_waste_bytes(), 24);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn rounding_waste_bytes(&self) -> u64 {
         self.in_use_bytes.saturating_sub(self.requested_bytes)
     }
 
     /// Fraction of allocations served by a thread cache, in `0.0..=1.0`.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// drop(pool.alloc(4096)?); // a miss: from the system
+    /// drop(pool.alloc(4096)?); // a hit: the block just freed
+    /// assert_eq!(pool.stats().cache_hit_rate(), 0.5);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn cache_hit_rate(&self) -> f64 {
         if self.allocations == 0 {
             0.0
@@ -176,6 +191,15 @@ impl fmt::Display for HumanBytes {
 
 /// The blocks of one size class, as [`BufferPool::class_stats`](super::BufferPool::class_stats)
 /// reports them.
+///
+/// ```
+/// let pool = ferropool::BufferPool::new();
+/// let held = [pool.alloc(4096)?, pool.alloc(4000)?]; // both in the 4 KiB class
+/// let classes = pool.class_stats();
+/// assert_eq!(classes.len(), 1);
+/// assert_eq!((classes[0].block_bytes, classes[0].in_use_blocks), (4096, 2));
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -189,6 +213,17 @@ pub struct ClassStats {
 }
 
 /// One live block, as [`BufferPool::snapshot`](super::BufferPool::snapshot) reports it.
+///
+/// ```
+/// use ferropool::{BufferPool, MemoryTag};
+/// let pool = BufferPool::new();
+/// let kv_cache = MemoryTag::new("kv-cache");
+/// let _scope = kv_cache.enter();
+/// let held = pool.alloc(1000)?;
+/// let block = pool.snapshot()[0];
+/// assert_eq!((block.requested, block.block_bytes, block.tag), (1000, 1024, Some(kv_cache)));
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

@@ -31,6 +31,13 @@ pub struct MemoryTag(NonZeroU32);
 
 impl MemoryTag {
     /// A new tag named `name` (names need not be unique; each call makes a distinct tag).
+    ///
+    /// ```
+    /// use ferropool::MemoryTag;
+    /// let (a, b) = (MemoryTag::new("weights"), MemoryTag::new("weights"));
+    /// assert_ne!(a, b); // same name, distinct tags
+    /// assert_eq!(a.name(), b.name());
+    /// ```
     pub fn new(name: &str) -> Self {
         let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
         // Tags live for the whole process, as their names do.
@@ -40,12 +47,30 @@ impl MemoryTag {
     }
 
     /// The tag's name.
+    ///
+    /// ```
+    /// let grads = ferropool::MemoryTag::new("grads");
+    /// assert_eq!(grads.name(), "grads");
+    /// assert_eq!(grads.to_string(), "grads"); // `Display` shows the name too
+    /// ```
     pub fn name(&self) -> &'static str {
         NAMES.lock().unwrap_or_else(PoisonError::into_inner)[self.0.get() as usize - 1]
     }
 
     /// Tags the buffers this thread allocates until the returned scope drops (scopes nest:
     /// dropping one restores the tag that was current before).
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, MemoryTag};
+    /// let pool = BufferPool::new();
+    /// let (model, optimizer) = (MemoryTag::new("model"), MemoryTag::new("optimizer"));
+    /// let _model = model.enter();
+    /// let state = { let _optimizer = optimizer.enter(); pool.alloc(64)? };
+    /// let weights = pool.alloc(128)?; // tagged `model` again: the inner scope has ended
+    /// let by_tag = pool.memory_by_tag();
+    /// assert_eq!((by_tag[&Some(model)], by_tag[&Some(optimizer)]), (128, 64));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
     pub fn enter(self) -> TagScope {
         TagScope {
             previous: crate::thread::set_tag(self.0.get()),
@@ -82,6 +107,17 @@ impl fmt::Display for MemoryTag {
 /// ```compile_fail
 /// fn send<T: Send>(_: T) {}
 /// send(ferropool::MemoryTag::new("weights").enter());
+/// ```
+///
+/// ```
+/// use ferropool::{BufferPool, MemoryTag};
+/// let pool = BufferPool::new();
+/// let scope = MemoryTag::new("scratch").enter();
+/// let tagged = pool.alloc(64)?;
+/// drop(scope); // buffers allocated from here on are untagged again
+/// let untagged = pool.alloc(128)?;
+/// assert_eq!(pool.memory_by_tag()[&None], 128);
+/// # Ok::<(), ferropool::PoolError>(())
 /// ```
 #[derive(Debug)]
 #[must_use = "the tag applies only while the scope lives"]

@@ -9,6 +9,16 @@ use super::tag::MemoryTag;
 use crate::sync::Mutex;
 
 /// What happened to the pool.
+///
+/// ```
+/// use ferropool::{BufferPool, PoolEventKind};
+/// let pool = BufferPool::new();
+/// pool.enable_trace(64);
+/// drop(pool.alloc(4096)?);
+/// let kinds: Vec<_> = pool.trace_events().iter().map(|event| event.kind).collect();
+/// assert_eq!(kinds, [PoolEventKind::SystemAlloc, PoolEventKind::Alloc, PoolEventKind::Free]);
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -41,6 +51,17 @@ impl PoolEventKind {
 }
 
 /// One traced event.
+///
+/// ```
+/// use ferropool::{BufferPool, PoolEventKind};
+/// let pool = BufferPool::new();
+/// pool.enable_trace(64);
+/// let buffer = pool.alloc(1000)?;
+/// let event = pool.trace_events()[1]; // after the block from the system
+/// assert_eq!((event.kind, event.bytes), (PoolEventKind::Alloc, 1024));
+/// assert_eq!((event.in_use_after, event.reserved_after), (1024, 1024));
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

@@ -6,6 +6,14 @@ use std::fmt;
 ///
 /// `External(tag)` marks a scalar type the caller defines; tensors of it hold a caller-owned
 /// payload ([`ExternalPayload`](crate::ExternalPayload)) and never enter a pool.
+///
+/// ```
+/// use ferropool::{DType, Tensor};
+/// let t = Tensor::from_slice(&[1u8, 2], &[2])?;
+/// assert_eq!(t.dtype(), DType::U8);
+/// assert_eq!(DType::BF16.to_string(), "bf16");
+/// # Ok::<(), ferropool::TensorError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     /// 32-bit float.
@@ -32,6 +40,12 @@ pub enum DType {
 
 impl DType {
     /// Bytes per element, or `None` for `External`.
+    ///
+    /// ```
+    /// use ferropool::DType;
+    /// assert_eq!(DType::F16.size_of(), Some(2));
+    /// assert_eq!(DType::External(3).size_of(), None);
+    /// ```
     pub const fn size_of(self) -> Option<usize> {
         Some(match self {
             Self::F64 | Self::I64 => 8,
@@ -43,6 +57,12 @@ impl DType {
     }
 
     /// Whether this is a caller-defined type.
+    ///
+    /// ```
+    /// use ferropool::DType;
+    /// assert!(DType::External(3).is_external());
+    /// assert!(!DType::I64.is_external());
+    /// ```
     pub const fn is_external(self) -> bool {
         matches!(self, Self::External(_))
     }

@@ -4,6 +4,14 @@ use super::DType;
 use crate::pool::PoolError;
 
 /// Errors of tensors, layouts and views.
+///
+/// ```
+/// use ferropool::{DType, Tensor, TensorError};
+/// let t = Tensor::from_slice(&[1.0f32], &[1])?;
+/// let err = TensorError::DTypeMismatch { expected: DType::I32, found: DType::F32 };
+/// assert_eq!(t.as_slice::<i32>(), Err(err));
+/// # Ok::<(), ferropool::TensorError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TensorError {

@@ -93,6 +93,14 @@ impl std::fmt::Debug for Dims {
 impl Layout {
     /// A row-major layout of `shape` at offset 0.
     ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let layout = Layout::contiguous(&[2, 3, 4])?;
+    /// assert_eq!(layout.strides(), &[12, 4, 1]);
+    /// assert!(Layout::contiguous(&[usize::MAX, 2]).is_err()); // too many elements
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`TensorError::InvalidLayout`] if the element count overflows `usize`.
@@ -108,6 +116,14 @@ impl Layout {
     }
 
     /// A layout with explicit strides and offset.
+    ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let every_other = Layout::new(&[4], &[2], 1)?;
+    /// assert_eq!(every_other.element_offset(&[3])?, 7);
+    /// assert!(Layout::new(&[2, 2], &[1], 0).is_err()); // one stride for two dimensions
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -130,27 +146,62 @@ impl Layout {
     }
 
     /// The shape.
+    ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let layout = Layout::contiguous(&[2, 3])?.permute(&[1, 0])?;
+    /// assert_eq!(layout.shape(), &[3, 2]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
     /// Element strides, one per dimension.
+    ///
+    /// ```
+    /// use ferropool::Layout;
+    /// assert_eq!(Layout::contiguous(&[4, 5, 6])?.strides(), &[30, 6, 1]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn strides(&self) -> &[usize] {
         &self.strides
     }
 
     /// Element offset of the first element.
+    ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let last_rows = Layout::contiguous(&[4, 3])?.narrow(0, 2, 2)?;
+    /// assert_eq!(last_rows.offset(), 6);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn offset(&self) -> usize {
         self.offset
     }
 
     /// Number of elements.
+    ///
+    /// ```
+    /// use ferropool::Layout;
+    /// assert_eq!(Layout::contiguous(&[2, 3, 4])?.numel(), 24);
+    /// assert_eq!(Layout::contiguous(&[2, 0])?.numel(), 0);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     #[inline]
     pub fn numel(&self) -> usize {
         self.numel
     }
 
     /// Whether the elements are row-major and gapless (from `offset` on).
+    ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let rows = Layout::contiguous(&[2, 3])?;
+    /// assert!(rows.is_contiguous());
+    /// assert!(!rows.narrow(1, 0, 2)?.is_contiguous()); // a gap after each row
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     #[inline]
     pub fn is_contiguous(&self) -> bool {
         self.contiguous
@@ -192,6 +243,14 @@ impl Layout {
 
     /// Checks that every element lies within a buffer of `elements` elements.
     ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let layout = Layout::new(&[2, 2], &[4, 1], 0)?; // its last element is element 5
+    /// assert!(layout.check_within(6).is_ok());
+    /// assert!(layout.check_within(5).is_err());
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`TensorError::OutOfBounds`] saying how many elements the layout needs.
@@ -207,6 +266,14 @@ impl Layout {
     }
 
     /// The same elements under another shape; needs a contiguous layout.
+    ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let flat = Layout::contiguous(&[2, 3])?.reshape(&[6])?;
+    /// assert_eq!((flat.shape(), flat.strides()), (&[6][..], &[1][..]));
+    /// assert!(Layout::contiguous(&[2, 3])?.reshape(&[4]).is_err());
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -231,6 +298,14 @@ impl Layout {
 
     /// Dimensions reordered: dimension `k` of the result is dimension `axes[k]` of `self`.
     ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let layout = Layout::contiguous(&[2, 3, 4])?.permute(&[2, 0, 1])?;
+    /// assert_eq!((layout.shape(), layout.strides()), (&[4, 2, 3][..], &[1, 12, 4][..]));
+    /// assert!(Layout::contiguous(&[2, 3])?.permute(&[0, 0]).is_err());
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`TensorError::InvalidLayout`] unless `axes` is a permutation of `0..rank`.
@@ -254,6 +329,14 @@ impl Layout {
     }
 
     /// `len` elements of dimension `axis` starting at `start`.
+    ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let middle = Layout::contiguous(&[5])?.narrow(0, 1, 3)?;
+    /// assert_eq!((middle.shape(), middle.offset()), (&[3][..], 1));
+    /// assert!(Layout::contiguous(&[5])?.narrow(0, 4, 2).is_err()); // past the end
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -286,6 +369,14 @@ impl Layout {
     }
 
     /// The element offset of a multi-index.
+    ///
+    /// ```
+    /// use ferropool::Layout;
+    /// let layout = Layout::contiguous(&[2, 3])?;
+    /// assert_eq!(layout.element_offset(&[1, 2])?, 5);
+    /// assert!(layout.element_offset(&[2, 0]).is_err());
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///

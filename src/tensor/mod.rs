@@ -22,6 +22,18 @@ use read::for_each_offset;
 ///
 /// It never enters a pool: it goes back to its owner (its `Drop` runs) when the last handle
 /// to it drops. Readers get it back with [`TensorRead::external`].
+///
+/// ```
+/// use ferropool::{DType, ExternalPayload, Tensor};
+/// #[derive(Debug)]
+/// struct Handle(Vec<usize>);
+/// impl ExternalPayload for Handle {
+///     fn tag(&self) -> u32 { 7 }
+///     fn shape(&self) -> &[usize] { &self.0 }
+/// }
+/// assert_eq!(Tensor::external(Handle(vec![2, 3]))?.dtype(), DType::External(7));
+/// # Ok::<(), ferropool::TensorError>(())
+/// ```
 pub trait ExternalPayload: Any + Send + Sync + fmt::Debug {
     /// The tag of its `DType::External(tag)`.
     fn tag(&self) -> u32;
@@ -63,6 +75,14 @@ enum Repr {
 impl Tensor {
     /// A tensor of `shape` copied from `data`, in the global pool.
     ///
+    /// ```
+    /// use ferropool::Tensor;
+    /// let t = Tensor::from_slice(&[1u8, 2, 3, 4, 5, 6], &[3, 2])?;
+    /// assert_eq!(t.shape(), &[3, 2]);
+    /// assert!(Tensor::from_slice(&[1u8, 2, 3], &[2, 2]).is_err()); // 3 elements, not 4
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`TensorError::ShapeMismatch`] if `data.len()` is not the shape's element count;
@@ -72,6 +92,16 @@ impl Tensor {
     }
 
     /// As [`from_slice`](Self::from_slice), in `pool`.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, Tensor};
+    /// let pool = BufferPool::new();
+    /// let t = Tensor::from_slice_in(&pool, &[1.0f64, 2.0], &[2])?;
+    /// assert_eq!(t.as_slice::<f64>()?, &[1.0, 2.0]);
+    /// drop(t);
+    /// assert_eq!(pool.stats().in_use_bytes, 0); // the buffer is back in `pool`
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -93,6 +123,13 @@ impl Tensor {
 
     /// A tensor of `shape` from `data`, in the global pool (the `Vec`'s memory is freed).
     ///
+    /// ```
+    /// use ferropool::Tensor;
+    /// let t = Tensor::from_vec(vec![1i64, 2, 3], &[3])?;
+    /// assert_eq!(t.as_slice::<i64>()?, &[1, 2, 3]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`from_slice`](Self::from_slice).
@@ -101,6 +138,14 @@ impl Tensor {
     }
 
     /// As [`from_vec`](Self::from_vec), in `pool`.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, Tensor};
+    /// let pool = BufferPool::new();
+    /// let t = Tensor::from_vec_in(&pool, vec![true, false], &[2])?;
+    /// assert_eq!(t.as_slice::<bool>()?, &[true, false]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -144,6 +189,15 @@ impl Tensor {
 
     /// A tensor of `shape` from the first elements of `iter`, in `pool`, written in place.
     ///
+    /// ```
+    /// use ferropool::{BufferPool, Tensor};
+    /// let pool = BufferPool::new();
+    /// let t = Tensor::from_iter_in(&pool, (1..=6).map(|i| i as f32), &[2, 3])?;
+    /// assert_eq!(t.as_slice::<f32>()?[5], 6.0);
+    /// assert!(Tensor::from_iter_in(&pool, 0i32.., &[2, 3]).is_err()); // more than 6
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`TensorError::ShapeMismatch`] if `iter` yields fewer or more elements than the shape
@@ -186,6 +240,14 @@ impl Tensor {
 
     /// A zero-filled tensor in the global pool.
     ///
+    /// ```
+    /// use ferropool::{DType, Tensor};
+    /// let t = Tensor::zeros(DType::I32, &[2, 2])?;
+    /// assert_eq!(t.as_slice::<i32>()?, &[0; 4]);
+    /// assert!(Tensor::zeros(DType::External(7), &[2]).is_err());
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`TensorError::ExternalDType`] for an external dtype; [`TensorError::Pool`].
@@ -194,6 +256,14 @@ impl Tensor {
     }
 
     /// A zero-filled tensor in `pool`.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, DType, Tensor};
+    /// let pool = BufferPool::new();
+    /// let t = Tensor::zeros_in(&pool, DType::F64, &[3])?;
+    /// assert_eq!(t.as_slice::<f64>()?, &[0.0; 3]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -211,6 +281,19 @@ impl Tensor {
     }
 
     /// A tensor that holds a caller-owned payload as is. Its shape is read once, now.
+    ///
+    /// ```
+    /// use ferropool::{DType, Tensor};
+    /// # #[derive(Debug)]
+    /// # struct Opaque(Vec<usize>);
+    /// # impl ferropool::ExternalPayload for Opaque {
+    /// #     fn tag(&self) -> u32 { 7 }
+    /// #     fn shape(&self) -> &[usize] { &self.0 }
+    /// # }
+    /// let t = Tensor::external(Opaque(vec![4, 2]))?;
+    /// assert_eq!((t.dtype(), t.shape()), (DType::External(7), &[4, 2][..]));
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -252,6 +335,13 @@ impl Tensor {
     }
 
     /// The element type.
+    ///
+    /// ```
+    /// use ferropool::{DType, Tensor};
+    /// let t = Tensor::from_slice(&[1.5f32], &[1])?;
+    /// assert_eq!(t.dtype(), DType::F32);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn dtype(&self) -> DType {
         match &self.repr {
             Repr::Pooled { dtype, .. } => *dtype,
@@ -260,6 +350,13 @@ impl Tensor {
     }
 
     /// The shape.
+    ///
+    /// ```
+    /// use ferropool::{DType, Tensor};
+    /// let t = Tensor::zeros(DType::U8, &[2, 3, 4])?;
+    /// assert_eq!(t.shape(), &[2, 3, 4]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn shape(&self) -> &[usize] {
         match &self.repr {
             Repr::Pooled { layout, .. } => layout.shape(),
@@ -268,6 +365,13 @@ impl Tensor {
     }
 
     /// Number of elements.
+    ///
+    /// ```
+    /// use ferropool::{DType, Tensor};
+    /// let t = Tensor::zeros(DType::U8, &[2, 3, 4])?;
+    /// assert_eq!(t.numel(), 24);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn numel(&self) -> usize {
         match &self.repr {
             Repr::Pooled { layout, .. } => layout.numel(),
@@ -277,11 +381,32 @@ impl Tensor {
     }
 
     /// Whether this holds a caller-owned payload.
+    ///
+    /// ```
+    /// use ferropool::Tensor;
+    /// # #[derive(Debug)]
+    /// # struct Opaque(Vec<usize>);
+    /// # impl ferropool::ExternalPayload for Opaque {
+    /// #     fn tag(&self) -> u32 { 7 }
+    /// #     fn shape(&self) -> &[usize] { &self.0 }
+    /// # }
+    /// assert!(Tensor::external(Opaque(vec![3]))?.is_external());
+    /// assert!(!Tensor::from_slice(&[1u8], &[1])?.is_external());
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn is_external(&self) -> bool {
         matches!(self.repr, Repr::External { .. })
     }
 
     /// The elements as a slice of `T`.
+    ///
+    /// ```
+    /// use ferropool::Tensor;
+    /// let t = Tensor::from_slice(&[1i8, -1], &[2])?;
+    /// assert_eq!(t.as_slice::<i8>()?, &[1, -1]);
+    /// assert!(t.as_slice::<u8>().is_err()); // the dtype is i8
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -292,6 +417,14 @@ impl Tensor {
     }
 
     /// The elements as a mutable slice of `T`.
+    ///
+    /// ```
+    /// use ferropool::{DType, Tensor};
+    /// let mut t = Tensor::zeros(DType::F32, &[3])?;
+    /// t.as_mut_slice::<f32>()?[1] = 2.5;
+    /// assert_eq!(t.as_slice::<f32>()?, &[0.0, 2.5, 0.0]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -317,6 +450,19 @@ impl Tensor {
     }
 
     /// The caller-owned payload, if it is a `P`.
+    ///
+    /// ```
+    /// use ferropool::Tensor;
+    /// # #[derive(Debug)]
+    /// # struct Opaque(Vec<usize>);
+    /// # impl ferropool::ExternalPayload for Opaque {
+    /// #     fn tag(&self) -> u32 { 7 }
+    /// #     fn shape(&self) -> &[usize] { &self.0 }
+    /// # }
+    /// let t = Tensor::external(Opaque(vec![2]))?;
+    /// assert!(t.external_payload::<Opaque>().is_some_and(|p| p.0 == [2]));
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn external_payload<P: ExternalPayload>(&self) -> Option<&P> {
         match &self.repr {
             Repr::External { payload, .. } => (&**payload as &dyn Any).downcast_ref(),
@@ -351,6 +497,15 @@ impl Tensor {
 }
 
 /// A tensor whose elements are not written yet (see [`Tensor::uninit_in`]).
+///
+/// ```
+/// use ferropool::{BufferPool, Tensor, UninitTensor};
+/// let pool = BufferPool::new();
+/// let uninit: UninitTensor<i32> = Tensor::uninit_in(&pool, &[3])?;
+/// let t = uninit.init_with(|i| i as i32 + 1);
+/// assert_eq!(t.as_slice::<i32>()?, &[1, 2, 3]);
+/// # Ok::<(), ferropool::TensorError>(())
+/// ```
 pub struct UninitTensor<T: Element> {
     /// Invariant: holds `layout.numel() * size_of::<T>()` bytes, aligned for `T`.
     buffer: PoolBuffer,
@@ -360,6 +515,18 @@ pub struct UninitTensor<T: Element> {
 
 impl<T: Element> UninitTensor<T> {
     /// The elements, for writing.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, Tensor};
+    /// let pool = BufferPool::new();
+    /// let mut uninit = Tensor::uninit_in::<f32>(&pool, &[2])?;
+    /// for (i, element) in uninit.as_uninit_mut().iter_mut().enumerate() {
+    ///     element.write(i as f32);
+    /// }
+    /// let t = unsafe { uninit.assume_init() }; // SAFETY: every element was written
+    /// assert_eq!(t.as_slice::<f32>()?, &[0.0, 1.0]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn as_uninit_mut(&mut self) -> &mut [std::mem::MaybeUninit<T>] {
         let len = self.layout.numel();
         // SAFETY: invariant on `buffer`: `len` elements' worth of bytes, aligned for `T`
@@ -368,6 +535,14 @@ impl<T: Element> UninitTensor<T> {
     }
 
     /// Writes element `i` (row-major) as `f(i)`, for every element, and returns the tensor.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, Tensor};
+    /// let pool = BufferPool::new();
+    /// let t = Tensor::uninit_in::<i64>(&pool, &[3])?.init_with(|i| 10 * i as i64);
+    /// assert_eq!(t.as_slice::<i64>()?, &[0, 10, 20]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn init_with(mut self, mut f: impl FnMut(usize) -> T) -> Tensor {
         for (i, element) in self.as_uninit_mut().iter_mut().enumerate() {
             element.write(f(i));
@@ -377,6 +552,15 @@ impl<T: Element> UninitTensor<T> {
     }
 
     /// Copies `src` into the elements and returns the tensor.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, Tensor};
+    /// let pool = BufferPool::new();
+    /// let t = Tensor::uninit_in::<f32>(&pool, &[2])?.copy_from(&[0.5, 1.5])?;
+    /// assert_eq!(t.as_slice::<f32>()?, &[0.5, 1.5]);
+    /// assert!(Tensor::uninit_in::<f32>(&pool, &[2])?.copy_from(&[1.0]).is_err());
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -398,6 +582,17 @@ impl<T: Element> UninitTensor<T> {
     }
 
     /// The tensor, once every element is written.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, Tensor};
+    /// let pool = BufferPool::new();
+    /// let mut uninit = Tensor::uninit_in::<u8>(&pool, &[4])?;
+    /// uninit.as_uninit_mut().fill(std::mem::MaybeUninit::new(9));
+    /// // SAFETY: `fill` wrote every element.
+    /// let t = unsafe { uninit.assume_init() };
+    /// assert_eq!(t.as_slice::<u8>()?, &[9; 4]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     ///
     /// # Safety
     ///

@@ -37,6 +37,14 @@ enum ReadRepr<'a> {
 
 impl<'a> TensorRead<'a> {
     /// A view of a whole tensor.
+    ///
+    /// ```
+    /// use ferropool::{Tensor, TensorRead};
+    /// let t = Tensor::from_slice(&[1u8, 2, 3], &[3])?;
+    /// let view = TensorRead::from_tensor(&t);
+    /// assert_eq!(view.as_slice::<u8>()?, &[1, 2, 3]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn from_tensor(tensor: &'a Tensor) -> Self {
         tensor.read()
     }
@@ -75,6 +83,13 @@ impl<'a> TensorRead<'a> {
     }
 
     /// The element type.
+    ///
+    /// ```
+    /// use ferropool::{DType, Tensor, TensorRead};
+    /// let t = Tensor::from_slice(&[1.0f64], &[1])?;
+    /// assert_eq!(TensorRead::from_tensor(&t).dtype(), DType::F64);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn dtype(&self) -> DType {
         match self.repr {
             ReadRepr::Pooled { dtype, .. } => dtype,
@@ -83,6 +98,13 @@ impl<'a> TensorRead<'a> {
     }
 
     /// The shape.
+    ///
+    /// ```
+    /// use ferropool::{DType, Tensor, TensorRead};
+    /// let t = Tensor::zeros(DType::F32, &[4, 5])?;
+    /// assert_eq!(TensorRead::from_tensor(&t).shape(), &[4, 5]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn shape(&self) -> &'a [usize] {
         match self.repr {
             ReadRepr::Pooled { layout, .. } => layout.shape(),
@@ -91,6 +113,15 @@ impl<'a> TensorRead<'a> {
     }
 
     /// Element strides (empty for an external payload).
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::F32, &[2, 3])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let transposed = group.permute(slots[0], &[1, 0])?;
+    /// assert_eq!(group.read_view(transposed)?.strides(), &[1, 3]);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn strides(&self) -> &'a [usize] {
         match self.repr {
             ReadRepr::Pooled { layout, .. } => layout.strides(),
@@ -99,6 +130,15 @@ impl<'a> TensorRead<'a> {
     }
 
     /// Element offset of the first element (0 for an external payload).
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1i32, 2, 3, 4], &[2, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let second_row = group.narrow(slots[0], 0, 1, 1)?;
+    /// assert_eq!(group.read_view(second_row)?.offset(), 2);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn offset(&self) -> usize {
         match self.repr {
             ReadRepr::Pooled { layout, .. } => layout.offset(),
@@ -107,6 +147,16 @@ impl<'a> TensorRead<'a> {
     }
 
     /// Whether the elements are row-major and gapless.
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, DType, Tensor};
+    /// let t = Tensor::zeros(DType::U8, &[2, 3])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let transposed = group.permute(slots[0], &[1, 0])?;
+    /// assert!(group.read_view(slots[0])?.is_contiguous());
+    /// assert!(!group.read_view(transposed)?.is_contiguous());
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     pub fn is_contiguous(&self) -> bool {
         match self.repr {
             ReadRepr::Pooled { layout, .. } => layout.is_contiguous(),
@@ -142,6 +192,17 @@ impl<'a> TensorRead<'a> {
 
     /// The elements as a slice, when the view is contiguous.
     ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1i32, 2, 3, 4], &[2, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let second_row = group.narrow(slots[0], 0, 1, 1)?;
+    /// assert_eq!(group.read_view(second_row)?.as_slice::<i32>()?, &[3, 4]);
+    /// let column = group.narrow(slots[0], 1, 0, 1)?;
+    /// assert!(group.read_view(column)?.as_slice::<i32>().is_err()); // strided
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`TensorError::DTypeMismatch`], [`TensorError::ExternalDType`], or
@@ -158,6 +219,15 @@ impl<'a> TensorRead<'a> {
 
     /// One element, by multi-index (any layout).
     ///
+    /// ```
+    /// use ferropool::{Tensor, TensorRead};
+    /// let t = Tensor::from_slice(&[1i32, 2, 3, 4], &[2, 2])?;
+    /// let view = TensorRead::from_tensor(&t);
+    /// assert_eq!(view.get::<i32>(&[1, 0])?, 3);
+    /// assert!(view.get::<i32>(&[2, 0]).is_err()); // out of range
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`TensorError::DTypeMismatch`], [`TensorError::ExternalDType`] or
@@ -168,6 +238,15 @@ impl<'a> TensorRead<'a> {
     }
 
     /// The elements in row-major order, copied out (any layout).
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Tensor};
+    /// let t = Tensor::from_slice(&[1i32, 2, 3, 4], &[2, 2])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let transposed = group.permute(slots[0], &[1, 0])?;
+    /// assert_eq!(group.read_view(transposed)?.to_vec::<i32>()?, vec![1, 3, 2, 4]);
+    /// # Ok::<(), ferropool::GroupError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -251,6 +330,20 @@ impl<'a> TensorRead<'a> {
     }
 
     /// The caller-owned payload, if the view is of a `P`.
+    ///
+    /// ```
+    /// use ferropool::{Tensor, TensorRead};
+    /// # #[derive(Debug)]
+    /// # struct Opaque(Vec<usize>);
+    /// # impl ferropool::ExternalPayload for Opaque {
+    /// #     fn tag(&self) -> u32 { 7 }
+    /// #     fn shape(&self) -> &[usize] { &self.0 }
+    /// # }
+    /// let t = Tensor::external(Opaque(vec![2]))?;
+    /// let view = TensorRead::from_tensor(&t);
+    /// assert!(view.external::<Opaque>().is_some_and(|p| p.0 == [2]));
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
     pub fn external<P: ExternalPayload>(&self) -> Option<&'a P> {
         match self.repr {
             ReadRepr::External { payload, .. } => (payload as &dyn Any).downcast_ref(),
@@ -260,6 +353,15 @@ impl<'a> TensorRead<'a> {
 }
 
 /// A view's elements in raw form (see [`TensorRead::raw`]).
+///
+/// ```
+/// use ferropool::{RawView, Tensor, TensorRead};
+/// let t = Tensor::from_slice(&[1u8, 2, 3, 4, 5, 6], &[3, 2])?;
+/// let raw: RawView<'_, u8> = TensorRead::from_tensor(&t).raw()?;
+/// assert_eq!((raw.shape, raw.strides, raw.offset), (&[3, 2][..], &[2, 1][..], 0));
+/// assert_eq!(raw.elements.len(), 6);
+/// # Ok::<(), ferropool::TensorError>(())
+/// ```
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct RawView<'a, T> {
