@@ -57,11 +57,26 @@ fn model(f: impl Fn() + Send + Sync + 'static) {
     common::model(1_000, f);
 }
 
+/// An arena whose every removal is a full batch. A dry shard takes other shards' vacant
+/// slots before it claims fresh ones (`growth_before_stealing: 0`), so that the models cover
+/// stealing; `arena_growing_first` keeps the default.
 fn arena(collector: &Collector, first_page_len: u32) -> SlotArena<Record> {
     SlotArena::with_config(ArenaConfig {
         first_page_len,
         removal_batch: 1,
+        growth_before_stealing: 0,
         collector: Some(collector.clone()),
+    })
+    .unwrap()
+}
+
+/// As [`arena`], with a dry shard claiming fresh slots before it takes other shards'.
+fn arena_growing_first(collector: &Collector, first_page_len: u32) -> SlotArena<Record> {
+    SlotArena::with_config(ArenaConfig {
+        first_page_len,
+        removal_batch: 1,
+        collector: Some(collector.clone()),
+        ..ArenaConfig::default()
     })
     .unwrap()
 }
@@ -335,6 +350,44 @@ fn insert_steals_from_another_shard() {
         assert_eq!(
             drops.load(Ordering::SeqCst),
             2,
+            "each record dropped exactly once"
+        );
+    });
+}
+
+/// **a dry shard grows before it steals**: as in `insert_steals_from_another_shard`, the
+/// main thread's shard holds vacant slots 0 and 1 while another thread, whose shard is
+/// empty, inserts at the same time as the main thread. With the default
+/// `growth_before_stealing`, that thread claims a fresh chunk rather than taking the main
+/// shard's slots: in every interleaving it gets slot 2 and the main thread slot 0.
+///
+/// Planted bug caught: `steal_before_growing` (the growth bound ignored, so the dry shard
+/// takes the main shard's slot).
+#[test]
+fn a_dry_shard_grows_before_it_steals() {
+    model(|| {
+        let collector = Collector::new();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let arena = Arc::new(arena_growing_first(&collector, 2));
+        {
+            let key = arena.insert(Record::new(0, &drops)).unwrap();
+            let handle = collector.register();
+            arena.remove(key, &handle.pin()).unwrap();
+        }
+        drive(&collector);
+        arena.flush(&collector.register().pin()).unwrap();
+        let grower = {
+            let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
+            thread::spawn(move || arena.insert(Record::new(1, &drops)).unwrap())
+        };
+        let mine = arena.insert(Record::new(2, &drops)).unwrap();
+        let theirs = grower.join().unwrap();
+        assert_eq!(mine.index(), 0, "the main thread reuses its own slot");
+        assert_eq!(theirs.index(), 2, "the dry shard took another shard's slot");
+        drop(arena);
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            3,
             "each record dropped exactly once"
         );
     });

@@ -28,6 +28,7 @@ planted_cases=(
   "loom_arena:racing_removes_drop_exactly_once:remove_without_cas"
   "loom_arena:shrink_racing_the_collector:ready_take_store"
   "loom_arena:insert_steals_from_another_shard:stack_pop_store"
+  "loom_arena:a_dry_shard_grows_before_it_steals:steal_before_growing"
   "loom_arena:trim_racing_an_insert:trim_unfrozen"
   "loom_pool:cross_thread_free_racing_alloc:stack_push_store"
   "loom_pool:cross_thread_free_racing_trim:take_all_store"

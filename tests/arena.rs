@@ -12,6 +12,7 @@ fn small(collector: &Collector, first_page_len: u32, removal_batch: u32) -> Aren
     ArenaConfig {
         first_page_len,
         removal_batch,
+        growth_before_stealing: ArenaConfig::default().growth_before_stealing,
         collector: Some(collector.clone()),
     }
 }
@@ -470,4 +471,108 @@ fn trim_runs_concurrently_with_every_operation() {
     drop(arena);
     drop(collector);
     assert_eq!(ledger.total(), 3 * rounds * 16 + 1 + 64);
+}
+
+/// One thread only inserts, another only removes (and inserts one key of its own per round,
+/// so that its shard recycles the removed slots onto its own free list). The inserting
+/// thread's shard is dry every round while the other shard holds vacant slots: it claims
+/// fresh slots up to `growth_before_stealing`, then takes the other shard's, so the arena
+/// stays bounded however long this goes on.
+#[test]
+fn a_dry_shard_grows_only_within_its_bound() {
+    const ROUND: usize = 256;
+    let rounds = scaled(200);
+    let collector = Collector::new();
+    let arena: SlotArena<u64> = SlotArena::with_config(ArenaConfig {
+        growth_before_stealing: 8 << 10,
+        ..small(&collector, 64, 8)
+    })
+    .unwrap();
+    let (to_remover, keys) = std::sync::mpsc::sync_channel::<Vec<ferropool::Key>>(1);
+    let (to_inserter, done) = std::sync::mpsc::sync_channel::<()>(1);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for batch in keys {
+                let guard = arena.pin();
+                for key in batch {
+                    arena.remove(key, &guard).unwrap();
+                }
+                drop(guard);
+                let own = arena.insert(0).unwrap();
+                arena.remove(own, &arena.pin()).unwrap();
+                arena.flush(&arena.pin()).unwrap();
+                to_inserter.send(()).unwrap();
+            }
+        });
+        for round in 0..rounds {
+            let batch = (0..ROUND).map(|i| arena.insert((round * ROUND + i) as u64).unwrap());
+            to_remover.send(batch.collect()).unwrap();
+            done.recv().unwrap();
+        }
+        drop(to_remover);
+    });
+    // Live keys never exceed one round; what the grace periods hold, the shards' partial
+    // batches and the bound (512 slots of 16 bytes per shard) come on top. Unbounded, the
+    // inserting shard would claim a round's worth of fresh slots every round.
+    let capacity = arena.capacity();
+    assert!(
+        capacity <= 16 * ROUND as u64,
+        "{capacity} slots for at most {ROUND} live keys after {rounds} rounds"
+    );
+}
+
+/// A thread that removes values and then idles leaves at most 7 full removal batches in its
+/// epoch bag, where no other thread can reach them (checked after each of 24 batches); when
+/// it exits, they are reclaimed too.
+#[test]
+fn an_idle_thread_holds_back_at_most_seven_batches() {
+    const BATCH: usize = 64;
+    const BATCHES: usize = 24;
+    let collector = Collector::new();
+    let ledger = DropLedger::new(BATCH * BATCHES);
+    let arena = SlotArena::with_config(small(&collector, 64, BATCH as u32)).unwrap();
+    let keys: Vec<_> = (0..BATCH * BATCHES)
+        .map(|id| arena.insert(ledger.record(id)).unwrap())
+        .collect();
+    let (removed, idle) = std::sync::mpsc::sync_channel::<()>(0);
+    let (wake, woken) = std::sync::mpsc::sync_channel::<()>(0);
+    std::thread::scope(|s| {
+        let arena = &arena;
+        s.spawn(move || {
+            for batch in keys.chunks(BATCH) {
+                for &key in batch {
+                    arena.remove(key, &arena.pin()).unwrap();
+                }
+                removed.send(()).unwrap();
+                if woken.recv().is_err() {
+                    return; // the test failed
+                }
+            }
+        });
+        let wake = wake; // dropped if an assertion fails, so that the remover wakes up
+        for batches in 1..=BATCHES {
+            idle.recv().unwrap();
+            let reachable = BATCH * batches.saturating_sub(7);
+            for _ in 0..1000 {
+                if ledger.total() >= reachable {
+                    break;
+                }
+                arena.flush(&arena.pin()).unwrap();
+                std::thread::yield_now();
+            }
+            assert!(
+                ledger.total() >= reachable,
+                "{} values dropped after {batches} full batches, with the remover idle",
+                ledger.total()
+            );
+            wake.send(()).unwrap();
+        }
+    });
+    for _ in 0..1000 {
+        if ledger.total() == BATCH * BATCHES {
+            break;
+        }
+        arena.flush(&arena.pin()).unwrap();
+    }
+    ledger.assert_exactly_once(0..BATCH * BATCHES);
 }

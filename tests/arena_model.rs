@@ -43,6 +43,7 @@ proptest! {
         let mut arena = SlotArena::with_config(ArenaConfig {
             first_page_len,
             removal_batch,
+            growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(collector.clone()),
         }).unwrap();
         let mut model: HashMap<Key, u32> = HashMap::new();

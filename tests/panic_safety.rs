@@ -50,6 +50,7 @@ fn private(collector: &Collector, removal_batch: u32) -> SlotArena<Bomb> {
     SlotArena::with_config(ArenaConfig {
         first_page_len: 8,
         removal_batch,
+        growth_before_stealing: ArenaConfig::default().growth_before_stealing,
         collector: Some(collector.clone()),
     })
     .unwrap()
@@ -218,6 +219,7 @@ fn a_reentrant_drop_keeps_recursion_bounded() {
         SlotArena::with_config(ArenaConfig {
             first_page_len: 8,
             removal_batch: 8,
+            growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: None,
         })
         .unwrap()

@@ -106,6 +106,7 @@ fuzz_target!(|data: &[u8]| {
     let mut arena = SlotArena::with_config(ArenaConfig {
         first_page_len: 2,
         removal_batch: 2,
+        growth_before_stealing: ArenaConfig::default().growth_before_stealing,
         collector: Some(collector.clone()),
     })
     .unwrap();
@@ -119,6 +120,7 @@ fuzz_target!(|data: &[u8]| {
         SlotArena::with_config(ArenaConfig {
             first_page_len: 2,
             removal_batch: 2,
+            growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(hostile_collector.clone()),
         })
         .unwrap(),

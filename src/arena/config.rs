@@ -19,13 +19,27 @@ pub struct ArenaConfig {
     /// Slots in the first page; each later page doubles. A power of two in `1..=65536`.
     pub first_page_len: u32,
     /// Removed slots handed to the epoch collector per deferred call, in `1..=4096`.
-    /// Default 64. Larger batches amortise the deferral (each one pushes a bag onto the
-    /// collector's global queue, which every thread of the collector shares: 256 made a
-    /// two-thread churn about 20% faster); smaller ones recycle slots, and drop removed
-    /// values, sooner. A removed value waits in its thread's batch until the batch is full
-    /// (or [`SlotArena::flush`](super::SlotArena::flush) takes it), so values that own much memory call for small
-    /// batches.
+    /// Default 64. A removed value waits in its shard's batch until the batch is full (or
+    /// [`SlotArena::flush`](super::SlotArena::flush) takes it), then in its thread's epoch
+    /// bag, which goes to the collector's shared queue once every 8 batches of the shard
+    /// (and whenever the thread refills or flushes): an idle thread holds at most 7 full
+    /// batches there. Values that own much memory therefore call for small batches; larger
+    /// ones amortise the deferral further.
     pub removal_batch: u32,
+    /// Bytes of fresh slots each shard may claim for itself, while other shards still have
+    /// vacant slots, before it takes theirs. Default 1 MiB; 0 takes other shards' slots
+    /// first.
+    ///
+    /// A thread whose shard runs dry (its removals are still in their grace period) could
+    /// take vacant slots from another shard, but then two threads write slots that share
+    /// cache lines, and each insert that runs dry pays a refill: two threads churning their
+    /// own keys ran at 0.7x their speed on separate arenas. Claiming a fresh chunk instead
+    /// keeps every thread on its own slots. The bound keeps the arena from growing without
+    /// end when one thread only inserts while another frees: past it, a dry shard takes
+    /// other shards' slots as it would with 0. At worst the arena holds this many bytes per
+    /// shard (shards: the machine's parallelism, rounded up to a power of two, at most 64)
+    /// beyond what it would hold with 0.
+    pub growth_before_stealing: usize,
     /// The epoch collector that protects readers. `None` uses crossbeam-epoch's global one.
     pub collector: Option<Collector>,
 }
@@ -35,6 +49,7 @@ impl Default for ArenaConfig {
         Self {
             first_page_len: 64,
             removal_batch: 64,
+            growth_before_stealing: 1 << 20,
             collector: None,
         }
     }

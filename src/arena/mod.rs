@@ -77,10 +77,11 @@ use table::{stale, Arena, CHUNK};
 /// # Destructors
 ///
 /// A removed value is dropped when its slot is recycled: once its removal batch
-/// ([`ArenaConfig::removal_batch`] removals on one shard) is full and has passed its grace
-/// period, by an [`insert`](Self::insert) that needs a slot, by [`flush`](Self::flush)
-/// (which also takes partial batches) or [`shrink`](Self::shrink), or when the arena drops;
-/// never inside the epoch collector. If such a `Drop` panics, the arena first finishes its
+/// ([`ArenaConfig::removal_batch`] removals on one shard) is full, has reached the epoch
+/// collector (the removing thread hands its batches over every 8 batches, and whenever it
+/// refills or flushes) and has passed its grace period, by an [`insert`](Self::insert) that
+/// needs a slot, by [`flush`](Self::flush) (which also takes partial batches) or
+/// [`shrink`](Self::shrink), or when the arena drops; never inside the epoch collector. If such a `Drop` panics, the arena first finishes its
 /// work (every other value dropped once, every slot reusable), then resumes the panic from
 /// that call; an `insert` that resumes one drops the value it was given. A `Drop` may use
 /// the arena it is dropped from.
@@ -170,6 +171,9 @@ impl<T: Send + 'static> SlotArena<T> {
                 id: next_identity(),
                 removal_batch: config.removal_batch,
                 chunk: CHUNK.min(config.first_page_len),
+                growth_before_stealing: (config.growth_before_stealing
+                    / std::mem::size_of::<slot::Slot<T>>())
+                    as u64,
                 page_floor: (0..slots.page_count()).map(|_| AtomicU32::new(0)).collect(),
                 links: PagedTable::new(config.first_page_len),
                 slots,
@@ -706,6 +710,10 @@ impl<T: Send + 'static> fmt::Debug for SlotArena<T> {
             .field("id", &self.arena.id)
             .field("capacity", &self.capacity())
             .field("removal_batch", &self.arena.removal_batch)
+            .field(
+                "growth_before_stealing_slots",
+                &self.arena.growth_before_stealing,
+            )
             .field("shards", &self.arena.shards.len())
             .finish_non_exhaustive()
     }
@@ -750,6 +758,7 @@ mod tests {
         let mut arena = SlotArena::with_config(ArenaConfig {
             first_page_len: 1,
             removal_batch: 2, // so the removal waits in its batch, which `shrink` recycles
+            growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(collector.clone()),
         })
         .unwrap();

@@ -21,6 +21,7 @@ use std::ptr;
 
 use crossbeam_utils::CachePadded;
 
+use super::shard::FLUSH_EVERY;
 use super::ArenaError;
 use crate::stack::Link;
 use crate::sync::epoch::Guard;
@@ -224,8 +225,9 @@ pub(super) fn recycling(recycle: impl FnOnce()) -> bool {
 }
 
 impl<T: Send + 'static> super::SlotArena<T> {
-    /// A vacant slot for `shard`, whose free list is empty: recycled, taken from another
-    /// shard, or fresh.
+    /// A vacant slot for `shard`, whose free list is empty: recycled (this shard's batches,
+    /// then other shards'), fresh while this shard's growth is within
+    /// `ArenaConfig::growth_before_stealing`, else another shard's vacant slot, else fresh.
     #[cold]
     #[inline(never)]
     pub(super) fn refill(&self, shard: usize, panics: &mut Panics) -> Result<u32, ArenaError> {
@@ -252,6 +254,18 @@ impl<T: Send + 'static> super::SlotArena<T> {
         });
         if let Some(index) = arena.pop_free(shard) {
             return Ok(index);
+        }
+        // Other shards' vacant slots are the last resort, up to a bound: a fresh chunk keeps
+        // this thread off the cache lines of slots other threads use, and it refills once per
+        // chunk rather than once per stolen slot.
+        let grown = &arena.shards[shard].grown;
+        if grown.load(Ordering::Relaxed) < arena.growth_before_stealing
+            && others().any(|from| !arena.shards[from].free.is_empty())
+        {
+            if let Ok(index) = arena.claim_fresh(shard) {
+                grown.fetch_add(u64::from(arena.chunk), Ordering::Relaxed);
+                return Ok(index);
+            }
         }
         if let Some(index) = others().find_map(|from| arena.pop_free(from)) {
             return Ok(index);
@@ -290,9 +304,12 @@ impl<T: Send + 'static> super::SlotArena<T> {
             match removed.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) if full => {
                     self.defer_batch(shard, link, guard);
-                    // Push it to the collector's global queue now: left in this thread's
-                    // bag, it would wait for 63 more deferrals, forever if the thread idles.
-                    guard.flush();
+                    // Push the thread's bag to the collector's shared queue every
+                    // `FLUSH_EVERY` batches (left alone, it would wait for 64 deferrals).
+                    let deferred = arena.shards[shard].deferred.fetch_add(1, Ordering::Relaxed);
+                    if deferred % FLUSH_EVERY == FLUSH_EVERY - 1 {
+                        guard.flush();
+                    }
                     return;
                 }
                 Ok(_) => return,

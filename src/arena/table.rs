@@ -29,6 +29,9 @@ pub(super) struct Arena<T> {
     pub(super) removal_batch: u32,
     /// Fresh slots claimed at once.
     pub(super) chunk: u32,
+    /// Fresh slots each shard may claim while other shards have vacant ones
+    /// (`ArenaConfig::growth_before_stealing`, in slots).
+    pub(super) growth_before_stealing: u64,
     /// The slots.
     ///
     /// Invariant: a page is released only by `trim`, when every slot in it below the
