@@ -576,3 +576,99 @@ fn an_idle_thread_holds_back_at_most_seven_batches() {
     }
     ledger.assert_exactly_once(0..BATCH * BATCHES);
 }
+
+/// A claim counts what it allocates: when the next chunk would start a new page (as large as
+/// all earlier pages together), a dry shard within a small bound takes another shard's
+/// vacant slot instead of doubling the arena for one value.
+#[test]
+fn a_dry_shard_never_allocates_a_page_past_its_bound() {
+    let collector = Collector::new();
+    let mut arena: SlotArena<u64> = SlotArena::with_config(ArenaConfig {
+        growth_before_stealing: 16 << 10, // the next page would be 4,096 slots: 64 KiB
+        ..small(&collector, 64, 8)
+    })
+    .unwrap();
+    let keys: Vec<_> = (0..4032).map(|i| arena.insert(i).unwrap()).collect();
+    for key in keys {
+        arena.take(key).unwrap(); // vacant at once, on this thread's shard
+    }
+    assert_eq!(arena.capacity(), 4032);
+    // Eight threads alive at once have distinct thread indices, so some work on a shard
+    // other than this thread's, where the vacant slots are.
+    let arena = &arena;
+    let all_alive = std::sync::Barrier::new(8);
+    let keys: Vec<_> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    all_alive.wait();
+                    arena.insert(7).unwrap()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for key in keys {
+        assert!(
+            key.index() < 4032,
+            "a fresh page for one value: slot {}",
+            key.index()
+        );
+    }
+    assert_eq!(arena.capacity(), 4032);
+}
+
+/// The batches a thread holds back are counted per thread, whatever the arenas: removing 7
+/// batches from each of 9 arenas on one collector, then idling, leaves at most 7 in its bag.
+#[test]
+fn an_idle_thread_holds_back_at_most_seven_batches_across_arenas() {
+    const BATCH: usize = 64;
+    const ARENAS: usize = 9;
+    let collector = Collector::new();
+    let ledger = DropLedger::new(BATCH * 7 * ARENAS);
+    let arenas: Vec<_> = (0..ARENAS)
+        .map(|_| SlotArena::with_config(small(&collector, 64, BATCH as u32)).unwrap())
+        .collect();
+    let keys: Vec<Vec<_>> = arenas
+        .iter()
+        .enumerate()
+        .map(|(a, arena)| {
+            (0..BATCH * 7)
+                .map(|i| arena.insert(ledger.record(a * BATCH * 7 + i)).unwrap())
+                .collect()
+        })
+        .collect();
+    let (removed, idle) = std::sync::mpsc::sync_channel::<()>(0);
+    let (wake, woken) = std::sync::mpsc::sync_channel::<()>(0);
+    std::thread::scope(|s| {
+        let arenas = &arenas;
+        s.spawn(move || {
+            for (arena, keys) in arenas.iter().zip(keys) {
+                for key in keys {
+                    arena.remove(key, &arena.pin()).unwrap();
+                }
+            }
+            removed.send(()).unwrap();
+            let _ = woken.recv(); // idle until the main thread has counted
+        });
+        let wake = wake; // dropped if an assertion fails, so that the remover wakes up
+        idle.recv().unwrap();
+        let reachable = BATCH * (7 * ARENAS - 7);
+        for _ in 0..1000 {
+            if ledger.total() >= reachable {
+                break;
+            }
+            for arena in arenas {
+                arena.flush(&arena.pin()).unwrap();
+            }
+            std::thread::yield_now();
+        }
+        assert!(
+            ledger.total() >= reachable,
+            "{} of {} values dropped with the remover idle",
+            ledger.total(),
+            BATCH * 7 * ARENAS
+        );
+        wake.send(()).unwrap();
+    });
+}

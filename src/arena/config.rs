@@ -21,10 +21,9 @@ pub struct ArenaConfig {
     /// Removed slots handed to the epoch collector per deferred call, in `1..=4096`.
     /// Default 64. A removed value waits in its shard's batch until the batch is full (or
     /// [`SlotArena::flush`](super::SlotArena::flush) takes it), then in its thread's epoch
-    /// bag, which goes to the collector's shared queue once every 8 batches of the shard
-    /// (and whenever the thread refills or flushes): an idle thread holds at most 7 full
-    /// batches there. Values that own much memory therefore call for small batches; larger
-    /// ones amortise the deferral further.
+    /// bag for up to 7 more batches (see [Destructors](super::SlotArena#destructors)).
+    /// Values that own much memory therefore call for small batches; larger ones amortise
+    /// the deferral further.
     pub removal_batch: u32,
     /// Bytes of fresh slots each shard may claim for itself, while other shards still have
     /// vacant slots, before it takes theirs. Default 1 MiB; 0 takes other shards' slots
@@ -36,9 +35,12 @@ pub struct ArenaConfig {
     /// own keys ran at 0.7x their speed on separate arenas. Claiming a fresh chunk instead
     /// keeps every thread on its own slots. The bound keeps the arena from growing without
     /// end when one thread only inserts while another frees: past it, a dry shard takes
-    /// other shards' slots as it would with 0. At worst the arena holds this many bytes per
-    /// shard (shards: the machine's parallelism, rounded up to a power of two, at most 64)
-    /// beyond what it would hold with 0.
+    /// other shards' slots as it would with 0. A claim counts the memory it takes: a chunk,
+    /// or the whole page (each twice the one before) when the chunk starts a new one; a
+    /// claim that would pass the bound is not made. So the arena holds at most this many
+    /// bytes per shard (shards: the machine's parallelism, rounded up to a power of two, at
+    /// most 64) beyond what it would hold with 0, give or take a page when two threads of
+    /// one shard run dry at the same moment.
     pub growth_before_stealing: usize,
     /// The epoch collector that protects readers. `None` uses crossbeam-epoch's global one.
     pub collector: Option<Collector>,

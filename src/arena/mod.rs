@@ -9,14 +9,17 @@
 //!
 //! - **insert** pops a vacant slot from its thread's shard (a Treiber stack whose head carries
 //!   a 32-bit tag against ABA), writes the value, then publishes `OCCUPIED(g)` with a
-//!   `Release` store. When the shard has none it recycles ready batches, then takes vacant
-//!   slots from other shards, then claims a chunk of fresh slots past the frontier. It needs
-//!   no epoch pin: the slot is the inserter's alone.
+//!   `Release` store. When the shard has none it recycles ready batches (its own, then other
+//!   shards'), then claims a chunk of fresh slots past the frontier; it takes other shards'
+//!   vacant slots first only once its growth has reached
+//!   [`ArenaConfig::growth_before_stealing`]. It needs no epoch pin: the slot is the
+//!   inserter's alone.
 //! - **get** checks the key's arena and generation against the state word (`Acquire`) and
 //!   returns a reference that lives as long as the caller's epoch guard. It writes nothing.
 //! - **remove** moves `OCCUPIED(g)` to `REMOVED(g + 1)` with one compare-exchange (so new
 //!   readers stop resolving the key at once) and adds the slot to its shard's removal batch.
-//!   A full batch is handed to crossbeam-epoch in one deferred call; after the grace period
+//!   A full batch is handed to crossbeam-epoch in one deferred call (the thread's epoch bag
+//!   reaches the collector's shared queue every 8 such calls); after the grace period
 //!   (no reader pinned before the removal is still pinned) the collector moves it onto the
 //!   shard's ready list. See [`recycle`] for how ready batches become vacant slots.
 //!
@@ -78,10 +81,19 @@ use table::{stale, Arena, CHUNK};
 ///
 /// A removed value is dropped when its slot is recycled: once its removal batch
 /// ([`ArenaConfig::removal_batch`] removals on one shard) is full, has reached the epoch
-/// collector (the removing thread hands its batches over every 8 batches, and whenever it
-/// refills or flushes) and has passed its grace period, by an [`insert`](Self::insert) that
-/// needs a slot, by [`flush`](Self::flush) (which also takes partial batches) or
-/// [`shrink`](Self::shrink), or when the arena drops; never inside the epoch collector. If such a `Drop` panics, the arena first finishes its
+/// collector's shared queue (see below) and has passed its grace period, by an
+/// [`insert`](Self::insert) that needs a slot, by [`flush`](Self::flush) (which also takes
+/// partial batches) or [`shrink`](Self::shrink), or when the arena drops; never inside the
+/// epoch collector.
+///
+/// A full batch first waits in the epoch bag of the guard it was removed under (crossbeam's
+/// per-thread, per-collector list of deferred functions), which goes to the shared queue
+/// every 8 batches the thread defers, when an insert of that thread refills while its
+/// shard's batches are in transit, when the thread flushes, or when it exits. So on one
+/// collector an idle thread holds at most 7 full batches of removed values; with several
+/// collectors, up to crossbeam's 64 deferred functions per collector. Removals under a guard
+/// of your own [`LocalHandle`](crossbeam_epoch::LocalHandle) wait in that handle's bag: flush
+/// with a guard from it, or drop it. If such a `Drop` panics, the arena first finishes its
 /// work (every other value dropped once, every slot reusable), then resumes the panic from
 /// that call; an `insert` that resumes one drops the value it was given. A `Drop` may use
 /// the arena it is dropped from.

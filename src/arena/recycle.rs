@@ -21,7 +21,6 @@ use std::ptr;
 
 use crossbeam_utils::CachePadded;
 
-use super::shard::FLUSH_EVERY;
 use super::ArenaError;
 use crate::stack::Link;
 use crate::sync::epoch::Guard;
@@ -202,6 +201,43 @@ thread_local! {
     static RECYCLING: std::cell::Cell<bool> = std::cell::Cell::new(false);
 }
 
+/// A thread pushes its epoch bag (up to 64 deferred functions, each here a whole removal
+/// batch) to the collector's shared queue once every this many full batches it defers, on
+/// any arena, rather than after each: each push allocates a bag and passes through state
+/// that every thread of the collector shares, and pushing after every batch cost two threads
+/// churning one arena about a quarter of their throughput. A batch left in the bag waits
+/// until the thread defers more, refills with its batches in transit, flushes or exits; on
+/// one collector an idle thread holds at most `FLUSH_EVERY - 1` full batches.
+/// Under loom every batch is pushed at once: the models count on it.
+#[cfg(not(loom))]
+const FLUSH_EVERY: u32 = 8;
+
+#[cfg(not(loom))]
+thread_local! {
+    /// Full removal batches this thread has deferred, on any arena.
+    static DEFERRED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the thread that just deferred a full batch should push its epoch bag to the
+/// collector's shared queue: once every [`FLUSH_EVERY`] batches it defers (always under
+/// loom, and while its thread-locals are being destroyed).
+#[cfg(not(loom))]
+#[inline]
+fn flush_due() -> bool {
+    DEFERRED
+        .try_with(|deferred| {
+            let count = deferred.get().wrapping_add(1);
+            deferred.set(count);
+            count % FLUSH_EVERY == 0
+        })
+        .unwrap_or(true)
+}
+
+#[cfg(loom)]
+fn flush_due() -> bool {
+    true
+}
+
 /// Runs `recycle` unless this thread is already recycling; returns whether it ran. While it
 /// runs, nested calls (from destructors it runs) do not recycle.
 pub(super) fn recycling(recycle: impl FnOnce()) -> bool {
@@ -259,11 +295,12 @@ impl<T: Send + 'static> super::SlotArena<T> {
         // this thread off the cache lines of slots other threads use, and it refills once per
         // chunk rather than once per stolen slot.
         let grown = &arena.shards[shard].grown;
-        if grown.load(Ordering::Relaxed) < arena.growth_before_stealing
-            && others().any(|from| !arena.shards[from].free.is_empty())
-        {
-            if let Ok(index) = arena.claim_fresh(shard) {
-                grown.fetch_add(u64::from(arena.chunk), Ordering::Relaxed);
+        let allowance = arena
+            .growth_before_stealing
+            .saturating_sub(grown.load(Ordering::Relaxed));
+        if allowance > 0 && others().any(|from| !arena.shards[from].free.is_empty()) {
+            if let Ok(Some((index, cost))) = arena.claim_fresh_within(shard, allowance) {
+                grown.fetch_add(cost, Ordering::Relaxed);
                 return Ok(index);
             }
         }
@@ -304,10 +341,7 @@ impl<T: Send + 'static> super::SlotArena<T> {
             match removed.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) if full => {
                     self.defer_batch(shard, link, guard);
-                    // Push the thread's bag to the collector's shared queue every
-                    // `FLUSH_EVERY` batches (left alone, it would wait for 64 deferrals).
-                    let deferred = arena.shards[shard].deferred.fetch_add(1, Ordering::Relaxed);
-                    if deferred % FLUSH_EVERY == FLUSH_EVERY - 1 {
+                    if flush_due() {
                         guard.flush();
                     }
                     return;

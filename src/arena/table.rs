@@ -146,13 +146,31 @@ impl<T> Arena<T> {
     /// the shard's free list. Waits while a `trim` has the frontier frozen.
     #[cold]
     pub(super) fn claim_fresh(&self, shard: usize) -> Result<u32, ArenaError> {
+        match self.claim_fresh_within(shard, u64::MAX)? {
+            Some((index, _)) => Ok(index),
+            // No claim costs more than `u64::MAX` slots: never reached.
+            None => Err(ArenaError::Full {
+                capacity: MAX_SLOTS,
+            }),
+        }
+    }
+
+    /// As [`claim_fresh`](Self::claim_fresh), unless the claim would cost more than
+    /// `allowance` slots of memory: the chunk, or the whole page when the chunk starts a page
+    /// not allocated yet. Returns the slot and what it cost, or `None` when refused.
+    #[cold]
+    pub(super) fn claim_fresh_within(
+        &self,
+        shard: usize,
+        allowance: u64,
+    ) -> Result<Option<(u32, u64)>, ArenaError> {
         let chunk = u64::from(self.chunk);
         let mut frontier = self.frontier.load(Ordering::Acquire);
-        let start = loop {
+        let (start, cost) = loop {
             if frontier & FROZEN != 0 {
                 // A trim is running (briefly): it gives vacant slots back when done.
                 if let Some(index) = self.pop_free(shard) {
-                    return Ok(index);
+                    return Ok(Some((index, 0)));
                 }
                 crate::sync::yield_now();
                 frontier = self.frontier.load(Ordering::Acquire);
@@ -163,6 +181,17 @@ impl<T> Arena<T> {
                     capacity: MAX_SLOTS,
                 });
             }
+            // Checked against the frontier the compare-exchange below claims from: a page,
+            // once allocated, stays so while the frontier is not frozen.
+            let (page, _) = self.slots.locate(frontier as u32);
+            let cost = if self.slots.has_page(page) {
+                chunk
+            } else {
+                self.slots.page_len(page) as u64
+            };
+            if cost > allowance {
+                return Ok(None);
+            }
             // AcqRel: see the invariant on `frontier`.
             match self.frontier.compare_exchange_weak(
                 frontier,
@@ -170,7 +199,7 @@ impl<T> Arena<T> {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => break frontier,
+                Ok(_) => break (frontier, cost),
                 Err(actual) => frontier = actual,
             }
         };
@@ -189,7 +218,7 @@ impl<T> Arena<T> {
             }
             self.push_free(shard, start + 2, end);
         }
-        Ok(start)
+        Ok(Some((start, cost)))
     }
 
     /// Drops the values of the removed chain starting at `head` and publishes its slots on
