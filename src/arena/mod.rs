@@ -762,6 +762,31 @@ impl<T: Send + 'static> Drop for SlotArena<T> {
 mod tests {
     use super::*;
 
+    /// `trim` gives the vacant slots it keeps back to the shards they came from, not to the
+    /// trimming thread's: a thread whose slots went elsewhere would find its shard dry and
+    /// claim fresh slots.
+    #[test]
+    fn trim_gives_vacant_slots_back_to_their_shards() {
+        let arena: SlotArena<u32> = SlotArena::new();
+        let shards = arena.arena.shards.len();
+        if shards < 2 {
+            return; // one shard: nothing to tell apart
+        }
+        let mine = arena.arena.my_shard();
+        let other = (mine + 1) % shards;
+        // A chunk for the other shard: one slot in hand (so the page stays), the rest listed.
+        let _in_hand = arena.arena.claim_fresh(other).unwrap();
+        assert_eq!(arena.trim(), 0);
+        assert!(
+            arena.arena.shards[mine].free.is_empty(),
+            "moved to the trimming thread"
+        );
+        assert!(
+            !arena.arena.shards[other].free.is_empty(),
+            "lost from their shard"
+        );
+    }
+
     /// A slot whose generation would wrap is kept out of use for good: the key issued 2^32
     /// generations earlier can never resolve again.
     #[test]

@@ -7,7 +7,14 @@
 //! (popped, claimed, occupied, removed, being recycled) is never released, because that slot
 //! is not on a free list; a null page below the frontier means a claimer is about to
 //! allocate it, so the trim stops there. Finally it lowers the frontier to the first
-//! released page and unfreezes it in one store, and gives the kept slots back.
+//! released page and unfreezes it in one store, once it has given the kept slots back to the
+//! shards they came from.
+//!
+//! Giving the slots back to their own shards, before unfreezing, matters to threads that
+//! keep working meanwhile: given to the trimming thread's shard, or given back after a
+//! claimer waiting for the frontier found its shard empty, they made a thread churning
+//! beside frequent trims claim fresh slots at every trim (an arena of 500 live values grew
+//! to 8 million slots in 6 s).
 
 use super::slot::{self, Slot};
 use super::table::{Arena, FROZEN, MAX_SLOTS};
@@ -30,18 +37,18 @@ impl<T> Arena<T> {
         {
             return 0; // a claim or another trim moved it: try again later
         }
-        // Every vacant slot, taken off its list, grouped by page.
-        let mut taken = Vec::new();
+        // Every vacant slot, taken off its shard's list, grouped by page.
+        let mut taken: Vec<Vec<u32>> = Vec::with_capacity(self.shards.len());
+        let mut vacant_in_page = vec![0u64; self.slots.page_count()];
         for shard in self.shards.iter() {
+            let mut of_shard = Vec::new();
             let mut link = shard.free.take_all();
             while link != NIL {
-                taken.push(link - 1);
+                of_shard.push(link - 1);
+                vacant_in_page[self.slots.locate(link - 1).0] += 1;
                 link = self.links.at(link - 1).load(Relaxed);
             }
-        }
-        let mut vacant_in_page = vec![0u64; self.slots.page_count()];
-        for &index in &taken {
-            vacant_in_page[self.slots.locate(index).0] += 1;
+            taken.push(of_shard);
         }
         // Unlink trailing pages whose used slots we hold all of.
         let mut lowered = frontier;
@@ -77,21 +84,30 @@ impl<T> Arena<T> {
             }
             lowered = lowered.min(start);
         }
+        // Give the slots of the pages kept back to the shards they came from (the threads
+        // of a shard find their own slots again, on cache lines no other thread writes),
+        // before unfreezing: a claimer waiting for the frontier pops its shard meanwhile, and
+        // would otherwise find it empty and claim fresh slots.
+        for (shard, of_shard) in taken.into_iter().enumerate() {
+            let (mut head, mut tail) = (NIL, NIL);
+            for index in of_shard
+                .into_iter()
+                .rev()
+                .filter(|&i| u64::from(i) < lowered)
+            {
+                self.links.at(index).store(head, Relaxed);
+                if tail == NIL {
+                    tail = index + 1;
+                }
+                head = index + 1;
+            }
+            if head != NIL {
+                self.push_free(shard, head, tail);
+            }
+        }
         // Unfreeze, lowered. Release: a claimer that adds to the frontier after this sees
         // the floors written above.
         self.frontier.store(lowered, Release);
-        // Give back the slots of the pages kept.
-        let (mut head, mut tail) = (NIL, NIL);
-        for index in taken.into_iter().filter(|&i| u64::from(i) < lowered) {
-            self.links.at(index).store(head, Relaxed);
-            if tail == NIL {
-                tail = index + 1;
-            }
-            head = index + 1;
-        }
-        if head != NIL {
-            self.push_free(self.my_shard(), head, tail);
-        }
         released
     }
 }
