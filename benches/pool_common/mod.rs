@@ -2,7 +2,7 @@
 //! `benches/pool_mimalloc.rs` (the same `Vec` workloads with mimalloc as global allocator).
 
 use std::hint::black_box;
-use std::sync::{mpsc, Barrier, Mutex};
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
@@ -12,6 +12,8 @@ pub const MIB: usize = 1 << 20;
 pub const SIZES: [usize; 5] = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB];
 pub const PAGE: usize = 4096;
 
+#[path = "../common/mod.rs"]
+mod common;
 #[path = "../../support/procfs.rs"]
 mod procfs;
 pub use procfs::minor_faults;
@@ -202,66 +204,41 @@ pub fn fault_table<S: Source>(source: &S) {
 /// threads together.
 pub fn scaling<S: Source>(source: &S, threads: usize, per_thread: usize) -> f64 {
     let inboxes: Vec<Mutex<Vec<S::Buf>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
-    let start = Barrier::new(threads);
-    // Each worker times itself; the run lasts from the first start to the last end (timing
-    // from the spawning thread would miss work done before it is scheduled again).
-    let spans: Vec<(Instant, Instant)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (inboxes, start) = (&inboxes, &start);
-                scope.spawn(move || {
-                    let neighbour = &inboxes[(t + 1) % threads];
-                    let mut rng = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                    let mut outgoing = Vec::with_capacity(16);
-                    start.wait();
-                    let started = Instant::now();
-                    for i in 0..per_thread {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        let size = 4 * KIB + (rng % (3 * MIB as u64 - 4 * KIB as u64)) as usize;
-                        let mut buf = source.get(size);
-                        let ptr = S::ptr(&mut buf);
-                        // SAFETY (bench): the buffer holds `size` bytes.
-                        unsafe {
-                            ptr.write_volatile(1);
-                            ptr.add(size - 1).write_volatile(1);
-                        }
-                        if rng & (1 << 40) == 0 {
-                            drop(buf);
-                        } else {
-                            outgoing.push(buf);
-                        }
-                        if outgoing.len() == 16 || i + 1 == per_thread {
-                            let mut inbox = neighbour.lock().unwrap();
-                            if inbox.len() < 64 {
-                                inbox.append(&mut outgoing);
-                            }
-                            drop(inbox);
-                            // A neighbour that has not kept up (descheduled): free them here, so
-                            // the live set stays bounded.
-                            outgoing.clear();
-                            let mine = std::mem::take(&mut *inboxes[t].lock().unwrap());
-                            drop(mine);
-                        }
-                    }
-                    (started, Instant::now())
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let elapsed = common::run_threads(threads, per_thread as u64, &|t, iters| {
+        let neighbour = &inboxes[(t + 1) % threads];
+        let mut rng = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut outgoing = Vec::with_capacity(16);
+        for i in 0..iters {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let size = 4 * KIB + (rng % (3 * MIB as u64 - 4 * KIB as u64)) as usize;
+            let mut buf = source.get(size);
+            let ptr = S::ptr(&mut buf);
+            // SAFETY (bench): the buffer holds `size` bytes.
+            unsafe {
+                ptr.write_volatile(1);
+                ptr.add(size - 1).write_volatile(1);
+            }
+            if rng & (1 << 40) == 0 {
+                drop(buf);
+            } else {
+                outgoing.push(buf);
+            }
+            if outgoing.len() == 16 || i + 1 == iters {
+                let mut inbox = neighbour.lock().unwrap();
+                if inbox.len() < 64 {
+                    inbox.append(&mut outgoing);
+                }
+                drop(inbox);
+                // A neighbour that has not kept up (descheduled): free them here, so the
+                // live set stays bounded.
+                outgoing.clear();
+                let mine = std::mem::take(&mut *inboxes[t].lock().unwrap());
+                drop(mine);
+            }
+        }
     });
-    let first = spans
-        .iter()
-        .map(|s| s.0)
-        .min()
-        .expect("at least one thread");
-    let last = spans
-        .iter()
-        .map(|s| s.1)
-        .max()
-        .expect("at least one thread");
-    let elapsed = last - first;
     drop(inboxes);
     (threads * per_thread) as f64 / elapsed.as_secs_f64()
 }
