@@ -54,7 +54,7 @@ use crate::sync::epoch::{Collector, Guard};
 use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
 use recycle::{Panics, ReadyLists};
 use shard::Shard;
-use slot::{EXHAUSTED, OCCUPIED, REMOVED, VACANT};
+use slot::{OCCUPIED, REMOVED, VACANT};
 use table::{stale, Arena, CHUNK};
 
 /// A lock-free arena of generational slots whose removed values are reclaimed through
@@ -292,7 +292,7 @@ impl<T: Send + 'static> SlotArena<T> {
     pub fn try_insert(&self, value: T) -> Result<Key, (ArenaError, T)> {
         let arena = &self.arena;
         let shard = arena.my_shard();
-        let index = match arena.shards[shard].free.pop(|i| arena.links.at(i)) {
+        let index = match arena.pop_free(shard) {
             Some(index) => index,
             None => {
                 let mut panics = Panics::default();
@@ -484,13 +484,7 @@ impl<T: Send + 'static> SlotArena<T> {
         let value = slot
             .value
             .with(|value_ptr| unsafe { (*value_ptr).assume_init_read() });
-        let next = key.generation().wrapping_add(1);
-        if next == 0 {
-            slot.state
-                .store(slot::state(0, EXHAUSTED), Ordering::Relaxed);
-        } else {
-            slot.state
-                .store(slot::state(next, VACANT), Ordering::Relaxed);
+        if slot.vacate(key.generation().wrapping_add(1)) {
             let link = key.index() + 1;
             arena.push_free(arena.my_shard(), link, link);
         }
@@ -810,7 +804,10 @@ mod tests {
         arena.remove(old, &arena.pin()).unwrap();
         arena.shrink(); // exclusive: recycles the removal now
         let slot = arena.arena.slots.at(first.index());
-        assert_eq!(slot::phase(slot.state.load(Ordering::SeqCst)), EXHAUSTED);
+        assert_eq!(
+            slot::phase(slot.state.load(Ordering::SeqCst)),
+            slot::EXHAUSTED
+        );
         let next = arena.insert(2u32).unwrap();
         assert_ne!(
             next.index(),

@@ -38,9 +38,8 @@ impl Shard {
 /// holds removed values back: four per core doubled what a thread-heavy test held.)
 /// Two under loom, so that models cover both a thread's own shard and stealing.
 pub(super) fn shard_count() -> usize {
-    if cfg!(loom) {
-        return 2;
-    }
+    #[cfg(loom)]
+    return 2;
     #[cfg(not(loom))]
     {
         static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -51,6 +50,4 @@ pub(super) fn shard_count() -> usize {
                 .min(64)
         })
     }
-    #[cfg(loom)]
-    unreachable!()
 }

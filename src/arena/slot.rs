@@ -3,7 +3,7 @@
 use std::fmt;
 use std::mem::MaybeUninit;
 
-use crate::sync::{AtomicU64, UnsafeCell};
+use crate::sync::{AtomicU64, Ordering, UnsafeCell};
 
 /// Phase: no value; the slot is on a free list, in a chunk being handed out, or past the
 /// frontier.
@@ -110,5 +110,19 @@ impl<T> Slot<T> {
             state: AtomicU64::new(state(generation, VACANT)),
             value: UnsafeCell::new(MaybeUninit::uninit()),
         }
+    }
+
+    /// Marks the slot, whose value is gone (read out or being dropped), vacant at
+    /// `generation`; or, when the generation counter wrapped to 0, exhausted for good, so that
+    /// a key from 2^32 generations ago never resolves again. Returns whether the slot may be
+    /// reused (put on a free list). The caller owns the slot alone: a plain store suffices.
+    pub(super) fn vacate(&self, generation: u32) -> bool {
+        let (generation, phase) = match generation {
+            0 => (0, EXHAUSTED),
+            _ => (generation, VACANT),
+        };
+        self.state
+            .store(state(generation, phase), Ordering::Relaxed);
+        phase == VACANT
     }
 }

@@ -7,7 +7,7 @@ use crossbeam_utils::CachePadded;
 
 use super::recycle::Panics;
 use super::shard::Shard;
-use super::slot::{self, Slot, EXHAUSTED, OCCUPIED, REMOVED, VACANT};
+use super::slot::{self, Slot, OCCUPIED, REMOVED};
 use super::{ArenaError, Key};
 use crate::paged::PagedTable;
 use crate::stack::{Link, NIL};
@@ -235,18 +235,10 @@ impl<T> Arena<T> {
             let slot = self.slots.at(index);
             let state = slot.state.load(Ordering::Acquire);
             debug_assert_eq!(slot::phase(state), REMOVED);
-            let generation = slot::generation(state);
             // First the state, then the drop: a value whose drop panics has been dropped, and
             // nothing may drop it again (invariant on `Slot::state`). The slot is on no list
             // until the chain is published below, so a destructor that inserts cannot take it.
-            if generation == 0 {
-                // The generation wrapped: keep the slot out of use rather than let a key from
-                // 2^32 generations ago resolve again.
-                slot.state
-                    .store(slot::state(0, EXHAUSTED), Ordering::Relaxed);
-            } else {
-                slot.state
-                    .store(slot::state(generation, VACANT), Ordering::Relaxed);
+            if slot.vacate(slot::generation(state)) {
                 self.links.at(index).store(vacant_head, Ordering::Relaxed);
                 if vacant_tail == NIL {
                     vacant_tail = link;
