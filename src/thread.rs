@@ -81,8 +81,9 @@ mod std_state {
     }
 
     /// The calling thread's own index, claiming one on first use; `None` while the thread's
-    /// thread-locals are being destroyed (it cannot hold an index then), or if the registry
-    /// is busy on this very thread.
+    /// thread-locals are being destroyed (it cannot hold an index then), or while another
+    /// thread holds the registry's lock (the caller then works without a slot this once and
+    /// claims an index on a later call).
     #[inline]
     pub(crate) fn index() -> Option<usize> {
         match STATE.try_with(|state| state.index.get()) {
@@ -101,7 +102,9 @@ mod std_state {
             return None;
         }
         let index = {
-            // `try_lock`: the registry's lock may be held by this thread's own `Owner::drop`.
+            // `try_lock`: the registry's lock may be held by this thread's own `Owner::drop`
+            // (blocking would deadlock). It also fails while any other thread holds it; that
+            // costs one operation on the slotless path, never correctness.
             let mut registry = REGISTRY.try_lock().ok()?;
             if registry.1 > 0 {
                 registry.1 -= 1;

@@ -292,7 +292,7 @@ impl BufferPool {
         let Some((slot, _)) = inner.my_slot() else {
             return 0; // no slot, no cache
         };
-        slot.drain(|class, record| inner.push_list(class, record.index))
+        slot.drain(|class, record| inner.push_list(class, record))
     }
 
     /// A snapshot of the counters.

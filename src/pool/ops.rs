@@ -206,7 +206,7 @@ impl PoolInner {
                         config.thread_cache_bytes,
                     );
                 if !cached {
-                    self.lists[class].push_chain(record.index + 1, &record.next);
+                    self.push_list(class, record);
                 }
                 let c = &slot.counters;
                 bump(&c.frees, 1);
@@ -284,7 +284,7 @@ impl PoolInner {
             lifetime::release_after_close(self, record, class);
             return true;
         }
-        self.push_list(class, record);
+        self.push_list(class, self.blocks.record(record));
         self.count_slotless(class::class_size(class), requested, false);
         self.slotless_busy.fetch_sub(1, Ordering::Release);
         false
@@ -307,8 +307,8 @@ impl PoolInner {
 
     /// Puts a block on the shared list of its class.
     #[inline]
-    pub(super) fn push_list(&self, class: usize, record: u32) {
-        self.lists[class].push_chain(record + 1, &self.blocks.record(record).next);
+    pub(super) fn push_list(&self, class: usize, record: &Record) {
+        self.lists[class].push_chain(record.index + 1, &record.next);
     }
 }
 

@@ -55,7 +55,8 @@ struct Bin {
     count: AtomicU32,
 }
 
-/// What one thread counted in one pool: each written by the slot's owner only.
+/// What one thread counted in one pool: each written by the slot's owner only, except
+/// `seen_operations`, which the idle policy (`trim_idle`, on any thread) swaps.
 #[derive(Default)]
 pub(super) struct SlotCounters {
     /// Blocks handed out by this thread from the shared lists or the system (the rest came
