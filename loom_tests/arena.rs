@@ -90,6 +90,21 @@ fn drive(collector: &Collector) {
     }
 }
 
+/// Readies `arena` for a race between the main thread's insert and another thread's: one
+/// record inserted (it claims slots 0 and 1 for the main thread's shard), removed, and
+/// recycled, so slot 0 is vacant on the main shard's free list with slot 1 behind it, and the
+/// other thread's shard is empty.
+fn vacant_slots_on_the_main_shard(
+    arena: &SlotArena<Record>,
+    collector: &Collector,
+    drops: &Arc<AtomicUsize>,
+) {
+    let key = arena.insert(Record::new(0, drops)).unwrap();
+    arena.remove(key, &collector.register().pin()).unwrap();
+    drive(collector);
+    arena.flush(&collector.register().pin()).unwrap();
+}
+
 /// **get racing remove**: a reader pinned while another thread removes the value, drives the
 /// collector and recycles what is ready reads either the live value or a typed error, never
 /// a dropped record; the record is dropped exactly once.
@@ -320,14 +335,7 @@ fn insert_steals_from_another_shard() {
         let collector = Collector::new();
         let (old_drops, drops) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let arena = Arc::new(arena(&collector, 2));
-        {
-            let key = arena.insert(Record::new(0, &old_drops)).unwrap();
-            let handle = collector.register();
-            arena.remove(key, &handle.pin()).unwrap();
-        }
-        drive(&collector);
-        // Recycle now: slot 0 is on this thread's free list, slot 1 fresh behind it.
-        arena.flush(&collector.register().pin()).unwrap();
+        vacant_slots_on_the_main_shard(&arena, &collector, &old_drops);
         let thief = {
             let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
             thread::spawn(move || arena.insert(Record::new(1, &drops)).unwrap())
@@ -369,13 +377,7 @@ fn a_dry_shard_grows_before_it_steals() {
         let collector = Collector::new();
         let drops = Arc::new(AtomicUsize::new(0));
         let arena = Arc::new(arena_growing_first(&collector, 2));
-        {
-            let key = arena.insert(Record::new(0, &drops)).unwrap();
-            let handle = collector.register();
-            arena.remove(key, &handle.pin()).unwrap();
-        }
-        drive(&collector);
-        arena.flush(&collector.register().pin()).unwrap();
+        vacant_slots_on_the_main_shard(&arena, &collector, &drops);
         let grower = {
             let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
             thread::spawn(move || arena.insert(Record::new(1, &drops)).unwrap())
