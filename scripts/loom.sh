@@ -30,6 +30,7 @@ planted_cases=(
   "loom_arena:insert_steals_from_another_shard:stack_pop_store"
   "loom_arena:a_dry_shard_grows_before_it_steals:steal_before_growing"
   "loom_arena:trim_racing_an_insert:trim_unfrozen"
+  "loom_arena:a_flush_takes_a_lane_its_owner_is_using:lane_drain_unfenced"
   "loom_pool:cross_thread_free_racing_alloc:stack_push_store"
   "loom_pool:cross_thread_free_racing_trim:take_all_store"
   "loom_pool:owner_racing_a_drain_of_its_cache:drain_unfenced"

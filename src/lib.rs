@@ -64,6 +64,7 @@ mod arena;
 mod checkpoint;
 mod error;
 mod group;
+mod handshake;
 mod identity;
 mod paged;
 mod pool;

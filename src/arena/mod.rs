@@ -32,6 +32,7 @@
 mod config;
 mod error;
 mod key;
+mod lane;
 mod pin;
 mod recycle;
 mod shard;
@@ -50,6 +51,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::identity::next_identity;
 use crate::paged::PagedTable;
+use crate::stack::NIL;
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
 use recycle::{Panics, ReadyLists};
@@ -176,6 +178,8 @@ impl<T: Send + 'static> SlotArena<T> {
             }
             None => (epoch::default_collector().clone(), true),
         };
+        // Lanes use the asymmetric fences; decide their implementation first.
+        crate::sync::asymmetric::init();
         let slots = PagedTable::new(config.first_page_len);
         let shards = shard::shard_count();
         Ok(Self {
@@ -188,9 +192,11 @@ impl<T: Send + 'static> SlotArena<T> {
                     as u64,
                 page_floor: (0..slots.page_count()).map(|_| AtomicU32::new(0)).collect(),
                 links: PagedTable::new(config.first_page_len),
+                chains: PagedTable::new(config.first_page_len),
                 slots,
                 frontier: CachePadded::new(AtomicU64::new(0)),
                 shards: (0..shards).map(|_| Shard::new()).collect(),
+                lanes: PagedTable::new(lane::FIRST_LANES),
             },
             ready: Arc::new(ReadyLists::new(shards)),
             collector,
@@ -291,18 +297,22 @@ impl<T: Send + 'static> SlotArena<T> {
     #[inline]
     pub fn try_insert(&self, value: T) -> Result<Key, (ArenaError, T)> {
         let arena = &self.arena;
-        let shard = arena.my_shard();
-        let index = match arena.pop_free(shard) {
+        let lane = arena.my_lane();
+        let index = match lane.and_then(|(lane, _)| arena.pop_hand(lane)) {
             Some(index) => index,
             None => {
+                let (lane, shard) = match lane {
+                    Some((lane, shard)) => (Some(lane), shard),
+                    None => (None, arena.my_shard()),
+                };
                 let mut panics = Panics::default();
-                let refilled = self.refill(shard, &mut panics);
+                let refilled = self.refill(lane, shard, &mut panics);
                 if panics.caught() {
                     // A recycled value's drop panicked. Give the slot back, drop `value` (in
                     // a catch: its own drop may panic too, and a second panic while unwinding
                     // would abort), then resume the first panic.
                     if let Ok(index) = refilled {
-                        arena.push_free(shard, index + 1, index + 1);
+                        arena.push_one(shard, index);
                     }
                     panics.catch(|| drop(value));
                     panics.resume();
@@ -485,8 +495,19 @@ impl<T: Send + 'static> SlotArena<T> {
             .value
             .with(|value_ptr| unsafe { (*value_ptr).assume_init_read() });
         if slot.vacate(key.generation().wrapping_add(1)) {
-            let link = key.index() + 1;
-            arena.push_free(arena.my_shard(), link, link);
+            // On top of the shard's free list, where any thread may take it; the hand goes
+            // there first, so that this thread's next insert takes this slot.
+            let shard = match arena.my_lane() {
+                Some((lane, shard)) => {
+                    let hand = arena.take_hand(lane);
+                    if hand != NIL {
+                        arena.push_chain(shard, hand);
+                    }
+                    shard
+                }
+                None => arena.my_shard(),
+            };
+            arena.push_one(shard, key.index());
         }
         Ok(value)
     }
@@ -518,6 +539,14 @@ impl<T: Send + 'static> SlotArena<T> {
     /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)).
     pub fn flush(&self, guard: &Guard) -> Result<(), ArenaError> {
         self.check_guard(guard)?;
+        for taken in self.arena.drain_lanes() {
+            if taken.hand != NIL {
+                self.arena.push_chain(taken.shard, taken.hand);
+            }
+            if taken.removed != NIL {
+                self.defer_batch(taken.shard, taken.removed, guard);
+            }
+        }
         for (shard, head) in self.arena.take_partial_batches() {
             self.defer_batch(shard, head, guard);
         }
@@ -682,6 +711,16 @@ impl<T: Send + 'static> SlotArena<T> {
     pub fn shrink(&mut self) -> u64 {
         let mut panics = Panics::default();
         let arena = &self.arena;
+        // Exclusive access: no owner is inside an operation on its lane, so draining waits
+        // for nobody.
+        for taken in arena.drain_lanes() {
+            if taken.hand != NIL {
+                arena.push_chain(taken.shard, taken.hand);
+            }
+            if taken.removed != NIL {
+                arena.recycle_chain(taken.removed, taken.shard, &mut panics);
+            }
+        }
         for (shard, head) in arena.take_partial_batches() {
             arena.recycle_chain(head, shard, &mut panics);
         }
@@ -769,7 +808,7 @@ mod tests {
         let mine = arena.arena.my_shard();
         let other = (mine + 1) % shards;
         // A chunk for the other shard: one slot in hand (so the page stays), the rest listed.
-        let _in_hand = arena.arena.claim_fresh(other).unwrap();
+        let _in_hand = arena.arena.claim_fresh(None, other).unwrap();
         assert_eq!(arena.trim(), 0);
         assert!(
             arena.arena.shards[mine].free.is_empty(),

@@ -21,6 +21,7 @@ use std::ptr;
 
 use crossbeam_utils::CachePadded;
 
+use super::lane::{Added, Lane};
 use super::ArenaError;
 use crate::stack::Link;
 use crate::sync::epoch::Guard;
@@ -266,7 +267,12 @@ impl<T: Send + 'static> super::SlotArena<T> {
     /// `ArenaConfig::growth_before_stealing`, else another shard's vacant slot, else fresh.
     #[cold]
     #[inline(never)]
-    pub(super) fn refill(&self, shard: usize, panics: &mut Panics) -> Result<u32, ArenaError> {
+    pub(super) fn refill(
+        &self,
+        lane: Option<&Lane>,
+        shard: usize,
+        panics: &mut Panics,
+    ) -> Result<u32, ArenaError> {
         let arena = &self.arena;
         let shards = arena.shards.len();
         let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
@@ -288,30 +294,27 @@ impl<T: Send + 'static> super::SlotArena<T> {
                 }
             }
         });
-        if let Some(index) = arena.pop_free(shard) {
-            return Ok(index);
+        if let Some(index) = arena.pop_chain(shard) {
+            return Ok(arena.first_of_chain(index, lane, shard));
         }
         // Other shards' vacant slots are the last resort, up to a bound: a fresh chunk keeps
-        // this thread off the cache lines of slots other threads use, and it refills once per
-        // chunk rather than once per stolen slot.
+        // this thread off the cache lines of slots other threads use.
         let grown = &arena.shards[shard].grown;
         let allowance = arena
             .growth_before_stealing
             .saturating_sub(grown.load(Ordering::Relaxed));
         if allowance > 0 && others().any(|from| !arena.shards[from].free.is_empty()) {
-            if let Ok(Some((index, cost))) = arena.claim_fresh_within(shard, allowance) {
+            if let Ok(Some((index, cost))) = arena.claim_chain_within(shard, allowance) {
                 grown.fetch_add(cost, Ordering::Relaxed);
-                return Ok(index);
+                return Ok(arena.first_of_chain(index, lane, shard));
             }
         }
-        if let Some(index) = others().find_map(|from| arena.pop_free(from)) {
-            return Ok(index);
+        if let Some(index) = others().find_map(|from| arena.pop_chain(from)) {
+            return Ok(arena.first_of_chain(index, lane, shard));
         }
-        arena.claim_fresh(shard)
+        arena.claim_fresh(lane, shard)
     }
 
-    /// Recycles the ready batches of shard `from` onto the free list of shard `to`. Returns
-    /// whether there were any.
     pub(super) fn recycle_ready(&self, from: usize, to: usize, panics: &mut Panics) -> bool {
         let mut any = false;
         for head in self.ready.take(from) {
@@ -321,11 +324,19 @@ impl<T: Send + 'static> super::SlotArena<T> {
         any
     }
 
-    /// Adds `index`, just removed, to the calling thread's removal batch; hands the batch
-    /// to the collector when it is full.
+    /// Adds `index`, just removed, to the calling thread's removal batch (in its lane; in its
+    /// shard's shared batch when it has no lane or a drainer holds it); hands the batch to
+    /// the collector when it is full.
     pub(super) fn add_to_batch(&self, index: u32, guard: &Guard) {
         let arena = &self.arena;
-        let shard = arena.my_shard();
+        let shard = match arena.my_lane() {
+            Some((lane, shard)) => match arena.add_removed(lane, index) {
+                Added::Kept => return,
+                Added::Full(head) => return self.defer_full_batch(shard, head, guard),
+                Added::Busy => shard,
+            },
+            None => arena.my_shard(),
+        };
         let removed = &arena.shards[shard].removed;
         let link = index + 1;
         let next = arena.links.at(index);
@@ -339,16 +350,19 @@ impl<T: Send + 'static> super::SlotArena<T> {
                 ((u64::from(count + 1) << 32) | u64::from(link), false)
             };
             match removed.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) if full => {
-                    self.defer_batch(shard, link, guard);
-                    if flush_due() {
-                        guard.flush();
-                    }
-                    return;
-                }
+                Ok(_) if full => return self.defer_full_batch(shard, link, guard),
                 Ok(_) => return,
                 Err(actual) => current = actual,
             }
+        }
+    }
+
+    /// Defers a batch that just filled up, and every `FLUSH_EVERY`th one of the thread's
+    /// also flushes the thread's epoch bag.
+    fn defer_full_batch(&self, shard: usize, head: Link, guard: &Guard) {
+        self.defer_batch(shard, head, guard);
+        if flush_due() {
+            guard.flush();
         }
     }
 

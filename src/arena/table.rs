@@ -1,10 +1,16 @@
-//! The slot table: pages of slots and their list links, the shards' lists, and the frontier
-//! past which fresh slots are claimed in chunks.
+//! The slot table: pages of slots and their list links, the shards' lists, the threads'
+//! lanes, and the frontier past which fresh slots are claimed in chunks.
+//!
+//! Vacant slots travel in *chains* (linked through `links`, ending in `NIL`): a recycled
+//! removal batch, a fresh chunk, a slot `take` freed. A shard's free list is a stack of
+//! chains (linked through `chains`, by each chain's first slot), so a thread takes a whole
+//! chain into its lane's hand with one compare-exchange.
 
 use std::num::NonZeroU64;
 
 use crossbeam_utils::CachePadded;
 
+use super::lane::Lanes;
 use super::recycle::Panics;
 use super::shard::Shard;
 use super::slot::{self, Slot, OCCUPIED, REMOVED};
@@ -40,10 +46,13 @@ pub(super) struct Arena<T> {
     /// pinned, or through a slot one owns (popped, claimed, occupied by a live key, or in a
     /// removal batch), never dangles.
     pub(super) slots: PagedTable<Slot<T>>,
-    /// The list link of every slot (`Link` of the next slot on whichever list it is on).
-    /// Never released while the arena lives, so a racing pop that reads the link of a slot
-    /// another thread just took reads allocated memory.
+    /// The chain link of every slot (`Link` of the next slot of whichever chain it is in:
+    /// vacant in a hand or on a free list, or removed in a batch).
     pub(super) links: PagedTable<AtomicU32>,
+    /// For the first slot of a vacant chain on a shard's free list: the first slot of the
+    /// chain below it. Never released while the arena lives (nor is `links`), so a racing pop
+    /// that reads the entry of a chain another thread just took reads allocated memory.
+    pub(super) chains: PagedTable<AtomicU32>,
     /// The first generation of every slot of page `k` when the page is next allocated: the
     /// generations a released page reached, so that keys from before a `trim` stay stale.
     pub(super) page_floor: Box<[AtomicU32]>,
@@ -54,6 +63,9 @@ pub(super) struct Arena<T> {
     pub(super) frontier: CachePadded<AtomicU64>,
     /// The free lists and removal batches, by shard; the length is a power of two.
     pub(super) shards: Box<[Shard]>,
+    /// The threads' lanes, by thread index (a thread's shard is its index modulo the shard
+    /// count).
+    pub(super) lanes: Lanes,
 }
 
 // SAFETY: `Arena` owns `T` values through raw page pointers. Sending it moves or drops them
@@ -70,18 +82,41 @@ impl<T> Arena<T> {
         crate::thread::shard() & (self.shards.len() - 1)
     }
 
-    /// Pops a vacant slot from the free list of `shard`.
+    /// Pops a chain of vacant slots from the free list of `shard`: its first slot's index
+    /// (the rest follow through `links`).
     #[inline]
-    pub(super) fn pop_free(&self, shard: usize) -> Option<u32> {
-        self.shards[shard].free.pop(|i| self.links.at(i))
+    pub(super) fn pop_chain(&self, shard: usize) -> Option<u32> {
+        self.shards[shard].free.pop(|i| self.chains.at(i))
     }
 
-    /// Publishes the chain `head ..= tail` (linked through `links`) on the free list of
-    /// `shard`.
-    pub(super) fn push_free(&self, shard: usize, head: Link, tail: Link) {
+    /// Publishes the vacant chain starting at `head` (which ends in `NIL`) on the free list
+    /// of `shard`.
+    pub(super) fn push_chain(&self, shard: usize, head: Link) {
         self.shards[shard]
             .free
-            .push_chain(head, self.links.at(tail - 1));
+            .push_chain(head, self.chains.at(head - 1));
+    }
+
+    /// Publishes the vacant slot `index` alone on the free list of `shard`.
+    pub(super) fn push_one(&self, shard: usize, index: u32) {
+        self.links.at(index).store(NIL, Ordering::Relaxed);
+        self.push_chain(shard, index + 1);
+    }
+
+    /// Splits the vacant chain starting at `index`: returns `index`, and puts the rest into
+    /// the hand of `lane` (or, when there is no lane or its hand is taken, on the free list
+    /// of `shard`).
+    pub(super) fn first_of_chain(
+        &self,
+        index: u32,
+        lane: Option<&super::lane::Lane>,
+        shard: usize,
+    ) -> u32 {
+        let rest = self.links.at(index).load(Ordering::Relaxed);
+        if rest != NIL && !lane.is_some_and(|lane| self.fill_hand(lane, rest)) {
+            self.push_chain(shard, rest);
+        }
+        index
     }
 
     /// The slot of `key` if the key is this arena's and its page is allocated.
@@ -142,12 +177,16 @@ impl<T> Arena<T> {
         })
     }
 
-    /// Claims a chunk of never-used slots for `shard`: returns one, publishes the rest on
-    /// the shard's free list. Waits while a `trim` has the frontier frozen.
+    /// Claims a chunk of never-used slots: returns one, and puts the rest into the hand of
+    /// `lane` (or on the free list of `shard`). Waits while a `trim` has the frontier frozen.
     #[cold]
-    pub(super) fn claim_fresh(&self, shard: usize) -> Result<u32, ArenaError> {
-        match self.claim_fresh_within(shard, u64::MAX)? {
-            Some((index, _)) => Ok(index),
+    pub(super) fn claim_fresh(
+        &self,
+        lane: Option<&super::lane::Lane>,
+        shard: usize,
+    ) -> Result<u32, ArenaError> {
+        match self.claim_chain_within(shard, u64::MAX)? {
+            Some((index, _)) => Ok(self.first_of_chain(index, lane, shard)),
             // No claim costs more than `u64::MAX` slots: never reached.
             None => Err(ArenaError::Full {
                 capacity: MAX_SLOTS,
@@ -155,11 +194,13 @@ impl<T> Arena<T> {
         }
     }
 
-    /// As [`claim_fresh`](Self::claim_fresh), unless the claim would cost more than
-    /// `allowance` slots of memory: the chunk, or the whole page when the chunk starts a page
-    /// not allocated yet. Returns the slot and what it cost, or `None` when refused.
+    /// Claims a chunk of never-used slots as a vacant chain, unless the claim would cost more
+    /// than `allowance` slots of memory: the chunk, or the whole page when the chunk starts a
+    /// page not allocated yet. Returns the chain's first slot and what it cost, or `None`
+    /// when refused. While a `trim` has the frontier frozen, a chain from the free list of
+    /// `shard` (at no cost) once the trim gave them back.
     #[cold]
-    pub(super) fn claim_fresh_within(
+    pub(super) fn claim_chain_within(
         &self,
         shard: usize,
         allowance: u64,
@@ -169,7 +210,7 @@ impl<T> Arena<T> {
         let (start, cost) = loop {
             if frontier & FROZEN != 0 {
                 // A trim is running (briefly): it gives vacant slots back when done.
-                if let Some(index) = self.pop_free(shard) {
+                if let Some(index) = self.pop_chain(shard) {
                     return Ok(Some((index, 0)));
                 }
                 crate::sync::yield_now();
@@ -210,14 +251,13 @@ impl<T> Arena<T> {
         let (page, _) = self.slots.locate(start);
         let floor = self.page_floor[page].load(Ordering::Relaxed);
         self.links.ensure_page(page, |_| AtomicU32::new(NIL));
+        self.chains.ensure_page(page, |_| AtomicU32::new(NIL));
         self.slots.ensure_page(page, |_| Slot::vacant(floor));
-        if end - start > 1 {
-            // Link start + 1 .. end in order and publish them.
-            for index in start + 1..end - 1 {
-                self.links.at(index).store(index + 2, Ordering::Relaxed);
-            }
-            self.push_free(shard, start + 2, end);
+        // Link start .. end in order.
+        for index in start..end - 1 {
+            self.links.at(index).store(index + 2, Ordering::Relaxed);
         }
+        self.links.at(end - 1).store(NIL, Ordering::Relaxed);
         Ok(Some((start, cost)))
     }
 
@@ -227,7 +267,7 @@ impl<T> Arena<T> {
     /// The chain's grace period has passed (it came off a ready list), or the caller has
     /// exclusive access: no reader can see the values.
     pub(super) fn recycle_chain(&self, head: Link, shard: usize, panics: &mut Panics) {
-        let (mut vacant_head, mut vacant_tail) = (NIL, NIL);
+        let mut vacant_head = NIL;
         let mut link = head;
         while link != NIL {
             let index = link - 1;
@@ -240,9 +280,6 @@ impl<T> Arena<T> {
             // until the chain is published below, so a destructor that inserts cannot take it.
             if slot.vacate(slot::generation(state)) {
                 self.links.at(index).store(vacant_head, Ordering::Relaxed);
-                if vacant_tail == NIL {
-                    vacant_tail = link;
-                }
                 vacant_head = link;
             }
             panics.catch(|| {
@@ -256,7 +293,7 @@ impl<T> Arena<T> {
             link = next;
         }
         if vacant_head != NIL {
-            self.push_free(shard, vacant_head, vacant_tail);
+            self.push_chain(shard, vacant_head);
         }
     }
 }

@@ -1,5 +1,8 @@
 //! Releasing vacant trailing pages while other threads keep using the arena.
 //!
+//! (`SlotArena::trim` first takes back the hands and batches of every thread's lane, so
+//! that the slots idle threads hold are on the free lists too.)
+//!
 //! `trim` first *freezes* the frontier (sets [`FROZEN`] in it with a compare-exchange), so no
 //! fresh slot can be claimed while it works; claims wait for it. It then takes every free
 //! list, counts the vacant slots it took per page, and unlinks the trailing pages whose used
@@ -42,11 +45,15 @@ impl<T> Arena<T> {
         let mut vacant_in_page = vec![0u64; self.slots.page_count()];
         for shard in self.shards.iter() {
             let mut of_shard = Vec::new();
-            let mut link = shard.free.take_all();
-            while link != NIL {
-                of_shard.push(link - 1);
-                vacant_in_page[self.slots.locate(link - 1).0] += 1;
-                link = self.links.at(link - 1).load(Relaxed);
+            let mut chain = shard.free.take_all();
+            while chain != NIL {
+                let mut link = chain;
+                chain = self.chains.at(chain - 1).load(Relaxed);
+                while link != NIL {
+                    of_shard.push(link - 1);
+                    vacant_in_page[self.slots.locate(link - 1).0] += 1;
+                    link = self.links.at(link - 1).load(Relaxed);
+                }
             }
             taken.push(of_shard);
         }
@@ -89,20 +96,18 @@ impl<T> Arena<T> {
         // before unfreezing: a claimer waiting for the frontier pops its shard meanwhile, and
         // would otherwise find it empty and claim fresh slots.
         for (shard, of_shard) in taken.into_iter().enumerate() {
-            let (mut head, mut tail) = (NIL, NIL);
-            for index in of_shard
+            let kept: Vec<u32> = of_shard
                 .into_iter()
-                .rev()
                 .filter(|&i| u64::from(i) < lowered)
-            {
-                self.links.at(index).store(head, Relaxed);
-                if tail == NIL {
-                    tail = index + 1;
+                .collect();
+            // In chains of a chunk at most: a thread takes a whole chain into its hand.
+            for chain in kept.chunks(self.chunk as usize) {
+                let mut head = NIL;
+                for &index in chain.iter().rev() {
+                    self.links.at(index).store(head, Relaxed);
+                    head = index + 1;
                 }
-                head = index + 1;
-            }
-            if head != NIL {
-                self.push_free(shard, head, tail);
+                self.push_chain(shard, head);
             }
         }
         // Unfreeze, lowered. Release: a claimer that adds to the frontier after this sees

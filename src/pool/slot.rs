@@ -8,13 +8,10 @@
 //! Its *owner* (the thread with its index) reads and writes it, with plain (relaxed) atomic
 //! accesses, inside an operation bracketed by [`Slot::enter`] and [`Slot::leave`]. Other
 //! threads *drain* it (trim, budget pressure, the pool's close) without waiting for the owner
-//! to come back: a Dekker handshake between the owner's operation sequence (odd while it is
-//! busy) and the drainer's `drain` flag, each side storing its own, fencing, then loading
-//! the other's. The owner's fence
-//! is [`asymmetric::light`] (free on Linux) and the drainer's [`asymmetric::heavy`] (a
-//! `membarrier`), since owners run millions of operations for every drain. Afterwards either
+//! to come back, through the slot's [`Handshake`] (see `crate::handshake`): afterwards either
 //! the drainer sees the owner busy (and waits for that one operation to end) or the owner sees
-//! `drain` (and leaves the bins alone while it is set).
+//! the drain (and leaves the bins alone while it lasts). The pool's close pairs its `closed`
+//! flag with the same fences.
 //!
 //! Nothing between `enter` and `leave` may panic (arithmetic there wraps, nothing there
 //! allocates or runs user code): a panic would leave the owner busy for good, and a drain or
@@ -26,20 +23,17 @@
 
 use super::blocks::Record;
 use super::config::BIN_CLASSES;
-use crate::sync::{asymmetric, yield_now, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use crate::handshake::Handshake;
+use crate::sync::{asymmetric, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// One thread's slot in one pool.
 pub(super) struct Slot {
-    /// The owner's operation sequence: odd while the owner runs an operation on the pool
-    /// (`enter` adds one, `leave` another). A drainer that saw it odd knows the operation
-    /// ended once it changes; the idle policy reads it as the number of operations so far.
-    seq: AtomicU64,
-    /// Set (by compare-exchange) by a thread draining the bins; the owner leaves the bins
-    /// alone while it is set.
-    drain: AtomicU32,
+    /// The owner's operations and the drainers' flag; the idle policy reads its operation
+    /// count.
+    handshake: Handshake,
     /// Bins by class: stacks of block records linked through `bin_next`. Invariant: read or
-    /// written only by the owner inside an operation that found `drain` clear, or by the
-    /// drainer that holds `drain` once the owner is out.
+    /// written only by the owner inside an operation that found the handshake free to use, or
+    /// by the drainer that claimed it once the owner is out.
     bins: [Bin; BIN_CLASSES],
     /// Bytes in the bins (same rule as `bins`).
     binned: AtomicU64,
@@ -103,8 +97,7 @@ pub(super) enum Entry {
 impl Slot {
     pub(super) fn new() -> Self {
         Self {
-            seq: AtomicU64::new(0),
-            drain: AtomicU32::new(0),
+            handshake: Handshake::new(),
             bins: std::array::from_fn(|_| Bin {
                 head: AtomicPtr::new(std::ptr::null_mut()),
                 count: AtomicU32::new(0),
@@ -117,19 +110,13 @@ impl Slot {
     /// Starts an operation of the owner.
     #[inline(always)]
     pub(super) fn enter(&self, closed: &AtomicBool) -> Entry {
-        let seq = self.seq.load(Ordering::Relaxed);
-        debug_assert!(seq % 2 == 0, "operations of one owner do not nest");
-        // `Release`: a drainer that reads this value (odd) and later sees it move on must
-        // also see the effects of the operations before it (a later store of this thread
-        // does not continue the release sequence of `leave`'s store).
-        self.seq.store(seq + 1, Ordering::Release);
-        asymmetric::light();
+        self.handshake.begin();
         if closed.load(Ordering::Acquire) {
-            self.seq.store(seq + 2, Ordering::Release);
+            self.handshake.end();
             return Entry::Closed;
         }
         Entry::Open {
-            bins: self.drain.load(Ordering::Acquire) == 0,
+            bins: self.handshake.may_use(),
         }
     }
 
@@ -137,13 +124,12 @@ impl Slot {
     /// that then sees the sequence move on.
     #[inline(always)]
     pub(super) fn leave(&self) {
-        let seq = self.seq.load(Ordering::Relaxed);
-        self.seq.store(seq + 1, Ordering::Release);
+        self.handshake.end();
     }
 
     /// Operations the owner started so far (for the idle policy).
     pub(super) fn operations(&self) -> u64 {
-        self.seq.load(Ordering::Relaxed).div_ceil(2)
+        self.handshake.operations()
     }
 
     /// Pops a cached block of `class` (owner, inside an operation with bins usable).
@@ -201,11 +187,7 @@ impl Slot {
     /// operation the owner is running right now; returns 0 if another drain is under way
     /// (that one takes the blocks).
     pub(super) fn drain(&self, mut each: impl FnMut(usize, &Record)) -> u64 {
-        if self
-            .drain
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
+        if !self.handshake.claim() {
             return 0;
         }
         asymmetric::heavy();
@@ -223,22 +205,15 @@ impl Slot {
             }
         }
         self.binned.store(0, Ordering::Relaxed);
-        self.drain.store(0, Ordering::Release);
+        self.handshake.release();
         taken
     }
 
-    /// After a heavy fence that followed the caller's store of its flag (`drain`, or the
-    /// pool's `closed`): waits until the owner is out of the operation it was in at the
-    /// fence, if any. Later operations see the flag, so they need no waiting: the sequence
-    /// moving on means the one in flight has ended (and its effects are visible: `leave`
-    /// stores it with `Release`).
+    /// After a heavy fence that followed the caller's store of a flag the owner checks
+    /// (the pool's `closed`): waits until the owner is out of the operation it was in at the
+    /// fence, if any (see [`Handshake::wait_out`]).
     pub(super) fn wait_out(&self) {
-        let in_flight = self.seq.load(Ordering::Acquire);
-        if in_flight % 2 == 1 {
-            while self.seq.load(Ordering::Acquire) == in_flight {
-                yield_now(); // the owner is inside one short operation
-            }
-        }
+        self.handshake.wait_out();
     }
 
     /// Bytes cached in the bins (a snapshot).

@@ -1,0 +1,215 @@
+//! Lanes: each thread's private front of an arena, named by its thread index (see
+//! `crate::thread`: a small number held by one live thread at a time, reused after the thread
+//! exits). A lane holds the thread's *hand* (vacant slots its next inserts take) and its
+//! *removal batch* (slots it removed, not yet handed to the epoch collector). Its owner works
+//! on them with plain loads and stores, no read-modify-write, inside operations of the lane's
+//! [`Handshake`]; a `flush`, `trim` or `shrink` takes them back from any thread, idle or
+//! exited ones included, so nothing waits in a lane for its owner to come back.
+//!
+//! Without lanes every insert popped a shared free list and every removal pushed onto a
+//! shared batch, each a compare-exchange; with them an insert pays one for a whole chain of
+//! slots (a removal batch recycled, or a fresh chunk), and a removal one per full batch (when
+//! the batch is deferred).
+//!
+//! A thread without an index (its thread-locals are being destroyed), or whose lane a drainer
+//! holds right now, uses the shard's shared lists instead.
+
+use crossbeam_utils::CachePadded;
+
+use super::table::Arena;
+use crate::handshake::Handshake;
+use crate::paged::PagedTable;
+use crate::stack::{Link, NIL};
+use crate::sync::{AtomicU32, Ordering};
+
+/// Lanes in the first page of an arena's lane table (later pages double).
+pub(super) const FIRST_LANES: u32 = 4;
+
+/// One thread's lane in one arena.
+pub(super) struct Lane {
+    /// The owner's operations and the drainers' flag.
+    handshake: Handshake,
+    /// Vacant slots for the owner's next inserts: a chain linked through `Arena::links`,
+    /// ending in `NIL`.
+    ///
+    /// Invariant (also for `removed` and `removed_len`): read or written only by the owner
+    /// inside an operation that found the handshake free to use, or by a drainer that claimed
+    /// the handshake once the owner is out, or under exclusive access to the arena.
+    hand: AtomicU32,
+    /// The owner's removal batch being filled: a chain of `REMOVED` slots linked through
+    /// `Arena::links`, ending in `NIL`.
+    removed: AtomicU32,
+    /// Slots in `removed`.
+    removed_len: AtomicU32,
+}
+
+/// What [`Arena::add_removed`] did.
+pub(super) enum Added {
+    /// The slot joined the lane's batch.
+    Kept,
+    /// The batch is full: the chain starting here is the caller's to defer.
+    Full(Link),
+    /// A drainer holds the lane: the caller uses the shard's batch.
+    Busy,
+}
+
+impl Lane {
+    pub(super) fn new() -> Self {
+        Self {
+            handshake: Handshake::new(),
+            hand: AtomicU32::new(NIL),
+            removed: AtomicU32::new(NIL),
+            removed_len: AtomicU32::new(0),
+        }
+    }
+}
+
+/// What a drainer took from one lane.
+pub(super) struct Taken {
+    /// The shard of the lane's owner.
+    pub(super) shard: usize,
+    /// The vacant chain of its hand.
+    pub(super) hand: Link,
+    /// The removed chain of its batch.
+    pub(super) removed: Link,
+}
+
+/// The lane table of an arena: lanes by thread index.
+pub(super) type Lanes = PagedTable<CachePadded<Lane>>;
+
+impl<T> Arena<T> {
+    /// The calling thread's lane, and its shard; `None` for a thread without an index.
+    #[inline]
+    pub(super) fn my_lane(&self) -> Option<(&Lane, usize)> {
+        let index = u32::try_from(crate::thread::index()?).ok()?;
+        let lane = match self.lanes.get(index) {
+            Some(lane) => lane,
+            None => self.new_lane(index)?,
+        };
+        Some((lane, index as usize & (self.shards.len() - 1)))
+    }
+
+    #[cold]
+    fn new_lane(&self, index: u32) -> Option<&CachePadded<Lane>> {
+        let (page, _) = self.lanes.locate(index);
+        if page >= self.lanes.page_count() {
+            return None;
+        }
+        self.lanes
+            .ensure_page(page, |_| CachePadded::new(Lane::new()));
+        self.lanes.get(index)
+    }
+
+    /// Takes a slot from the hand of `lane` (its owner only).
+    #[inline]
+    pub(super) fn pop_hand(&self, lane: &Lane) -> Option<u32> {
+        lane.handshake.begin();
+        let mut taken = None;
+        if lane.handshake.may_use() {
+            let head = lane.hand.load(Ordering::Relaxed);
+            if head != NIL {
+                let next = self.links.at(head - 1).load(Ordering::Relaxed);
+                lane.hand.store(next, Ordering::Relaxed);
+                taken = Some(head - 1);
+            }
+        }
+        lane.handshake.end();
+        taken
+    }
+
+    /// Puts the vacant chain `head` into the empty hand of `lane` (its owner only); whether it
+    /// did. A full hand (filled by an insert that a value's drop made meanwhile) or a drain
+    /// under way leaves the chain to the caller.
+    pub(super) fn fill_hand(&self, lane: &Lane, head: Link) -> bool {
+        lane.handshake.begin();
+        let kept = lane.handshake.may_use() && lane.hand.load(Ordering::Relaxed) == NIL;
+        if kept {
+            lane.hand.store(head, Ordering::Relaxed);
+        }
+        lane.handshake.end();
+        kept
+    }
+
+    /// Takes the whole hand of `lane` (its owner only): its vacant chain, or `NIL` (also
+    /// while a drain is under way: the drainer takes it).
+    pub(super) fn take_hand(&self, lane: &Lane) -> Link {
+        lane.handshake.begin();
+        let mut hand = NIL;
+        if lane.handshake.may_use() {
+            hand = lane.hand.load(Ordering::Relaxed);
+            lane.hand.store(NIL, Ordering::Relaxed);
+        }
+        lane.handshake.end();
+        hand
+    }
+
+    /// Adds the removed slot `index` to the batch of `lane` (its owner only).
+    #[inline]
+    pub(super) fn add_removed(&self, lane: &Lane, index: u32) -> Added {
+        lane.handshake.begin();
+        let added = if lane.handshake.may_use() {
+            let link = index + 1;
+            let head = lane.removed.load(Ordering::Relaxed);
+            self.links.at(index).store(head, Ordering::Relaxed);
+            let len = lane.removed_len.load(Ordering::Relaxed).wrapping_add(1);
+            if len >= self.removal_batch {
+                lane.removed.store(NIL, Ordering::Relaxed);
+                lane.removed_len.store(0, Ordering::Relaxed);
+                Added::Full(link)
+            } else {
+                lane.removed.store(link, Ordering::Relaxed);
+                lane.removed_len.store(len, Ordering::Relaxed);
+                Added::Kept
+            }
+        } else {
+            Added::Busy
+        };
+        lane.handshake.end();
+        added
+    }
+
+    /// Takes the hand and batch of every lane that holds something, whatever its owner is
+    /// doing: claims each, issues one heavy fence, waits for each owner to be out of the
+    /// operation it was in. A lane another drainer holds is left to that one.
+    pub(super) fn drain_lanes(&self) -> Vec<Taken> {
+        let shards = self.shards.len();
+        let mut claimed = Vec::new();
+        for page in 0..self.lanes.page_count() {
+            let Some(lanes) = self.lanes.page(page) else {
+                continue;
+            };
+            let start = self.lanes.page_start(page) as usize;
+            for (offset, lane) in lanes.iter().enumerate() {
+                // A racy look: a lane that seems empty is skipped. What its owner did before
+                // the caller synchronised with it is visible here, so nothing the caller
+                // could know of is missed.
+                let holds = lane.hand.load(Ordering::Relaxed) != NIL
+                    || lane.removed.load(Ordering::Relaxed) != NIL;
+                if holds && lane.handshake.claim() {
+                    claimed.push(((start + offset) & (shards - 1), &**lane));
+                }
+            }
+        }
+        if claimed.is_empty() {
+            return Vec::new();
+        }
+        crate::sync::asymmetric::heavy();
+        claimed
+            .into_iter()
+            .map(|(shard, lane)| {
+                lane.handshake.wait_out();
+                // The owner is out, and its later operations see the claim: ours.
+                let taken = Taken {
+                    shard,
+                    hand: lane.hand.load(Ordering::Relaxed),
+                    removed: lane.removed.load(Ordering::Relaxed),
+                };
+                lane.hand.store(NIL, Ordering::Relaxed);
+                lane.removed.store(NIL, Ordering::Relaxed);
+                lane.removed_len.store(0, Ordering::Relaxed);
+                lane.handshake.release();
+                taken
+            })
+            .collect()
+    }
+}

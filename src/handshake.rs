@@ -1,0 +1,107 @@
+//! The owner/drainer handshake behind per-thread state that other threads must be able to
+//! take back: a pool slot's bins of cached blocks, an arena lane's hand of vacant slots and
+//! its removal batch.
+//!
+//! The *owner* (the thread whose thread index names the state) reads and writes its state
+//! with plain (relaxed) atomic accesses, inside an *operation* bracketed by
+//! [`Handshake::begin`] and [`Handshake::end`], and only when [`Handshake::may_use`] says no
+//! drainer holds it. A *drainer* (any thread: a trim, a flush, budget pressure, a close)
+//! takes the state without waiting for the owner to come back: a Dekker handshake between the
+//! owner's operation sequence (odd while it is busy) and the drainer's `drain` flag, each side
+//! storing its own, fencing, then loading the other's. The owner's fence is
+//! [`asymmetric::light`] (free on Linux) and the drainer's [`asymmetric::heavy`] (a
+//! `membarrier`), since owners run millions of operations for every drain. Afterwards either
+//! the drainer sees the owner busy (and waits for that one operation to end) or the owner sees
+//! `drain` (and leaves its state alone while it is set).
+//!
+//! A drainer: [`Handshake::claim`], then `asymmetric::heavy()` (one fence serves every
+//! handshake it claimed), then [`Handshake::wait_out`]; the state is then the drainer's until
+//! [`Handshake::release`].
+//!
+//! Nothing between `begin` and `end` may panic or run user code (arithmetic there wraps,
+//! nothing there allocates): a panic would leave the owner busy for good, and a drainer would
+//! wait for it forever; user code could start a second, nested operation.
+
+use crate::sync::{asymmetric, yield_now, AtomicU32, AtomicU64, Ordering};
+
+/// One owner's half (its operation sequence) and the drainers' half (the flag) of the
+/// handshake.
+pub(crate) struct Handshake {
+    /// The owner's operation sequence: odd while the owner is inside an operation (`begin`
+    /// adds one, `end` another). A drainer that saw it odd knows the operation ended once it
+    /// changes; the pool's idle policy reads it as the number of operations so far.
+    seq: AtomicU64,
+    /// Set (by compare-exchange) by a drainer; the owner leaves its state alone while it is
+    /// set.
+    drain: AtomicU32,
+}
+
+impl Handshake {
+    pub(crate) fn new() -> Self {
+        Self {
+            seq: AtomicU64::new(0),
+            drain: AtomicU32::new(0),
+        }
+    }
+
+    /// Starts an operation of the owner. Follow it with [`may_use`](Self::may_use) (and any
+    /// other flag the caller pairs with the heavy fence), and end it with
+    /// [`end`](Self::end) on every path.
+    #[inline(always)]
+    pub(crate) fn begin(&self) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        debug_assert!(seq % 2 == 0, "operations of one owner do not nest");
+        // `Release`: a drainer that reads this value (odd) and later sees it move on must
+        // also see the effects of the operations before it (a later store of this thread
+        // does not continue the release sequence of `end`'s store).
+        self.seq.store(seq.wrapping_add(1), Ordering::Release);
+        asymmetric::light();
+    }
+
+    /// Inside an operation: whether the owner may use its state (no drainer holds it).
+    #[inline(always)]
+    pub(crate) fn may_use(&self) -> bool {
+        self.drain.load(Ordering::Acquire) == 0
+    }
+
+    /// Ends an operation of the owner: everything it did is visible to a drainer that then
+    /// sees the sequence move on.
+    #[inline(always)]
+    pub(crate) fn end(&self) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Release);
+    }
+
+    /// Operations the owner started so far.
+    pub(crate) fn operations(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed).div_ceil(2)
+    }
+
+    /// A drainer's first step: sets the flag; false when another drainer holds it (that one
+    /// takes the state). Then `asymmetric::heavy()` and [`wait_out`](Self::wait_out).
+    pub(crate) fn claim(&self) -> bool {
+        self.drain
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// A drainer's last step: hands the state back to its owner. Release: the owner's next
+    /// operation sees what the drainer left.
+    pub(crate) fn release(&self) {
+        self.drain.store(0, Ordering::Release);
+    }
+
+    /// After a heavy fence that followed the caller's store of its flag (`drain`, or the
+    /// pool's `closed`): waits until the owner is out of the operation it was in at the
+    /// fence, if any. Later operations see the flag, so they need no waiting: the sequence
+    /// moving on means the one in flight has ended (and its effects are visible: `end`
+    /// stores it with `Release`).
+    pub(crate) fn wait_out(&self) {
+        let in_flight = self.seq.load(Ordering::Acquire);
+        if in_flight % 2 == 1 {
+            while self.seq.load(Ordering::Acquire) == in_flight {
+                yield_now(); // the owner is inside one short operation
+            }
+        }
+    }
+}
