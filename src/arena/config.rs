@@ -19,7 +19,7 @@ pub struct ArenaConfig {
     /// Slots in the first page; each later page doubles. A power of two in `1..=65536`.
     pub first_page_len: u32,
     /// Removed slots handed to the epoch collector per deferred call, in `1..=4096`.
-    /// Default 64. A removed value waits in its shard's batch until the batch is full (or
+    /// Default 64. A removed value waits in its thread's batch until the batch is full (or
     /// [`SlotArena::flush`](super::SlotArena::flush) takes it), then in its thread's epoch
     /// bag for up to 7 more batches (see [Destructors](super::SlotArena#destructors)).
     /// Values that own much memory therefore call for small batches; larger ones amortise

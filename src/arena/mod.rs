@@ -82,7 +82,7 @@ use table::{stale, Arena, CHUNK};
 /// # Destructors
 ///
 /// A removed value is dropped when its slot is recycled: once its removal batch
-/// ([`ArenaConfig::removal_batch`] removals on one shard) is full, has reached the epoch
+/// ([`ArenaConfig::removal_batch`] removals by one thread) is full, has reached the epoch
 /// collector's shared queue (see below) and has passed its grace period, by an
 /// [`insert`](Self::insert) that needs a slot, by [`flush`](Self::flush) (which also takes
 /// partial batches) or [`shrink`](Self::shrink), or when the arena drops; never inside the
@@ -515,6 +515,12 @@ impl<T: Send + 'static> SlotArena<T> {
     /// Hands every partly filled removal batch to the collector now instead of when it
     /// fills, and recycles the batches whose grace period has passed. Call it at a step
     /// boundary to get removed slots back sooner.
+    ///
+    /// Every thread's batch is taken, whatever that thread is doing (idle or exited threads'
+    /// included), together with the vacant slots it holds for its next inserts: a thread
+    /// keeps both in its *lane*, which it works on without read-modify-writes, and a flush
+    /// takes the lanes back with one heavy fence (`membarrier` on Linux) when any holds
+    /// something.
     ///
     /// ```
     /// use std::sync::Arc;
