@@ -672,3 +672,93 @@ fn an_idle_thread_holds_back_at_most_seven_batches_across_arenas() {
         wake.send(()).unwrap();
     });
 }
+
+/// Values removed by threads that then exit wait in those threads' removal batches; other
+/// threads that keep using the arena take those batches (a sweep of idle threads' lanes)
+/// without anyone calling `flush`, so the values are dropped.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "a sweep comes after thousands of operations per thread"
+)]
+fn values_removed_by_exited_threads_are_dropped_without_a_flush() {
+    const THREADS: usize = 16;
+    let arena = SlotArena::new();
+    let ledger = DropLedger::new(THREADS);
+    // Alive at once, so each holds a thread index of its own (and a lane of its own).
+    let all_alive = std::sync::Barrier::new(THREADS);
+    std::thread::scope(|s| {
+        for id in 0..THREADS {
+            let (arena, ledger, all_alive) = (&arena, &ledger, &all_alive);
+            s.spawn(move || {
+                all_alive.wait();
+                let key = arena.insert(Some(ledger.record(id))).unwrap();
+                arena.remove(key, &arena.pin()).unwrap();
+                all_alive.wait();
+            });
+        }
+    });
+    // Two threads churn (values with nothing to record), never flushing.
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..200_000 {
+                    if ledger.total() == THREADS {
+                        break;
+                    }
+                    let key = arena.insert(None).unwrap();
+                    arena.remove(key, &arena.pin()).unwrap();
+                }
+            });
+        }
+    });
+    ledger.assert_exactly_once(0..THREADS);
+}
+
+/// An idle thread holds at most a chunk of vacant slots in its hand, whatever the removal
+/// batch: a thread whose recycled batch of 4,096 slots went whole into its hand made another
+/// thread's 4,096 inserts claim 4,096 fresh slots, even with stealing before growing.
+#[test]
+fn an_idle_thread_holds_at_most_a_chunk_of_vacant_slots() {
+    const BATCH: u32 = 4096;
+    let ledger = DropLedger::new(BATCH as usize);
+    let arena = SlotArena::with_config(ArenaConfig {
+        removal_batch: BATCH,
+        growth_before_stealing: 0,
+        ..ArenaConfig::default()
+    })
+    .unwrap();
+    let (ready, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let keys: Vec<_> = (0..BATCH as usize)
+                .map(|id| arena.insert(Some(ledger.record(id))).unwrap())
+                .collect();
+            let guard = arena.pin();
+            for key in keys {
+                arena.remove(key, &guard).unwrap(); // one full batch
+            }
+            drop(guard);
+            for _ in 0..10_000 {
+                if ledger.total() == BATCH as usize {
+                    break;
+                }
+                arena.flush(&arena.pin()).unwrap(); // recycled onto this thread's shard
+            }
+            ledger.assert_exactly_once(0..BATCH as usize);
+            let _kept = arena.insert(None).unwrap(); // a chain into this thread's hand
+            ready.wait();
+            done.wait(); // idle, alive
+        });
+        ready.wait();
+        let top = (0..BATCH)
+            .map(|_| arena.insert(None).unwrap().index())
+            .max()
+            .unwrap();
+        done.wait();
+        assert!(
+            top < BATCH + 2 * 64,
+            "4,096 inserts beside 4,095 vacant slots reached slot {top}"
+        );
+    });
+}

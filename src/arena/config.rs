@@ -20,7 +20,8 @@ pub struct ArenaConfig {
     pub first_page_len: u32,
     /// Removed slots handed to the epoch collector per deferred call, in `1..=4096`.
     /// Default 64. A removed value waits in its thread's batch until the batch is full (or
-    /// [`SlotArena::flush`](super::SlotArena::flush) takes it), then in its thread's epoch
+    /// [`SlotArena::flush`](super::SlotArena::flush) takes it, or, once the thread is idle,
+    /// another thread's insert does), then in its thread's epoch
     /// bag for up to 7 more batches (see [Destructors](super::SlotArena#destructors)).
     /// Values that own much memory therefore call for small batches; larger ones amortise
     /// the deferral further.

@@ -4,7 +4,10 @@
 //! *removal batch* (slots it removed, not yet handed to the epoch collector). Its owner works
 //! on them with plain loads and stores, no read-modify-write, inside operations of the lane's
 //! [`Handshake`]; a `flush`, `trim` or `shrink` takes them back from any thread, idle or
-//! exited ones included, so nothing waits in a lane for its owner to come back.
+//! exited ones included, and so does a *sweep*: every 64th refill of a thread takes the lanes
+//! whose owners started no operation since the previous sweep. So nothing waits in a lane for
+//! its owner to come back while other threads use the arena. A hand holds at most a chunk
+//! (64 slots): chains are never longer.
 //!
 //! Without lanes every insert popped a shared free list and every removal pushed onto a
 //! shared batch, each a compare-exchange; with them an insert pays one for a whole chain of
@@ -20,7 +23,7 @@ use super::table::Arena;
 use crate::handshake::Handshake;
 use crate::paged::PagedTable;
 use crate::stack::{Link, NIL};
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Lanes in the first page of an arena's lane table (later pages double).
 pub(super) const FIRST_LANES: u32 = 4;
@@ -41,6 +44,9 @@ pub(super) struct Lane {
     removed: AtomicU32,
     /// Slots in `removed`.
     removed_len: AtomicU32,
+    /// The owner's operation count when a sweep last looked at the lane (written by sweepers
+    /// only; racing sweepers at worst take an idle lane one sweep later).
+    seen: AtomicU64,
 }
 
 /// What [`Arena::add_removed`] did.
@@ -60,6 +66,7 @@ impl Lane {
             hand: AtomicU32::new(NIL),
             removed: AtomicU32::new(NIL),
             removed_len: AtomicU32::new(0),
+            seen: AtomicU64::new(0),
         }
     }
 }
@@ -172,6 +179,24 @@ impl<T> Arena<T> {
     /// doing: claims each, issues one heavy fence, waits for each owner to be out of the
     /// operation it was in. A lane another drainer holds is left to that one.
     pub(super) fn drain_lanes(&self) -> Vec<Taken> {
+        self.drain_lanes_where(|_| true)
+    }
+
+    /// As [`drain_lanes`](Self::drain_lanes), for the lanes whose owner has started no
+    /// operation since the previous sweep looked at them (idle or exited threads).
+    pub(super) fn drain_idle_lanes(&self) -> Vec<Taken> {
+        self.drain_lanes_where(|lane| {
+            let operations = lane.handshake.operations();
+            let idle = lane.seen.load(Ordering::Relaxed) == operations;
+            if !idle {
+                lane.seen.store(operations, Ordering::Relaxed);
+            }
+            idle
+        })
+    }
+
+    /// Takes the hand and batch of every lane that holds something and that `pick` picks.
+    fn drain_lanes_where(&self, mut pick: impl FnMut(&Lane) -> bool) -> Vec<Taken> {
         let shards = self.shards.len();
         let mut claimed = Vec::new();
         for page in 0..self.lanes.page_count() {
@@ -185,7 +210,7 @@ impl<T> Arena<T> {
                 // could know of is missed.
                 let holds = lane.hand.load(Ordering::Relaxed) != NIL
                     || lane.removed.load(Ordering::Relaxed) != NIL;
-                if holds && lane.handshake.claim() {
+                if holds && pick(lane) && lane.handshake.claim() {
                     claimed.push(((start + offset) & (shards - 1), &**lane));
                 }
             }

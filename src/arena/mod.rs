@@ -86,7 +86,9 @@ use table::{stale, Arena, CHUNK};
 /// collector's shared queue (see below) and has passed its grace period, by an
 /// [`insert`](Self::insert) that needs a slot, by [`flush`](Self::flush) (which also takes
 /// partial batches) or [`shrink`](Self::shrink), or when the arena drops; never inside the
-/// epoch collector.
+/// epoch collector. The partial batch of a thread that went idle or exited is also taken by
+/// the other threads' inserts (every 64th time one of them refills its slots, it takes the
+/// batches of threads that did nothing on the arena since the previous such look).
 ///
 /// A full batch first waits in the epoch bag of the guard it was removed under (crossbeam's
 /// per-thread, per-collector list of deferred functions), which goes to the shared queue

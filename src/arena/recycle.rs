@@ -23,7 +23,7 @@ use crossbeam_utils::CachePadded;
 
 use super::lane::{Added, Lane};
 use super::ArenaError;
-use crate::stack::Link;
+use crate::stack::{Link, NIL};
 use crate::sync::epoch::Guard;
 use crate::sync::Arc;
 use crate::sync::{thread_local, AtomicPtr, AtomicU32, Ordering};
@@ -239,6 +239,36 @@ fn flush_due() -> bool {
     true
 }
 
+/// Refills of a thread between two sweeps of idle threads' lanes.
+#[cfg(not(loom))]
+const SWEEP_EVERY: u32 = 64;
+
+#[cfg(not(loom))]
+thread_local! {
+    /// Refills of this thread (any arena), for [`sweep_due`].
+    static REFILLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a refill of the calling thread; whether it should sweep idle lanes. Every
+/// [`SWEEP_EVERY`]th: a sweep reads every lane of the arena (and a `membarrier` when it
+/// takes one), while a refill comes once per chain of inserts. Under loom never: the sweep
+/// takes lanes with the same handshake as `flush`, which the models check.
+#[cfg(not(loom))]
+fn sweep_due() -> bool {
+    REFILLS
+        .try_with(|refills| {
+            let count = refills.get().wrapping_add(1);
+            refills.set(count);
+            count % SWEEP_EVERY == 0
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(loom)]
+fn sweep_due() -> bool {
+    false
+}
+
 /// Runs `recycle` unless this thread is already recycling; returns whether it ran. While it
 /// runs, nested calls (from destructors it runs) do not recycle.
 pub(super) fn recycling(recycle: impl FnOnce()) -> bool {
@@ -276,6 +306,9 @@ impl<T: Send + 'static> super::SlotArena<T> {
         let arena = &self.arena;
         let shards = arena.shards.len();
         let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
+        if lane.is_some() && sweep_due() {
+            self.sweep_idle_lanes();
+        }
         recycling(|| {
             // This shard's own batches first: its slots stay on its threads' cache lines.
             self.recycle_ready(shard, shard, panics);
@@ -313,6 +346,27 @@ impl<T: Send + 'static> super::SlotArena<T> {
             return Ok(arena.first_of_chain(index, lane, shard));
         }
         arena.claim_fresh(lane, shard)
+    }
+
+    /// Takes the lanes of threads idle since the previous sweep (see `drain_idle_lanes`):
+    /// their hands go back to their shards, their batches to the collector. So the values
+    /// that an idle or exited thread removed are dropped, and the vacant slots it held are
+    /// used, while other threads keep using the arena, without a `flush`.
+    #[cold]
+    fn sweep_idle_lanes(&self) {
+        let taken = self.arena.drain_idle_lanes();
+        if taken.is_empty() {
+            return;
+        }
+        let guard = self.pin();
+        for taken in taken {
+            if taken.hand != NIL {
+                self.arena.push_chain(taken.shard, taken.hand);
+            }
+            if taken.removed != NIL {
+                self.defer_batch(taken.shard, taken.removed, &guard);
+            }
+        }
     }
 
     pub(super) fn recycle_ready(&self, from: usize, to: usize, panics: &mut Panics) -> bool {

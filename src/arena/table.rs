@@ -262,12 +262,13 @@ impl<T> Arena<T> {
     }
 
     /// Drops the values of the removed chain starting at `head` and publishes its slots on
-    /// the free list of `shard` (an exhausted slot is left out for good).
+    /// the free list of `shard`, in chains of a chunk at most (an exhausted slot is left out
+    /// for good).
     ///
     /// The chain's grace period has passed (it came off a ready list), or the caller has
     /// exclusive access: no reader can see the values.
     pub(super) fn recycle_chain(&self, head: Link, shard: usize, panics: &mut Panics) {
-        let mut vacant_head = NIL;
+        let (mut vacant_head, mut vacant_len) = (NIL, 0);
         let mut link = head;
         while link != NIL {
             let index = link - 1;
@@ -278,9 +279,11 @@ impl<T> Arena<T> {
             // First the state, then the drop: a value whose drop panics has been dropped, and
             // nothing may drop it again (invariant on `Slot::state`). The slot is on no list
             // until the chain is published below, so a destructor that inserts cannot take it.
-            if slot.vacate(slot::generation(state)) {
+            let vacant = slot.vacate(slot::generation(state));
+            if vacant {
                 self.links.at(index).store(vacant_head, Ordering::Relaxed);
                 vacant_head = link;
+                vacant_len += 1;
             }
             panics.catch(|| {
                 slot.value.with_mut(|value_ptr| {
@@ -290,6 +293,12 @@ impl<T> Arena<T> {
                     unsafe { (*value_ptr).assume_init_drop() }
                 });
             });
+            // Chains of a chunk at most (a thread takes a whole chain into its hand), each
+            // published once every value in it is dropped.
+            if vacant_len == self.chunk {
+                self.push_chain(shard, vacant_head);
+                (vacant_head, vacant_len) = (NIL, 0);
+            }
             link = next;
         }
         if vacant_head != NIL {
