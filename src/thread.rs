@@ -44,6 +44,11 @@ mod std_state {
         pool: Cell<u64>,
         /// That pool's slot for `index`.
         slot: Cell<*const ()>,
+        /// The identity of the arena whose lane `lane` is (0: none); as `pool`, identities are
+        /// never reused. Invariant: 0 while `index` is `usize::MAX`.
+        arena: Cell<u64>,
+        /// That arena's lane for `index`.
+        lane: Cell<*const ()>,
         /// The current memory tag (0: none).
         tag: Cell<u32>,
     }
@@ -54,6 +59,8 @@ mod std_state {
                 index: Cell::new(usize::MAX),
                 pool: Cell::new(0),
                 slot: Cell::new(std::ptr::null()),
+                arena: Cell::new(0),
+                lane: Cell::new(std::ptr::null()),
                 tag: Cell::new(0),
             }
         };
@@ -69,6 +76,7 @@ mod std_state {
             let _ = STATE.try_with(|state| {
                 state.index.set(usize::MAX);
                 state.pool.set(0);
+                state.arena.set(0);
             });
             let free = FREE.get_or_init(|| PagedTable::new(64));
             let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
@@ -145,6 +153,29 @@ mod std_state {
         });
     }
 
+    /// The lane this thread cached for `arena` (see [`cache_lane`]), and the thread's index.
+    #[inline(always)]
+    pub(crate) fn cached_lane(arena: u64) -> Option<(*const (), usize)> {
+        STATE
+            .try_with(|state| {
+                // `Owner::drop` clears `arena` with the index, so a match implies an index.
+                (state.arena.get() == arena).then(|| (state.lane.get(), state.index.get()))
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Remembers `lane` as this thread's lane in `arena` (a thread holding an index only).
+    #[inline]
+    pub(crate) fn cache_lane(arena: u64, lane: *const ()) {
+        let _ = STATE.try_with(|state| {
+            if state.index.get() != usize::MAX {
+                state.arena.set(arena);
+                state.lane.set(lane);
+            }
+        });
+    }
+
     /// The memory tag current on this thread (0: none).
     #[inline(always)]
     pub(crate) fn tag() -> u32 {
@@ -188,6 +219,14 @@ pub(crate) fn cached_slot(_pool: u64) -> Option<(*const (), u32)> {
 pub(crate) fn cache_slot(_pool: u64, _slot: *const ()) {}
 
 #[cfg(loom)]
+pub(crate) fn cached_lane(_arena: u64) -> Option<(*const (), usize)> {
+    None
+}
+
+#[cfg(loom)]
+pub(crate) fn cache_lane(_arena: u64, _lane: *const ()) {}
+
+#[cfg(loom)]
 pub(crate) fn tag() -> u32 {
     0
 }
@@ -218,12 +257,19 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_slot_answers_only_for_its_pool() {
+    fn cached_slots_and_lanes_answer_only_for_their_pool_or_arena() {
         let marker = 7u8;
         index().expect("a running thread holds an index");
         cache_slot(u64::MAX - 1, std::ptr::from_ref(&marker).cast());
         assert!(cached_slot(u64::MAX - 1).is_some());
         assert!(cached_slot(u64::MAX - 2).is_none());
+        cache_lane(u64::MAX - 3, std::ptr::from_ref(&marker).cast());
+        assert_eq!(
+            cached_lane(u64::MAX - 3),
+            Some((std::ptr::from_ref(&marker).cast(), index().unwrap()))
+        );
+        assert!(cached_lane(u64::MAX - 4).is_none());
+        assert!(cached_slot(u64::MAX - 1).is_some(), "one cache each");
         assert_eq!(set_tag(5), 0);
         assert_eq!(tag(), 5);
         assert_eq!(set_tag(0), 5);

@@ -762,3 +762,89 @@ fn an_idle_thread_holds_at_most_a_chunk_of_vacant_slots() {
         );
     });
 }
+
+/// A thread that only inserts still takes what an exited thread removed: its sweeps hand
+/// the batches they take to the collector's shared queue and advance the epoch, and recycle
+/// every shard's ready batches (the remover's shard has no thread left to do it).
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "a sweep comes after thousands of operations per thread"
+)]
+fn an_inserting_only_thread_drops_what_an_exited_thread_removed() {
+    const REMOVED: usize = 10;
+    let arena = SlotArena::new();
+    let ledger = DropLedger::new(REMOVED);
+    let removed = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        // The producer holds its own thread index (and lane) before the remover starts, so
+        // the remover's index, and likely its shard, differ from the producer's.
+        s.spawn(|| {
+            arena.insert(None).unwrap();
+            removed.wait();
+            for _ in 0..1_000_000 {
+                if ledger.total() == REMOVED {
+                    break;
+                }
+                arena.insert(None).unwrap();
+            }
+        });
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let keys: Vec<_> = (0..REMOVED)
+                    .map(|id| arena.insert(Some(ledger.record(id))).unwrap())
+                    .collect();
+                let guard = arena.pin();
+                for key in keys {
+                    arena.remove(key, &guard).unwrap();
+                }
+            });
+        });
+        removed.wait();
+    });
+    ledger.assert_exactly_once(0..REMOVED);
+}
+
+/// Sweeps are counted per arena: a thread that works on two arenas in step sweeps both.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "a sweep comes after thousands of operations per thread"
+)]
+fn a_thread_working_on_two_arenas_sweeps_both() {
+    const REMOVED: usize = 10;
+    let (first, second) = (
+        SlotArena::new(),
+        SlotArena::<Option<common::Tracked>>::new(),
+    );
+    let ledger = DropLedger::new(REMOVED);
+    let (removed, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let keys: Vec<_> = (0..REMOVED)
+                .map(|id| first.insert(Some(ledger.record(id))).unwrap())
+                .collect();
+            let guard = first.pin();
+            for key in keys {
+                first.remove(key, &guard).unwrap();
+            }
+            drop(guard);
+            removed.wait();
+            done.wait(); // idle meanwhile (its lane is its own, not inherited)
+        });
+        s.spawn(|| {
+            removed.wait();
+            for _ in 0..1_000_000 {
+                if ledger.total() == REMOVED {
+                    break;
+                }
+                let keys = [first.insert(None).unwrap(), second.insert(None).unwrap()];
+                let guard = first.pin();
+                first.remove(keys[0], &guard).unwrap();
+                second.remove(keys[1], &guard).unwrap();
+            }
+            done.wait();
+        });
+    });
+    ledger.assert_exactly_once(0..REMOVED);
+}

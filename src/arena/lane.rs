@@ -4,9 +4,9 @@
 //! *removal batch* (slots it removed, not yet handed to the epoch collector). Its owner works
 //! on them with plain loads and stores, no read-modify-write, inside operations of the lane's
 //! [`Handshake`]; a `flush`, `trim` or `shrink` takes them back from any thread, idle or
-//! exited ones included, and so does a *sweep*: every 64th refill of a thread takes the lanes
-//! whose owners started no operation since the previous sweep. So nothing waits in a lane for
-//! its owner to come back while other threads use the arena. A hand holds at most a chunk
+//! exited ones included, and so does a *sweep*: every 64th refill of a thread in an arena
+//! takes the lanes whose hand or batch did not change since its previous sweep. So nothing
+//! waits in a lane for its owner to come back while other threads use the arena. A hand holds at most a chunk
 //! (64 slots): chains are never longer.
 //!
 //! Without lanes every insert popped a shared free list and every removal pushed onto a
@@ -23,10 +23,13 @@ use super::table::Arena;
 use crate::handshake::Handshake;
 use crate::paged::PagedTable;
 use crate::stack::{Link, NIL};
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicU32, Ordering};
 
 /// Lanes in the first page of an arena's lane table (later pages double).
 pub(super) const FIRST_LANES: u32 = 4;
+
+/// Refills of a thread in an arena between two of its sweeps.
+const SWEEP_EVERY: u32 = 64;
 
 /// One thread's lane in one arena.
 pub(super) struct Lane {
@@ -44,9 +47,13 @@ pub(super) struct Lane {
     removed: AtomicU32,
     /// Slots in `removed`.
     removed_len: AtomicU32,
-    /// The owner's operation count when a sweep last looked at the lane (written by sweepers
-    /// only; racing sweepers at worst take an idle lane one sweep later).
-    seen: AtomicU64,
+    /// `hand` and `removed` as a sweep last saw them (written by sweepers only; racing
+    /// sweepers at worst take a lane one sweep later, or earlier).
+    seen_hand: AtomicU32,
+    seen_removed: AtomicU32,
+    /// The owner's refills of this arena, for its sweeps (the owner's alone: a plain load
+    /// and store).
+    refills: AtomicU32,
 }
 
 /// What [`Arena::add_removed`] did.
@@ -66,7 +73,9 @@ impl Lane {
             hand: AtomicU32::new(NIL),
             removed: AtomicU32::new(NIL),
             removed_len: AtomicU32::new(0),
-            seen: AtomicU64::new(0),
+            seen_hand: AtomicU32::new(NIL),
+            seen_removed: AtomicU32::new(NIL),
+            refills: AtomicU32::new(0),
         }
     }
 }
@@ -88,12 +97,29 @@ impl<T> Arena<T> {
     /// The calling thread's lane, and its shard; `None` for a thread without an index.
     #[inline]
     pub(super) fn my_lane(&self) -> Option<(&Lane, usize)> {
+        let shard_of = |index: usize| index & (self.shards.len() - 1);
+        if let Some((lane, index)) = crate::thread::cached_lane(self.id.get()) {
+            // SAFETY: this thread cached the pointer for this arena's identity (never reused,
+            // so this arena, which `&self` keeps alive) and its current index (the cache is
+            // cleared when the index is given back); a lane page stays allocated, at the same
+            // address, until the arena drops.
+            return Some((unsafe { &*lane.cast::<Lane>() }, shard_of(index)));
+        }
+        self.find_my_lane(shard_of)
+    }
+
+    /// [`my_lane`](Self::my_lane) without the thread's cached pointer: finds or makes the
+    /// lane, and caches it.
+    #[cold]
+    fn find_my_lane(&self, shard_of: impl Fn(usize) -> usize) -> Option<(&Lane, usize)> {
         let index = u32::try_from(crate::thread::index()?).ok()?;
         let lane = match self.lanes.get(index) {
             Some(lane) => lane,
             None => self.new_lane(index)?,
         };
-        Some((lane, index as usize & (self.shards.len() - 1)))
+        let lane: &Lane = lane;
+        crate::thread::cache_lane(self.id.get(), std::ptr::from_ref(lane).cast());
+        Some((lane, shard_of(index as usize)))
     }
 
     #[cold]
@@ -182,17 +208,31 @@ impl<T> Arena<T> {
         self.drain_lanes_where(|_| true)
     }
 
-    /// As [`drain_lanes`](Self::drain_lanes), for the lanes whose owner has started no
-    /// operation since the previous sweep looked at them (idle or exited threads).
+    /// As [`drain_lanes`](Self::drain_lanes), for the lanes whose hand or batch has not
+    /// changed since the previous sweep looked: an idle or exited thread's, or the batch of
+    /// a thread that inserts without removing (a thread that reuses an exited one's index
+    /// inherits its lane). Parts in use change between sweeps (a hand shrinks with every
+    /// insert, a batch grows with every removal), so they are left alone.
     pub(super) fn drain_idle_lanes(&self) -> Vec<Taken> {
         self.drain_lanes_where(|lane| {
-            let operations = lane.handshake.operations();
-            let idle = lane.seen.load(Ordering::Relaxed) == operations;
-            if !idle {
-                lane.seen.store(operations, Ordering::Relaxed);
-            }
-            idle
+            let hand = lane.hand.load(Ordering::Relaxed);
+            let removed = lane.removed.load(Ordering::Relaxed);
+            let stale = (hand != NIL && lane.seen_hand.load(Ordering::Relaxed) == hand)
+                || (removed != NIL && lane.seen_removed.load(Ordering::Relaxed) == removed);
+            lane.seen_hand.store(hand, Ordering::Relaxed);
+            lane.seen_removed.store(removed, Ordering::Relaxed);
+            stale
         })
+    }
+
+    /// Counts a refill of `lane`'s owner (the owner only); whether it should sweep. Every
+    /// [`SWEEP_EVERY`]th refill of each thread in each arena: a sweep reads every lane of
+    /// the arena (and issues a `membarrier` when it takes one), while a refill comes once per
+    /// chain of inserts.
+    pub(super) fn sweep_due(&self, lane: &Lane) -> bool {
+        let refills = lane.refills.load(Ordering::Relaxed).wrapping_add(1);
+        lane.refills.store(refills, Ordering::Relaxed);
+        refills % SWEEP_EVERY == 0
     }
 
     /// Takes the hand and batch of every lane that holds something and that `pick` picks.

@@ -87,8 +87,8 @@ use table::{stale, Arena, CHUNK};
 /// [`insert`](Self::insert) that needs a slot, by [`flush`](Self::flush) (which also takes
 /// partial batches) or [`shrink`](Self::shrink), or when the arena drops; never inside the
 /// epoch collector. The partial batch of a thread that went idle or exited is also taken by
-/// the other threads' inserts (every 64th time one of them refills its slots, it takes the
-/// batches of threads that did nothing on the arena since the previous such look).
+/// the other threads' inserts: every 64th time a thread refills its slots in an arena, it
+/// takes the partial batches there that have not changed since its previous such look.
 ///
 /// A full batch first waits in the epoch bag of the guard it was removed under (crossbeam's
 /// per-thread, per-collector list of deferred functions), which goes to the shared queue

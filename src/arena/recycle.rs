@@ -239,36 +239,6 @@ fn flush_due() -> bool {
     true
 }
 
-/// Refills of a thread between two sweeps of idle threads' lanes.
-#[cfg(not(loom))]
-const SWEEP_EVERY: u32 = 64;
-
-#[cfg(not(loom))]
-thread_local! {
-    /// Refills of this thread (any arena), for [`sweep_due`].
-    static REFILLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// Counts a refill of the calling thread; whether it should sweep idle lanes. Every
-/// [`SWEEP_EVERY`]th: a sweep reads every lane of the arena (and a `membarrier` when it
-/// takes one), while a refill comes once per chain of inserts. Under loom never: the sweep
-/// takes lanes with the same handshake as `flush`, which the models check.
-#[cfg(not(loom))]
-fn sweep_due() -> bool {
-    REFILLS
-        .try_with(|refills| {
-            let count = refills.get().wrapping_add(1);
-            refills.set(count);
-            count % SWEEP_EVERY == 0
-        })
-        .unwrap_or(false)
-}
-
-#[cfg(loom)]
-fn sweep_due() -> bool {
-    false
-}
-
 /// Runs `recycle` unless this thread is already recycling; returns whether it ran. While it
 /// runs, nested calls (from destructors it runs) do not recycle.
 pub(super) fn recycling(recycle: impl FnOnce()) -> bool {
@@ -306,10 +276,13 @@ impl<T: Send + 'static> super::SlotArena<T> {
         let arena = &self.arena;
         let shards = arena.shards.len();
         let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
-        if lane.is_some() && sweep_due() {
-            self.sweep_idle_lanes();
-        }
+        // Under loom never: the sweep takes lanes with the same handshake as `flush`, which
+        // the models check.
+        let sweep = !cfg!(loom) && lane.is_some_and(|lane| arena.sweep_due(lane));
         recycling(|| {
+            if sweep {
+                self.sweep(panics);
+            }
             // This shard's own batches first: its slots stay on its threads' cache lines.
             self.recycle_ready(shard, shard, panics);
             if arena.shards[shard].free.is_empty() && self.ready.has_pending(shard) {
@@ -348,16 +321,19 @@ impl<T: Send + 'static> super::SlotArena<T> {
         arena.claim_fresh(lane, shard)
     }
 
-    /// Takes the lanes of threads idle since the previous sweep (see `drain_idle_lanes`):
-    /// their hands go back to their shards, their batches to the collector. So the values
-    /// that an idle or exited thread removed are dropped, and the vacant slots it held are
-    /// used, while other threads keep using the arena, without a `flush`.
+    /// Takes what waits for a thread that may never come back: the lanes unchanged since the
+    /// previous sweep (see `drain_idle_lanes`; their hands go back to their shards, their
+    /// batches to the collector), the shards' shared batches unchanged since then, and every
+    /// shard's ready batches (recycled onto their own shards: a shard whose threads are gone
+    /// would never recycle them). So the values removed by idle or exited threads are
+    /// dropped, and the vacant slots they held used, while other threads keep using the
+    /// arena, without a `flush`. Runs while recycling (it drops values).
     #[cold]
-    fn sweep_idle_lanes(&self) {
-        let taken = self.arena.drain_idle_lanes();
-        if taken.is_empty() {
-            return;
+    fn sweep(&self, panics: &mut Panics) {
+        for shard in 0..self.arena.shards.len() {
+            self.recycle_ready(shard, shard, panics);
         }
+        let taken = self.arena.drain_idle_lanes();
         let guard = self.pin();
         for taken in taken {
             if taken.hand != NIL {
@@ -367,6 +343,14 @@ impl<T: Send + 'static> super::SlotArena<T> {
                 self.defer_batch(taken.shard, taken.removed, &guard);
             }
         }
+        for (shard, head) in self.arena.take_stale_partial_batches() {
+            self.defer_batch(shard, head, &guard);
+        }
+        // Into the collector's shared queue (in this thread's bag they would wait for this
+        // thread to flush, which a thread that only inserts rarely does), and a collection:
+        // it advances the epoch, so batches deferred by earlier sweeps become ready for the
+        // next one even when no other thread pins.
+        guard.flush();
     }
 
     pub(super) fn recycle_ready(&self, from: usize, to: usize, panics: &mut Panics) -> bool {

@@ -19,8 +19,10 @@ pub(super) struct Shard {
     /// shards' slots. A bound on memory, never a safety matter.
     pub(super) grown: AtomicU64,
     /// The removal batch being filled: `count << 32 | link` of slots removed but not yet
-    /// handed to the epoch collector.
+    /// handed to the epoch collector (by threads without a lane at hand: see `lane`).
     pub(super) removed: CachePadded<AtomicU64>,
+    /// `removed` as a sweep last saw it (written by sweepers only).
+    pub(super) seen_removed: AtomicU64,
 }
 
 impl Shard {
@@ -29,6 +31,7 @@ impl Shard {
             free: TaggedStack::new(),
             grown: AtomicU64::new(0),
             removed: CachePadded::new(AtomicU64::new(0)),
+            seen_removed: AtomicU64::new(0),
         }
     }
 }

@@ -177,6 +177,26 @@ impl<T> Arena<T> {
         })
     }
 
+    /// Takes the shards' partly filled removal batches that have not changed since the
+    /// previous sweep looked: `(shard, head of its chain)` for each.
+    pub(super) fn take_stale_partial_batches(&self) -> Vec<(usize, Link)> {
+        let mut taken = Vec::new();
+        for (shard, lists) in self.shards.iter().enumerate() {
+            let removed = lists.removed.load(Ordering::Relaxed);
+            let seen = lists.seen_removed.swap(removed, Ordering::Relaxed);
+            if removed != 0
+                && removed == seen
+                && lists
+                    .removed
+                    .compare_exchange(removed, 0, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                taken.push((shard, removed as Link));
+            }
+        }
+        taken
+    }
+
     /// Claims a chunk of never-used slots: returns one, and puts the rest into the hand of
     /// `lane` (or on the free list of `shard`). Waits while a `trim` has the frontier frozen.
     #[cold]
