@@ -68,6 +68,8 @@ struct ReadyList {
     /// Batches handed to the collector and not on the list yet: a hint for when prodding
     /// the collector can help, never a safety matter.
     pending: AtomicU32,
+    /// `head` as a sweep last saw it (written by sweepers only; compared, never followed).
+    seen: AtomicPtr<Batch>,
 }
 
 impl ReadyLists {
@@ -78,6 +80,7 @@ impl ReadyLists {
                     CachePadded::new(ReadyList {
                         head: AtomicPtr::new(ptr::null_mut()),
                         pending: AtomicU32::new(0),
+                        seen: AtomicPtr::new(ptr::null_mut()),
                     })
                 })
                 .collect(),
@@ -115,6 +118,18 @@ impl ReadyLists {
     }
 
     /// Takes every ready batch of `shard`; the iterator yields their chains' first links.
+    /// Takes the list of `shard` if its head has not changed since the previous sweep
+    /// looked: batches that no thread of the shard came to recycle meanwhile.
+    pub(super) fn take_if_stale(&self, shard: usize) -> TakenBatches {
+        let list = &self.lists[shard];
+        let head = list.head.load(Ordering::Relaxed);
+        let seen = list.seen.swap(head, Ordering::Relaxed);
+        if head.is_null() || head != seen {
+            return TakenBatches(ptr::null_mut());
+        }
+        TakenBatches(list.head.swap(ptr::null_mut(), Ordering::Acquire))
+    }
+
     pub(super) fn take(&self, shard: usize) -> TakenBatches {
         let list = &self.lists[shard];
         if list.head.load(Ordering::Relaxed).is_null() {
@@ -323,15 +338,17 @@ impl<T: Send + 'static> super::SlotArena<T> {
 
     /// Takes what waits for a thread that may never come back: the lanes unchanged since the
     /// previous sweep (see `drain_idle_lanes`; their hands go back to their shards, their
-    /// batches to the collector), the shards' shared batches unchanged since then, and every
-    /// shard's ready batches (recycled onto their own shards: a shard whose threads are gone
-    /// would never recycle them). So the values removed by idle or exited threads are
+    /// batches to the collector), the shards' shared batches unchanged since then, and the
+    /// ready batches that no thread of their shard recycled since then (a shard whose threads
+    /// are gone recycles nothing; recycled onto their own shard). So the values removed by idle or exited threads are
     /// dropped, and the vacant slots they held used, while other threads keep using the
     /// arena, without a `flush`. Runs while recycling (it drops values).
     #[cold]
     fn sweep(&self, panics: &mut Panics) {
         for shard in 0..self.arena.shards.len() {
-            self.recycle_ready(shard, shard, panics);
+            for head in self.ready.take_if_stale(shard) {
+                self.arena.recycle_chain(head, shard, panics);
+            }
         }
         let taken = self.arena.drain_idle_lanes();
         let guard = self.pin();
