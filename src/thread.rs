@@ -240,14 +240,25 @@ pub(crate) fn set_tag(_tag: u32) -> u32 {
 mod tests {
     use super::*;
 
+    /// The calling thread's index. A claim gives up while another thread holds the
+    /// registry's lock (an exiting thread of another test, say); the next call claims again.
+    fn claimed() -> usize {
+        loop {
+            if let Some(index) = index() {
+                return index;
+            }
+            std::thread::yield_now();
+        }
+    }
+
     #[test]
     fn an_exited_threads_index_is_reused() {
-        let here = index().unwrap();
+        let here = claimed();
         assert_eq!(index(), Some(here), "stable within a thread");
         // Threads run one after the other: each takes the index the one before gave back
         // (other tests' threads may take one now and then).
         let seen: Vec<usize> = (0..20)
-            .map(|_| std::thread::spawn(|| index().unwrap()).join().unwrap())
+            .map(|_| std::thread::spawn(claimed).join().unwrap())
             .collect();
         assert!(seen.iter().all(|&i| i != here));
         assert!(
@@ -259,14 +270,14 @@ mod tests {
     #[test]
     fn cached_slots_and_lanes_answer_only_for_their_pool_or_arena() {
         let marker = 7u8;
-        index().expect("a running thread holds an index");
+        let here = claimed();
         cache_slot(u64::MAX - 1, std::ptr::from_ref(&marker).cast());
         assert!(cached_slot(u64::MAX - 1).is_some());
         assert!(cached_slot(u64::MAX - 2).is_none());
         cache_lane(u64::MAX - 3, std::ptr::from_ref(&marker).cast());
         assert_eq!(
             cached_lane(u64::MAX - 3),
-            Some((std::ptr::from_ref(&marker).cast(), index().unwrap()))
+            Some((std::ptr::from_ref(&marker).cast(), here))
         );
         assert!(cached_lane(u64::MAX - 4).is_none());
         assert!(cached_slot(u64::MAX - 1).is_some(), "one cache each");
