@@ -848,3 +848,62 @@ fn a_thread_working_on_two_arenas_sweeps_both() {
     });
     ledger.assert_exactly_once(0..REMOVED);
 }
+
+/// A value removed by a thread-local destructor that runs after the thread gave its thread
+/// index back waits in its shard's shared batch (the thread has no lane any more); other
+/// threads' sweeps take that batch once it stops changing, without a `flush`.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "a sweep comes after thousands of operations per thread"
+)]
+fn a_removal_from_a_late_thread_local_destructor_is_swept() {
+    const THREADS: usize = 4;
+    struct RemoveOnExit(
+        &'static SlotArena<Option<common::Tracked>>,
+        Option<ferropool::Key>,
+    );
+    impl Drop for RemoveOnExit {
+        fn drop(&mut self) {
+            if let Some(key) = self.1.take() {
+                self.0.remove(key, &self.0.pin()).unwrap();
+            }
+        }
+    }
+    thread_local! {
+        static ON_EXIT: std::cell::RefCell<Option<RemoveOnExit>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    // Static (the destructors outlive the test's frame), and reachable, so that leak
+    // checkers do not report it.
+    static ARENA: std::sync::OnceLock<SlotArena<Option<common::Tracked>>> =
+        std::sync::OnceLock::new();
+    let arena = ARENA.get_or_init(SlotArena::new);
+    let ledger = DropLedger::new(THREADS);
+    for id in 0..THREADS {
+        let ledger = ledger.clone();
+        std::thread::spawn(move || {
+            // Registered before the thread claims its index, so (destructors running in
+            // reverse order) it runs after the index is given back.
+            ON_EXIT.with(|slot| *slot.borrow_mut() = Some(RemoveOnExit(arena, None)));
+            let key = arena.insert(Some(ledger.record(id))).unwrap();
+            ON_EXIT.with(|slot| slot.borrow_mut().as_mut().unwrap().1 = Some(key));
+        })
+        .join()
+        .unwrap();
+    }
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..1_000_000 {
+                    if ledger.total() == THREADS {
+                        break;
+                    }
+                    let key = arena.insert(None).unwrap();
+                    arena.remove(key, &arena.pin()).unwrap();
+                }
+            });
+        }
+    });
+    ledger.assert_exactly_once(0..THREADS);
+}
