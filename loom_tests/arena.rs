@@ -107,6 +107,20 @@ fn vacant_slots_on_the_main_shard(
     arena.flush(&collector.register().pin()).unwrap();
 }
 
+/// The main thread inserts record 2 while another thread inserts record 1; returns the keys
+/// (the main thread's first).
+fn racing_inserts(
+    arena: &Arc<SlotArena<Record>>,
+    drops: &Arc<AtomicUsize>,
+) -> (ferropool::Key, ferropool::Key) {
+    let other = {
+        let (arena, drops) = (Arc::clone(arena), Arc::clone(drops));
+        thread::spawn(move || arena.insert(Record::new(1, &drops)).unwrap())
+    };
+    let mine = arena.insert(Record::new(2, drops)).unwrap();
+    (mine, other.join().unwrap())
+}
+
 /// **get racing remove**: a reader pinned while another thread removes the value, drives the
 /// collector and recycles what is ready reads either the live value or a typed error, never
 /// a dropped record; the record is dropped exactly once.
@@ -337,12 +351,7 @@ fn insert_steals_from_another_shard() {
         let (old_drops, drops) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let arena = Arc::new(arena(&collector, 2));
         vacant_slots_on_the_main_shard(&arena, &collector, &old_drops);
-        let thief = {
-            let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
-            thread::spawn(move || arena.insert(Record::new(1, &drops)).unwrap())
-        };
-        let mine = arena.insert(Record::new(2, &drops)).unwrap();
-        let theirs = thief.join().unwrap();
+        let (mine, theirs) = racing_inserts(&arena, &drops);
         assert_ne!(mine.index(), theirs.index(), "two inserts took one slot");
         {
             let handle = collector.register();
@@ -379,12 +388,7 @@ fn a_dry_shard_grows_before_it_steals() {
         let drops = Arc::new(AtomicUsize::new(0));
         let arena = Arc::new(arena_growing_first(&collector, 2));
         vacant_slots_on_the_main_shard(&arena, &collector, &drops);
-        let grower = {
-            let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
-            thread::spawn(move || arena.insert(Record::new(1, &drops)).unwrap())
-        };
-        let mine = arena.insert(Record::new(2, &drops)).unwrap();
-        let theirs = grower.join().unwrap();
+        let (mine, theirs) = racing_inserts(&arena, &drops);
         assert_eq!(mine.index(), 0, "the main thread reuses its own slot");
         assert_eq!(theirs.index(), 2, "the dry shard took another shard's slot");
         drop(arena);

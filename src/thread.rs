@@ -1,7 +1,7 @@
 //! Per-thread state, in one thread-local: the thread's *index* (a small number, reused after
-//! the thread exits, held by one live thread at a time), the pool slot it used last (so a
-//! pool operation finds its slot with this one thread-local read), and the memory tag current
-//! on the thread.
+//! the thread exits, held by one live thread at a time), the pool slot and the arena lane it
+//! used last (so an operation on the same pool or arena finds its record with this one
+//! thread-local read), and the memory tag current on the thread.
 //!
 //! The state has no destructor, so it stays readable while thread-locals are destroyed. A
 //! second thread-local, with a destructor, gives the index back when the thread exits; from
@@ -38,29 +38,41 @@ mod std_state {
         /// The thread's index, or `usize::MAX` (before it claims one, and after it gave it
         /// back).
         index: Cell<usize>,
-        /// The identity of the pool whose slot `slot` is (0: none). Pool identities are never
-        /// reused, so a cached slot of a pool that is gone never matches a live pool.
-        /// Invariant: 0 while `index` is `usize::MAX`.
-        pool: Cell<u64>,
-        /// That pool's slot for `index`.
-        slot: Cell<*const ()>,
-        /// The identity of the arena whose lane `lane` is (0: none); as `pool`, identities are
-        /// never reused. Invariant: 0 while `index` is `usize::MAX`.
-        arena: Cell<u64>,
-        /// That arena's lane for `index`.
-        lane: Cell<*const ()>,
+        /// The slot of the pool this thread used last.
+        pool: Cached,
+        /// The lane of the arena this thread used last.
+        arena: Cached,
         /// The current memory tag (0: none).
         tag: Cell<u32>,
+    }
+
+    /// One owner's per-thread record (a pool's slot, an arena's lane) for the thread's
+    /// current index, remembered so that the next operation on the same owner finds it with
+    /// this one thread-local read.
+    struct Cached {
+        /// The owner's identity (0: none). Identities are never reused, so a record of an
+        /// owner that is gone never matches a live one. Invariant: 0 while the thread's
+        /// `index` is `usize::MAX`.
+        owner: Cell<u64>,
+        /// That owner's record for the thread's index.
+        record: Cell<*const ()>,
+    }
+
+    impl Cached {
+        const fn none() -> Self {
+            Self {
+                owner: Cell::new(0),
+                record: Cell::new(std::ptr::null()),
+            }
+        }
     }
 
     thread_local! {
         static STATE: State = const {
             State {
                 index: Cell::new(usize::MAX),
-                pool: Cell::new(0),
-                slot: Cell::new(std::ptr::null()),
-                arena: Cell::new(0),
-                lane: Cell::new(std::ptr::null()),
+                pool: Cached::none(),
+                arena: Cached::none(),
                 tag: Cell::new(0),
             }
         };
@@ -75,8 +87,8 @@ mod std_state {
             // From now on this thread has no index (and no cached slot).
             let _ = STATE.try_with(|state| {
                 state.index.set(usize::MAX);
-                state.pool.set(0);
-                state.arena.set(0);
+                state.pool.owner.set(0);
+                state.arena.owner.set(0);
             });
             let free = FREE.get_or_init(|| PagedTable::new(64));
             let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
@@ -128,52 +140,54 @@ mod std_state {
         Some(index)
     }
 
-    /// The slot cached for pool `pool`, with the thread's index, if this thread's last pool
-    /// operation was on that pool (and it still holds its index).
+    /// The record `pick` caches for `owner`, with the thread's index, if this thread's last
+    /// operation of that kind was on that owner (and it still holds its index).
+    #[inline(always)]
+    fn cached(pick: fn(&State) -> &Cached, owner: u64) -> Option<(*const (), usize)> {
+        STATE
+            .try_with(|state| {
+                let cached = pick(state);
+                // `Owner::drop` clears every `owner` with the index, so a match implies one.
+                (cached.owner.get() == owner).then(|| (cached.record.get(), state.index.get()))
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Caches `record` as this thread's record of `owner` in `pick` (for its current index;
+    /// nothing while the thread holds none).
+    #[inline]
+    fn cache(pick: fn(&State) -> &Cached, owner: u64, record: *const ()) {
+        let _ = STATE.try_with(|state| {
+            if state.index.get() != usize::MAX {
+                pick(state).owner.set(owner);
+                pick(state).record.set(record);
+            }
+        });
+    }
+
+    /// The slot cached for pool `pool`, with the thread's index.
     #[inline(always)]
     pub(crate) fn cached_slot(pool: u64) -> Option<(*const (), u32)> {
-        STATE
-            .try_with(|state| {
-                // `Owner::drop` clears `pool` with the index, so a match implies an index.
-                (state.pool.get() == pool).then(|| (state.slot.get(), state.index.get() as u32))
-            })
-            .ok()
-            .flatten()
+        cached(|state| &state.pool, pool).map(|(slot, index)| (slot, index as u32))
     }
 
-    /// Caches `slot` as this thread's slot of pool `pool` (for its current index; nothing
-    /// while the thread holds none).
+    /// Caches `slot` as this thread's slot of pool `pool`.
     #[inline]
     pub(crate) fn cache_slot(pool: u64, slot: *const ()) {
-        let _ = STATE.try_with(|state| {
-            if state.index.get() != usize::MAX {
-                state.pool.set(pool);
-                state.slot.set(slot);
-            }
-        });
+        cache(|state| &state.pool, pool, slot);
     }
 
-    /// The lane this thread cached for `arena` (see [`cache_lane`]), and the thread's index.
+    /// The lane cached for arena `arena`, with the thread's index.
     #[inline(always)]
     pub(crate) fn cached_lane(arena: u64) -> Option<(*const (), usize)> {
-        STATE
-            .try_with(|state| {
-                // `Owner::drop` clears `arena` with the index, so a match implies an index.
-                (state.arena.get() == arena).then(|| (state.lane.get(), state.index.get()))
-            })
-            .ok()
-            .flatten()
+        cached(|state| &state.arena, arena)
     }
 
-    /// Remembers `lane` as this thread's lane in `arena` (a thread holding an index only).
+    /// Caches `lane` as this thread's lane in arena `arena`.
     #[inline]
     pub(crate) fn cache_lane(arena: u64, lane: *const ()) {
-        let _ = STATE.try_with(|state| {
-            if state.index.get() != usize::MAX {
-                state.arena.set(arena);
-                state.lane.set(lane);
-            }
-        });
+        cache(|state| &state.arena, arena, lane);
     }
 
     /// The memory tag current on this thread (0: none).

@@ -673,6 +673,28 @@ fn an_idle_thread_holds_back_at_most_seven_batches_across_arenas() {
     });
 }
 
+/// Two threads insert and remove values with nothing to record, never flushing, until
+/// `ledger` has counted `dropped` drops (or a million rounds each).
+fn churn_until_dropped(
+    arena: &SlotArena<Option<common::Tracked>>,
+    ledger: &DropLedger,
+    dropped: usize,
+) {
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..1_000_000 {
+                    if ledger.total() == dropped {
+                        break;
+                    }
+                    let key = arena.insert(None).unwrap();
+                    arena.remove(key, &arena.pin()).unwrap();
+                }
+            });
+        }
+    });
+}
+
 /// Values removed by threads that then exit wait in those threads' removal batches; other
 /// threads that keep using the arena take those batches (a sweep of idle threads' lanes)
 /// without anyone calling `flush`, so the values are dropped.
@@ -698,20 +720,7 @@ fn values_removed_by_exited_threads_are_dropped_without_a_flush() {
             });
         }
     });
-    // Two threads churn (values with nothing to record), never flushing.
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| {
-                for _ in 0..200_000 {
-                    if ledger.total() == THREADS {
-                        break;
-                    }
-                    let key = arena.insert(None).unwrap();
-                    arena.remove(key, &arena.pin()).unwrap();
-                }
-            });
-        }
-    });
+    churn_until_dropped(&arena, &ledger, THREADS);
     ledger.assert_exactly_once(0..THREADS);
 }
 
@@ -892,18 +901,6 @@ fn a_removal_from_a_late_thread_local_destructor_is_swept() {
         .join()
         .unwrap();
     }
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| {
-                for _ in 0..1_000_000 {
-                    if ledger.total() == THREADS {
-                        break;
-                    }
-                    let key = arena.insert(None).unwrap();
-                    arena.remove(key, &arena.pin()).unwrap();
-                }
-            });
-        }
-    });
+    churn_until_dropped(arena, &ledger, THREADS);
     ledger.assert_exactly_once(0..THREADS);
 }

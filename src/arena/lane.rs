@@ -80,16 +80,6 @@ impl Lane {
     }
 }
 
-/// What a drainer took from one lane.
-pub(super) struct Taken {
-    /// The shard of the lane's owner.
-    pub(super) shard: usize,
-    /// The vacant chain of its hand.
-    pub(super) hand: Link,
-    /// The removed chain of its batch.
-    pub(super) removed: Link,
-}
-
 /// The lane table of an arena: lanes by thread index.
 pub(super) type Lanes = PagedTable<CachePadded<Lane>>;
 
@@ -203,8 +193,9 @@ impl<T> Arena<T> {
 
     /// Takes the hand and batch of every lane that holds something, whatever its owner is
     /// doing: claims each, issues one heavy fence, waits for each owner to be out of the
-    /// operation it was in. A lane another drainer holds is left to that one.
-    pub(super) fn drain_lanes(&self) -> Vec<Taken> {
+    /// operation it was in. A lane another drainer holds is left to that one. The hands go
+    /// back on their owners' shards; the batches are returned, as `(shard, head of chain)`.
+    pub(super) fn drain_lanes(&self) -> Vec<(usize, Link)> {
         self.drain_lanes_where(|_| true)
     }
 
@@ -213,7 +204,7 @@ impl<T> Arena<T> {
     /// a thread that inserts without removing (a thread that reuses an exited one's index
     /// inherits its lane). Parts in use change between sweeps (a hand shrinks with every
     /// insert, a batch grows with every removal), so they are left alone.
-    pub(super) fn drain_idle_lanes(&self) -> Vec<Taken> {
+    pub(super) fn drain_idle_lanes(&self) -> Vec<(usize, Link)> {
         self.drain_lanes_where(|lane| {
             let hand = lane.hand.load(Ordering::Relaxed);
             let removed = lane.removed.load(Ordering::Relaxed);
@@ -236,7 +227,7 @@ impl<T> Arena<T> {
     }
 
     /// Takes the hand and batch of every lane that holds something and that `pick` picks.
-    fn drain_lanes_where(&self, mut pick: impl FnMut(&Lane) -> bool) -> Vec<Taken> {
+    fn drain_lanes_where(&self, mut pick: impl FnMut(&Lane) -> bool) -> Vec<(usize, Link)> {
         let shards = self.shards.len();
         let mut claimed = Vec::new();
         for page in 0..self.lanes.page_count() {
@@ -259,22 +250,23 @@ impl<T> Arena<T> {
             return Vec::new();
         }
         crate::sync::asymmetric::heavy();
-        claimed
-            .into_iter()
-            .map(|(shard, lane)| {
-                lane.handshake.wait_out();
-                // The owner is out, and its later operations see the claim: ours.
-                let taken = Taken {
-                    shard,
-                    hand: lane.hand.load(Ordering::Relaxed),
-                    removed: lane.removed.load(Ordering::Relaxed),
-                };
-                lane.hand.store(NIL, Ordering::Relaxed);
-                lane.removed.store(NIL, Ordering::Relaxed);
-                lane.removed_len.store(0, Ordering::Relaxed);
-                lane.handshake.release();
-                taken
-            })
-            .collect()
+        let mut batches = Vec::new();
+        for (shard, lane) in claimed {
+            lane.handshake.wait_out();
+            // The owner is out, and its later operations see the claim: ours.
+            let hand = lane.hand.load(Ordering::Relaxed);
+            let removed = lane.removed.load(Ordering::Relaxed);
+            lane.hand.store(NIL, Ordering::Relaxed);
+            lane.removed.store(NIL, Ordering::Relaxed);
+            lane.removed_len.store(0, Ordering::Relaxed);
+            lane.handshake.release();
+            if hand != NIL {
+                self.push_chain(shard, hand);
+            }
+            if removed != NIL {
+                batches.push((shard, removed));
+            }
+        }
+        batches
     }
 }

@@ -547,15 +547,8 @@ impl<T: Send + 'static> SlotArena<T> {
     /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)).
     pub fn flush(&self, guard: &Guard) -> Result<(), ArenaError> {
         self.check_guard(guard)?;
-        for taken in self.arena.drain_lanes() {
-            if taken.hand != NIL {
-                self.arena.push_chain(taken.shard, taken.hand);
-            }
-            if taken.removed != NIL {
-                self.defer_batch(taken.shard, taken.removed, guard);
-            }
-        }
-        for (shard, head) in self.arena.take_partial_batches() {
+        let lanes = self.arena.drain_lanes();
+        for (shard, head) in lanes.into_iter().chain(self.arena.take_partial_batches()) {
             self.defer_batch(shard, head, guard);
         }
         guard.flush();
@@ -721,15 +714,8 @@ impl<T: Send + 'static> SlotArena<T> {
         let arena = &self.arena;
         // Exclusive access: no owner is inside an operation on its lane, so draining waits
         // for nobody.
-        for taken in arena.drain_lanes() {
-            if taken.hand != NIL {
-                arena.push_chain(taken.shard, taken.hand);
-            }
-            if taken.removed != NIL {
-                arena.recycle_chain(taken.removed, taken.shard, &mut panics);
-            }
-        }
-        for (shard, head) in arena.take_partial_batches() {
+        let lanes = arena.drain_lanes();
+        for (shard, head) in lanes.into_iter().chain(arena.take_partial_batches()) {
             arena.recycle_chain(head, shard, &mut panics);
         }
         for shard in 0..arena.shards.len() {

@@ -23,7 +23,7 @@ use crossbeam_utils::CachePadded;
 
 use super::lane::{Added, Lane};
 use super::ArenaError;
-use crate::stack::{Link, NIL};
+use crate::stack::Link;
 use crate::sync::epoch::Guard;
 use crate::sync::Arc;
 use crate::sync::{thread_local, AtomicPtr, AtomicU32, Ordering};
@@ -123,7 +123,8 @@ impl ReadyLists {
     pub(super) fn take_if_stale(&self, shard: usize) -> TakenBatches {
         let list = &self.lists[shard];
         let head = list.head.load(Ordering::Relaxed);
-        let seen = list.seen.swap(head, Ordering::Relaxed);
+        let seen = list.seen.load(Ordering::Relaxed);
+        list.seen.store(head, Ordering::Relaxed);
         if head.is_null() || head != seen {
             return TakenBatches(ptr::null_mut());
         }
@@ -339,10 +340,11 @@ impl<T: Send + 'static> super::SlotArena<T> {
     /// Takes what waits for a thread that may never come back: the lanes unchanged since the
     /// previous sweep (see `drain_idle_lanes`; their hands go back to their shards, their
     /// batches to the collector), the shards' shared batches unchanged since then, and the
-    /// ready batches that no thread of their shard recycled since then (a shard whose threads
-    /// are gone recycles nothing; recycled onto their own shard). So the values removed by idle or exited threads are
-    /// dropped, and the vacant slots they held used, while other threads keep using the
-    /// arena, without a `flush`. Runs while recycling (it drops values).
+    /// ready batches that no thread of their shard recycled since then (a shard whose
+    /// threads are gone recycles nothing; recycled onto their own shard). So the values
+    /// removed by idle or exited threads are dropped, and the vacant slots they held used,
+    /// while other threads keep using the arena, without a `flush`. Runs while recycling (it
+    /// drops values).
     #[cold]
     fn sweep(&self, panics: &mut Panics) {
         for shard in 0..self.arena.shards.len() {
@@ -350,17 +352,12 @@ impl<T: Send + 'static> super::SlotArena<T> {
                 self.arena.recycle_chain(head, shard, panics);
             }
         }
-        let taken = self.arena.drain_idle_lanes();
+        let lanes = self.arena.drain_idle_lanes();
         let guard = self.pin();
-        for taken in taken {
-            if taken.hand != NIL {
-                self.arena.push_chain(taken.shard, taken.hand);
-            }
-            if taken.removed != NIL {
-                self.defer_batch(taken.shard, taken.removed, &guard);
-            }
-        }
-        for (shard, head) in self.arena.take_stale_partial_batches() {
+        for (shard, head) in lanes
+            .into_iter()
+            .chain(self.arena.take_stale_partial_batches())
+        {
             self.defer_batch(shard, head, &guard);
         }
         // Into the collector's shared queue (in this thread's bag they would wait for this

@@ -183,7 +183,8 @@ impl<T> Arena<T> {
         let mut taken = Vec::new();
         for (shard, lists) in self.shards.iter().enumerate() {
             let removed = lists.removed.load(Ordering::Relaxed);
-            let seen = lists.seen_removed.swap(removed, Ordering::Relaxed);
+            let seen = lists.seen_removed.load(Ordering::Relaxed);
+            lists.seen_removed.store(removed, Ordering::Relaxed);
             if removed != 0
                 && removed == seen
                 && lists
