@@ -80,9 +80,23 @@ impl Handshake {
     /// A drainer's first step: sets the flag; false when another drainer holds it (that one
     /// takes the state). Then `asymmetric::heavy()` and [`wait_out`](Self::wait_out).
     pub(crate) fn claim(&self) -> bool {
+        self.claim_as(1)
+    }
+
+    /// [`claim`](Self::claim) with the drainer's own `token` (non-zero) as the flag, so that
+    /// a drainer that claims many handshakes before its one heavy fence can find its own
+    /// again with [`claimed_by`](Self::claimed_by) instead of keeping a list.
+    pub(crate) fn claim_as(&self, token: u32) -> bool {
+        debug_assert!(token != 0, "0 is the flag's free value");
         self.drain
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(0, token, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
+    }
+
+    /// Whether the drainer with `token` holds the handshake (only that drainer's answer is
+    /// stable: it alone releases its claim).
+    pub(crate) fn claimed_by(&self, token: u32) -> bool {
+        self.drain.load(Ordering::Relaxed) == token
     }
 
     /// A drainer's last step: hands the state back to its owner. Release: the owner's next

@@ -69,6 +69,7 @@ mod identity;
 mod paged;
 mod pool;
 mod retain;
+mod roster;
 mod stack;
 mod sync;
 mod tensor;

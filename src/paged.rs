@@ -55,7 +55,7 @@ impl<T> Drop for Page<T> {
 
 /// A page of `len` elements, `init(offset)` each, from the system allocator (never the global
 /// allocator, which may be ferropool's own front end).
-fn allocate<T>(len: usize, mut init: impl FnMut(usize) -> T) -> *mut T {
+pub(crate) fn allocate<T>(len: usize, mut init: impl FnMut(usize) -> T) -> *mut T {
     let layout = Layout::array::<T>(len).expect("page sizes fit in isize");
     if layout.size() == 0 {
         return NonNull::dangling().as_ptr();
@@ -77,7 +77,7 @@ fn allocate<T>(len: usize, mut init: impl FnMut(usize) -> T) -> *mut T {
 /// # Safety
 ///
 /// `base` came from `allocate::<T>(len, ..)` and nothing uses the page afterwards.
-unsafe fn free<T>(base: *mut T, len: usize) {
+pub(crate) unsafe fn free<T>(base: *mut T, len: usize) {
     // SAFETY: `len` initialised elements (the caller's contract).
     unsafe { ptr::drop_in_place(ptr::slice_from_raw_parts_mut(base, len)) };
     let layout = Layout::array::<T>(len).expect("page sizes fit in isize");

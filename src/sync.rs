@@ -160,8 +160,22 @@ pub(crate) mod asymmetric {
         }
     }
 
+    #[cfg(all(test, not(loom)))]
+    std::thread_local! {
+        /// Heavy fences issued by this thread (unit tests count them).
+        static HEAVY_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Heavy fences the calling thread issued so far (unit tests only).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn heavy_fences_here() -> u64 {
+        HEAVY_HERE.with(std::cell::Cell::get)
+    }
+
     /// The rare side's fence.
     pub(crate) fn heavy() {
+        #[cfg(all(test, not(loom)))]
+        HEAVY_HERE.with(|count| count.set(count.get() + 1));
         #[cfg(loom)]
         loom::sync::atomic::fence(loom::sync::atomic::Ordering::SeqCst);
         #[cfg(not(loom))]

@@ -44,6 +44,8 @@ mod std_state {
         arena: Cached,
         /// The current memory tag (0: none).
         tag: Cell<u32>,
+        /// Bookkeeping scopes open on this thread (see [`Bookkeeping`]).
+        bookkeeping: Cell<u32>,
     }
 
     /// One owner's per-thread record (a pool's slot, an arena's lane) for the thread's
@@ -74,6 +76,7 @@ mod std_state {
                 pool: Cached::none(),
                 arena: Cached::none(),
                 tag: Cell::new(0),
+                bookkeeping: Cell::new(0),
             }
         };
         /// Gives the index back when the thread exits.
@@ -101,9 +104,7 @@ mod std_state {
     }
 
     /// The calling thread's own index, claiming one on first use; `None` while the thread's
-    /// thread-locals are being destroyed (it cannot hold an index then), or while another
-    /// thread holds the registry's lock (the caller then works without a slot this once and
-    /// claims an index on a later call).
+    /// thread-locals are being destroyed (it cannot hold an index then).
     #[inline]
     pub(crate) fn index() -> Option<usize> {
         match STATE.try_with(|state| state.index.get()) {
@@ -122,10 +123,11 @@ mod std_state {
             return None;
         }
         let index = {
-            // `try_lock`: the registry's lock may be held by this thread's own `Owner::drop`
-            // (blocking would deadlock). It also fails while any other thread holds it; that
-            // costs one operation on the slotless path, never correctness.
-            let mut registry = REGISTRY.try_lock().ok()?;
+            // Blocking is safe: this thread's own `Owner::drop` is the only code of this
+            // thread that takes the lock while running, and while it runs `OWNER` is being
+            // destroyed, so `can_own` above is false. Under the lock nothing calls a global
+            // allocator (the free list's pages come from the system), so no claim can nest.
+            let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
             if registry.1 > 0 {
                 registry.1 -= 1;
                 let free = FREE.get().expect("free indices were stored");
@@ -190,6 +192,47 @@ mod std_state {
         cache(|state| &state.arena, arena, lane);
     }
 
+    /// Whether a [`Bookkeeping`] scope is open on this thread.
+    #[inline]
+    pub(crate) fn in_bookkeeping() -> bool {
+        STATE
+            .try_with(|state| state.bookkeeping.get() > 0)
+            .unwrap_or(false)
+    }
+
+    /// While it lives, the calling thread builds a pool's own bookkeeping (an export of its
+    /// trace or blocks): `PoolAllocator` serves the thread's large requests from its
+    /// fallback allocator instead of the pool, so the export neither comes from nor counts
+    /// against the pool it describes. Scopes nest.
+    #[derive(Debug)]
+    pub(crate) struct Bookkeeping {
+        /// Not `Send`: it closes the scope of the thread that opened it.
+        _not_send: std::marker::PhantomData<*const ()>,
+    }
+
+    impl Bookkeeping {
+        pub(crate) fn open() -> Self {
+            let _ = STATE.try_with(|state| {
+                state
+                    .bookkeeping
+                    .set(state.bookkeeping.get().saturating_add(1))
+            });
+            Self {
+                _not_send: std::marker::PhantomData,
+            }
+        }
+    }
+
+    impl Drop for Bookkeeping {
+        fn drop(&mut self) {
+            let _ = STATE.try_with(|state| {
+                state
+                    .bookkeeping
+                    .set(state.bookkeeping.get().saturating_sub(1))
+            });
+        }
+    }
+
     /// The memory tag current on this thread (0: none).
     #[inline(always)]
     pub(crate) fn tag() -> u32 {
@@ -240,6 +283,18 @@ pub(crate) fn cached_lane(_arena: u64) -> Option<(*const (), usize)> {
 #[cfg(loom)]
 pub(crate) fn cache_lane(_arena: u64, _lane: *const ()) {}
 
+/// Under loom there is no global allocator front end: bookkeeping scopes do nothing.
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct Bookkeeping;
+
+#[cfg(loom)]
+impl Bookkeeping {
+    pub(crate) fn open() -> Self {
+        Self
+    }
+}
+
 #[cfg(loom)]
 pub(crate) fn tag() -> u32 {
     0
@@ -254,15 +309,9 @@ pub(crate) fn set_tag(_tag: u32) -> u32 {
 mod tests {
     use super::*;
 
-    /// The calling thread's index. A claim gives up while another thread holds the
-    /// registry's lock (an exiting thread of another test, say); the next call claims again.
+    /// The calling thread's index (a live thread always gets one).
     fn claimed() -> usize {
-        loop {
-            if let Some(index) = index() {
-                return index;
-            }
-            std::thread::yield_now();
-        }
+        index().expect("a live thread holds an index")
     }
 
     #[test]

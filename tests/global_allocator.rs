@@ -1,7 +1,7 @@
 //! `PoolAllocator` installed as the global allocator: a multi-threaded, `Vec`-heavy and
 //! re-entrant workload on 8 threads, after which the pool has served the large allocations
-//! and holds nothing more than before; budget refusals are null returns counted in the
-//! pool's statistics. (No test harness: the pool is configured before anything allocates.)
+//! and holds nothing more than before; budget refusals are served by the fallback and
+//! counted in the pool's statistics. (No test harness: the pool is configured before anything allocates.)
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::collections::HashMap;
@@ -15,8 +15,8 @@ static ALLOCATOR: PoolAllocator = PoolAllocator::new();
 const BUDGET: u64 = 1 << 30;
 
 fn main() {
-    // A trace ring this large is allocated through this very allocator: the configuration
-    // must still be the one the process-wide pool gets.
+    // A trace ring this large comes from the system allocator directly, not from the pool
+    // being configured.
     BufferPool::configure_global(PoolConfig {
         budget: Some(BUDGET),
         trace_capacity: 8192,
@@ -40,15 +40,24 @@ fn main() {
         after.allocations - before.allocations
     );
 
-    // A refusal is a null return, counted as a budget failure.
+    // A request the budget refuses is served by the fallback (never a null return, which
+    // would abort the program), counted as a budget failure and as a fallback allocation.
     let too_big = Layout::from_size_align(BUDGET as usize, 64).unwrap();
-    // SAFETY: a non-zero size; the result is checked before use.
+    let fallbacks = PoolAllocator::fallback_allocations();
+    // SAFETY: a non-zero size; the result is checked before use and freed with its layout.
     let refused = unsafe { ALLOCATOR.alloc(too_big) };
-    assert!(refused.is_null());
+    assert!(
+        !refused.is_null(),
+        "the fallback serves what the budget refuses"
+    );
     let stats = pool.stats();
     assert_eq!(stats.budget_failures, after.budget_failures + 1);
-    // Above the largest class: null too.
-    let huge = Layout::from_size_align(1 << 41, 64).unwrap();
+    assert_eq!(PoolAllocator::fallback_allocations(), fallbacks + 1);
+    assert!(stats.reserved_bytes <= BUDGET, "{stats}");
+    // SAFETY: from `alloc` with this layout.
+    unsafe { ALLOCATOR.dealloc(refused, too_big) };
+    // Above the largest class, and more than the system has: null.
+    let huge = Layout::from_size_align(1 << 62, 64).unwrap();
     // SAFETY: as above.
     assert!(unsafe { ALLOCATOR.alloc(huge) }.is_null());
 

@@ -21,11 +21,11 @@ use crossbeam_utils::CachePadded;
 
 use super::table::Arena;
 use crate::handshake::Handshake;
-use crate::paged::PagedTable;
+use crate::roster::Roster;
 use crate::stack::{Link, NIL};
 use crate::sync::{AtomicU32, Ordering};
 
-/// Lanes in the first page of an arena's lane table (later pages double).
+/// Lanes in the first page of an arena's roster (later pages double).
 pub(super) const FIRST_LANES: u32 = 4;
 
 /// Refills of a thread in an arena between two of its sweeps.
@@ -33,6 +33,10 @@ const SWEEP_EVERY: u32 = 64;
 
 /// One thread's lane in one arena.
 pub(super) struct Lane {
+    /// The shard of the lane's threads: its number in the arena's roster modulo the shard
+    /// count, so threads spread over the shards in the order they first used the arena.
+    /// Fixed when the lane's page is built.
+    shard: usize,
     /// The owner's operations and the drainers' flag.
     handshake: Handshake,
     /// Vacant slots for the owner's next inserts: a chain linked through `Arena::links`,
@@ -67,8 +71,9 @@ pub(super) enum Added {
 }
 
 impl Lane {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(shard: usize) -> Self {
         Self {
+            shard,
             handshake: Handshake::new(),
             hand: AtomicU32::new(NIL),
             removed: AtomicU32::new(NIL),
@@ -80,47 +85,35 @@ impl Lane {
     }
 }
 
-/// The lane table of an arena: lanes by thread index.
-pub(super) type Lanes = PagedTable<CachePadded<Lane>>;
+/// The lanes of an arena: one per thread index that used it (see `crate::roster`).
+pub(super) type Lanes = Roster<CachePadded<Lane>>;
 
 impl<T> Arena<T> {
     /// The calling thread's lane, and its shard; `None` for a thread without an index.
     #[inline]
     pub(super) fn my_lane(&self) -> Option<(&Lane, usize)> {
-        let shard_of = |index: usize| index & (self.shards.len() - 1);
-        if let Some((lane, index)) = crate::thread::cached_lane(self.id.get()) {
+        if let Some((lane, _)) = crate::thread::cached_lane(self.id.get()) {
             // SAFETY: this thread cached the pointer for this arena's identity (never reused,
             // so this arena, which `&self` keeps alive) and its current index (the cache is
             // cleared when the index is given back); a lane page stays allocated, at the same
             // address, until the arena drops.
-            return Some((unsafe { &*lane.cast::<Lane>() }, shard_of(index)));
+            let lane = unsafe { &*lane.cast::<Lane>() };
+            return Some((lane, lane.shard));
         }
-        self.find_my_lane(shard_of)
+        self.find_my_lane()
     }
 
     /// [`my_lane`](Self::my_lane) without the thread's cached pointer: finds or makes the
     /// lane, and caches it.
     #[cold]
-    fn find_my_lane(&self, shard_of: impl Fn(usize) -> usize) -> Option<(&Lane, usize)> {
+    fn find_my_lane(&self) -> Option<(&Lane, usize)> {
         let index = u32::try_from(crate::thread::index()?).ok()?;
-        let lane = match self.lanes.get(index) {
-            Some(lane) => lane,
-            None => self.new_lane(index)?,
-        };
-        let lane: &Lane = lane;
+        let shards = self.shards.len();
+        let lane: &Lane = self.lanes.get_or_claim(index, |number| {
+            CachePadded::new(Lane::new(number as usize & (shards - 1)))
+        })?;
         crate::thread::cache_lane(self.id.get(), std::ptr::from_ref(lane).cast());
-        Some((lane, shard_of(index as usize)))
-    }
-
-    #[cold]
-    fn new_lane(&self, index: u32) -> Option<&CachePadded<Lane>> {
-        let (page, _) = self.lanes.locate(index);
-        if page >= self.lanes.page_count() {
-            return None;
-        }
-        self.lanes
-            .ensure_page(page, |_| CachePadded::new(Lane::new()));
-        self.lanes.get(index)
+        Some((lane, lane.shard))
     }
 
     /// Takes a slot from the hand of `lane` (its owner only).
@@ -228,22 +221,15 @@ impl<T> Arena<T> {
 
     /// Takes the hand and batch of every lane that holds something and that `pick` picks.
     fn drain_lanes_where(&self, mut pick: impl FnMut(&Lane) -> bool) -> Vec<(usize, Link)> {
-        let shards = self.shards.len();
         let mut claimed = Vec::new();
-        for page in 0..self.lanes.page_count() {
-            let Some(lanes) = self.lanes.page(page) else {
-                continue;
-            };
-            let start = self.lanes.page_start(page) as usize;
-            for (offset, lane) in lanes.iter().enumerate() {
-                // A racy look: a lane that seems empty is skipped. What its owner did before
-                // the caller synchronised with it is visible here, so nothing the caller
-                // could know of is missed.
-                let holds = lane.hand.load(Ordering::Relaxed) != NIL
-                    || lane.removed.load(Ordering::Relaxed) != NIL;
-                if holds && pick(lane) && lane.handshake.claim() {
-                    claimed.push(((start + offset) & (shards - 1), &**lane));
-                }
+        for lane in self.lanes.iter() {
+            // A racy look: a lane that seems empty is skipped. What its owner did before the
+            // caller synchronised with it is visible here, so nothing the caller could know
+            // of is missed.
+            let holds = lane.hand.load(Ordering::Relaxed) != NIL
+                || lane.removed.load(Ordering::Relaxed) != NIL;
+            if holds && pick(lane) && lane.handshake.claim() {
+                claimed.push((lane.shard, &**lane));
             }
         }
         if claimed.is_empty() {

@@ -51,6 +51,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::identity::next_identity;
 use crate::paged::PagedTable;
+use crate::roster::Roster;
 use crate::stack::NIL;
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
@@ -198,7 +199,7 @@ impl<T: Send + 'static> SlotArena<T> {
                 slots,
                 frontier: CachePadded::new(AtomicU64::new(0)),
                 shards: (0..shards).map(|_| Shard::new()).collect(),
-                lanes: PagedTable::new(lane::FIRST_LANES),
+                lanes: Roster::new(lane::FIRST_LANES),
             },
             ready: Arc::new(ReadyLists::new(shards)),
             collector,
@@ -635,6 +636,21 @@ impl<T: Send + 'static> SlotArena<T> {
     /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Bytes the arena holds for per-thread state: the lanes of the threads that used it,
+    /// and the map that finds them. It follows how many threads used the arena, not how
+    /// high their thread indices are.
+    ///
+    /// ```
+    /// let arena = ferropool::SlotArena::new();
+    /// assert_eq!(arena.thread_state_bytes(), 0);
+    /// arena.insert(1u32)?;
+    /// assert!(arena.thread_state_bytes() > 0 && arena.thread_state_bytes() < 64 << 10);
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
+    pub fn thread_state_bytes(&self) -> usize {
+        self.arena.lanes.footprint()
     }
 
     /// Slots in allocated pages.

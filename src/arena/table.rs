@@ -63,8 +63,8 @@ pub(super) struct Arena<T> {
     pub(super) frontier: CachePadded<AtomicU64>,
     /// The free lists and removal batches, by shard; the length is a power of two.
     pub(super) shards: Box<[Shard]>,
-    /// The threads' lanes, by thread index (a thread's shard is its index modulo the shard
-    /// count).
+    /// The threads' lanes, one per thread index that used the arena (a thread's shard is its
+    /// lane's).
     pub(super) lanes: Lanes,
 }
 

@@ -112,6 +112,14 @@ impl Record {
             .store(((class as u64) << 48) | size as u64, Ordering::Relaxed);
     }
 
+    /// Changes the requested size of a block handed out (an in-place reallocation).
+    #[inline]
+    pub(super) fn set_requested(&self, size: usize) {
+        let class = self.request.load(Ordering::Relaxed) >> 48;
+        self.request
+            .store((class << 48) | size as u64, Ordering::Relaxed);
+    }
+
     /// Marks the block back in the pool; returns the thread index of the thread it was handed
     /// out to (`SLOTLESS` for a thread without one).
     #[inline(always)]

@@ -50,6 +50,17 @@ unsafe impl Send for PoolBuffer {}
 unsafe impl Sync for PoolBuffer {}
 
 impl PoolBuffer {
+    /// Makes the buffer's requested length `len` (at most its capacity), for an in-place
+    /// reallocation of a raw block: the block's record and the pool's counters follow, so
+    /// `requested_bytes` and snapshots report the new size.
+    pub(super) fn resize_requested(&mut self, len: usize) {
+        debug_assert!(len <= self.capacity());
+        // SAFETY: invariants on `pool` and `record`: both alive while this buffer is.
+        let (pool, record) = unsafe { (self.pool.as_ref(), self.record.as_ref()) };
+        pool.count_resize(record, self.len, len);
+        self.len = len;
+    }
+
     pub(super) fn new(
         pool: NonNull<PoolInner>,
         addr: NonNull<u8>,

@@ -48,15 +48,20 @@ pub struct PoolConfig {
     /// The smallest block that `huge_pages` and `prefault` apply to. Default 2 MiB.
     pub advise_min_block: usize,
     /// The idle policy of [`BufferPool::trim_idle`](super::BufferPool::trim_idle): a size
-    /// class that no allocation has drawn from the shared lists since this many calls ago
-    /// has its listed blocks released, and so do the caches of threads that made no pool
-    /// operation since then. Default 4.
+    /// class that no allocation has drawn from the shared lists during this many calls in a
+    /// row has its listed blocks released, and so do the caches of threads that made no pool
+    /// operation during this many calls in a row (at least one). Default 4.
     pub idle_rounds: u32,
-    /// Track the bytes in use in one pool-wide counter, so that `peak_in_use_bytes` and
-    /// `peak_requested_bytes` are exact at every moment. It costs two shared read-modify-writes
-    /// per allocation and free (a few nanoseconds on one thread, contention on many). When
-    /// off (the default), each thread counts on its own and those two peaks are taken when
-    /// the pool reserves memory and when statistics are read.
+    /// Track the bytes in use and requested in pool-wide counters (the default), so that
+    /// `in_use_bytes`, `requested_bytes` and their peaks are exact at every moment, whatever
+    /// other threads do: reset the peaks, run a step, read the true high-water mark. It costs
+    /// two shared read-modify-writes per allocation and free (a few nanoseconds on one
+    /// thread; the counters' cache line moves between threads that allocate at once).
+    ///
+    /// When off, each thread counts on its own only: `in_use_bytes` and `requested_bytes` are
+    /// sums of per-thread counters read one after another (exact when no other thread is
+    /// using the pool, approximate otherwise), and the two in-use peaks are not tracked (they
+    /// read 0). `peak_reserved_bytes` is exact either way.
     pub exact_peaks: bool,
 }
 
@@ -73,7 +78,7 @@ impl Default for PoolConfig {
             prefault: false,
             advise_min_block: 2 << 20,
             idle_rounds: 4,
-            exact_peaks: false,
+            exact_peaks: true,
         }
     }
 }

@@ -8,7 +8,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr::{self, NonNull};
 
-use super::raw::MAX_ALIGN;
+use super::raw::{self, Origin, MAX_ALIGN};
 use super::{BufferPool, PoolConfig, PoolError, PoolInner};
 
 #[cfg(not(loom))]
@@ -65,22 +65,14 @@ impl BufferPool {
     /// [`PoolError::InvalidConfig`] for a bad field.
     #[cfg(not(loom))]
     pub fn configure_global(config: PoolConfig) -> Result<(), PoolError> {
-        let capacity = config.trace_capacity;
         let pool = BufferPool::build(config, true)?;
-        GLOBAL
-            .set(pool)
-            .map_err(|_| PoolError::AlreadyInitialized)?;
-        // Now that the configured pool is in place, its trace ring may be allocated (through
-        // `PoolAllocator`, it comes from this very pool).
-        if capacity > 0 {
-            BufferPool::global().enable_trace(capacity);
-        }
-        Ok(())
+        GLOBAL.set(pool).map_err(|_| PoolError::AlreadyInitialized)
     }
 }
 
 /// A global allocator that serves allocations of at least a threshold from the process-wide
-/// [`BufferPool`] and the rest from [`System`].
+/// [`BufferPool`] and the rest from a fallback allocator `F` ([`System`] by default, or any
+/// other `GlobalAlloc`, such as mimalloc's, for the small objects).
 ///
 /// Install it to put the large allocations of every crate into the pool: `Vec`s of tensor
 /// data, a GEMM's packing buffers, `ndarray` arrays. They are then cached and reused like the
@@ -100,29 +92,53 @@ impl BufferPool {
 /// }
 /// ```
 ///
+/// With another allocator for what stays below the threshold (any `GlobalAlloc` whose
+/// constructor is `const`):
+///
+/// ```
+/// use std::alloc::System;
+/// use ferropool::PoolAllocator;
+///
+/// #[global_allocator]
+/// static ALLOCATOR: PoolAllocator<System> = PoolAllocator::with_fallback(System, 1 << 20);
+/// # fn main() { assert_eq!(ALLOCATOR.threshold(), 1 << 20); }
+/// ```
+///
 /// # When to use it
 ///
 /// When a program's memory is dominated by large, repeated allocations made through Rust's
 /// standard collections or by libraries it does not control (the pattern of a training
-/// loop). Not when allocations are mostly small (they go to `System` anyway, for one extra
-/// comparison each), nor when the program must give memory back to the system as soon as it
-/// is freed (the pool caches it; call `PoolAllocator::pool().trim()` at quiet moments, or
-/// set a budget with [`BufferPool::configure_global`]).
+/// loop). Not when allocations are mostly small (they go to the fallback anyway, for one
+/// extra comparison each), nor when the program must give memory back to the system as soon
+/// as it is freed (the pool caches it; call `PoolAllocator::pool().trim()` at quiet moments,
+/// or set a budget with [`BufferPool::configure_global`]).
 ///
 /// # Behaviour
 ///
 /// - A request goes to the pool when its size is at least the threshold and its alignment at
 ///   most 4096; the same rule on `dealloc` and `realloc` sends it back to where it came from.
-/// - A pool refusal (its budget, or the system) is a null return, as `GlobalAlloc` requires,
-///   and counts in the pool's statistics (`budget_failures`).
+/// - Such a request the pool refuses (its budget, or the system) is served by the fallback
+///   allocator instead, never aborted for the budget: the refusal counts in the pool's
+///   statistics (`budget_failures`) and in [`fallback_allocations`](Self::fallback_allocations).
+///   A global allocator cannot return an error, so a budget on the process-wide pool limits
+///   what the pool holds, not what the program may allocate. (Code that wants the error
+///   allocates from the pool itself: [`BufferPool::alloc`], `Tensor`s.) Those blocks carry a
+///   header that says where they came from, so they go back there.
+/// - The pool's own bookkeeping (its tables, its trace ring, and the exports it builds:
+///   `trace_events`, `trace_json`, `snapshot`, `class_stats`, `memory_by_tag`) never comes
+///   from the pool it describes and never counts against its budget.
 /// - `realloc` within the pool keeps the block when the new size still fits it (and uses at
-///   least half of it); across the threshold it moves the bytes.
-/// - The pool's own bookkeeping allocates from `System` directly, so it never calls back
-///   into this allocator.
-#[derive(Debug, Clone, Copy)]
-pub struct PoolAllocator {
+///   least half of it), and the pool's `requested_bytes` follows; otherwise it moves the
+///   bytes.
+#[derive(Clone, Copy)]
+pub struct PoolAllocator<F = System> {
     threshold: usize,
+    fallback: F,
 }
+
+/// Requests of at least a threshold that the pool refused and the fallback served, in the
+/// whole process (bookkeeping outside any protocol).
+static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl PoolAllocator {
     /// The default threshold: 64 KiB.
@@ -131,7 +147,7 @@ impl PoolAllocator {
     /// the pool.)
     pub const MIN_THRESHOLD: usize = 4 << 10;
 
-    /// A front end with the default threshold.
+    /// A front end with the default threshold, over [`System`].
     ///
     /// ```
     /// use ferropool::PoolAllocator;
@@ -142,8 +158,8 @@ impl PoolAllocator {
         Self::with_threshold(Self::DEFAULT_THRESHOLD)
     }
 
-    /// A front end that sends requests of at least `threshold` bytes (at least
-    /// [`MIN_THRESHOLD`](Self::MIN_THRESHOLD)) to the pool.
+    /// A front end over [`System`] that sends requests of at least `threshold` bytes (at
+    /// least [`MIN_THRESHOLD`](Self::MIN_THRESHOLD)) to the pool.
     ///
     /// ```
     /// use ferropool::PoolAllocator;
@@ -152,12 +168,51 @@ impl PoolAllocator {
     /// assert_eq!(PoolAllocator::with_threshold(0).threshold(), PoolAllocator::MIN_THRESHOLD);
     /// ```
     pub const fn with_threshold(threshold: usize) -> Self {
+        Self::with_fallback(System, threshold)
+    }
+
+    /// The pool every `PoolAllocator` serves from: [`BufferPool::global`].
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolAllocator};
+    /// let pool = PoolAllocator::pool(); // whether the allocator is installed or not
+    /// assert!(std::ptr::eq(pool, BufferPool::global()));
+    /// ```
+    #[cfg(not(loom))]
+    pub fn pool() -> &'static BufferPool {
+        BufferPool::global()
+    }
+
+    /// Requests of at least the threshold that the pool refused and a fallback allocator
+    /// served instead, since the process started (all `PoolAllocator`s together).
+    ///
+    /// ```
+    /// let before = ferropool::PoolAllocator::fallback_allocations();
+    /// assert!(ferropool::PoolAllocator::fallback_allocations() >= before);
+    /// ```
+    pub fn fallback_allocations() -> u64 {
+        FALLBACKS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl<F> PoolAllocator<F> {
+    /// A front end that sends requests of at least `threshold` bytes (at least
+    /// [`PoolAllocator::MIN_THRESHOLD`]) to the pool and the rest to `fallback`.
+    ///
+    /// ```
+    /// use std::alloc::System;
+    /// use ferropool::PoolAllocator;
+    /// static ALLOCATOR: PoolAllocator<System> = PoolAllocator::with_fallback(System, 256 << 10);
+    /// assert_eq!(ALLOCATOR.threshold(), 256 << 10);
+    /// ```
+    pub const fn with_fallback(fallback: F, threshold: usize) -> Self {
         Self {
-            threshold: if threshold < Self::MIN_THRESHOLD {
-                Self::MIN_THRESHOLD
+            threshold: if threshold < PoolAllocator::MIN_THRESHOLD {
+                PoolAllocator::MIN_THRESHOLD
             } else {
                 threshold
             },
+            fallback,
         }
     }
 
@@ -171,27 +226,61 @@ impl PoolAllocator {
         self.threshold
     }
 
-    /// The pool it serves from: [`BufferPool::global`].
+    /// The fallback allocator.
     ///
     /// ```
-    /// use ferropool::{BufferPool, PoolAllocator};
-    /// let pool = PoolAllocator::pool(); // whether the allocator is installed or not
-    /// assert!(std::ptr::eq(pool, BufferPool::global()));
+    /// let allocator = ferropool::PoolAllocator::new();
+    /// let _system: &std::alloc::System = allocator.fallback();
     /// ```
-    #[cfg(not(loom))]
-    pub fn pool() -> &'static BufferPool {
-        BufferPool::global()
+    pub const fn fallback(&self) -> &F {
+        &self.fallback
     }
 
     #[inline(always)]
     fn pooled(&self, layout: Layout) -> bool {
         layout.size() >= self.threshold && layout.align() <= MAX_ALIGN
     }
+}
 
-    #[cfg(not(loom))]
+#[cfg(not(loom))]
+impl<F: GlobalAlloc> PoolAllocator<F> {
+    /// A block for a pooled layout: from the pool, or from the fallback (with a header that
+    /// says so) while the calling thread builds the pool's own bookkeeping, or when the pool
+    /// refuses.
     fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        PoolInner::alloc_raw(BufferPool::global().inner, layout, zeroed)
-            .map_or(ptr::null_mut(), NonNull::as_ptr)
+        if !crate::thread::in_bookkeeping() {
+            if let Ok(ptr) = PoolInner::alloc_raw(BufferPool::global().inner, layout, zeroed) {
+                return ptr.as_ptr();
+            }
+            FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        raw::alloc_fallback(layout, |block| {
+            // SAFETY: `block` has a non-zero size (it holds the header).
+            unsafe {
+                if zeroed {
+                    self.fallback.alloc_zeroed(block)
+                } else {
+                    self.fallback.alloc(block)
+                }
+            }
+        })
+    }
+
+    /// Gives back a block of a pooled layout to where it came from.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from [`allocate`](Self::allocate) and is not used afterwards.
+    unsafe fn deallocate(&self, ptr: NonNull<u8>) {
+        // SAFETY: the caller's contract: a raw block with its header.
+        match unsafe { raw::origin(ptr) } {
+            // SAFETY: a pool block, given back once.
+            Origin::Pooled => unsafe { PoolInner::dealloc_raw(ptr) },
+            // SAFETY: a block of the fallback with that layout (its header says so).
+            Origin::Fallback(block) => unsafe {
+                self.fallback.dealloc(block.base(), block.layout())
+            },
+        }
     }
 }
 
@@ -201,18 +290,28 @@ impl Default for PoolAllocator {
     }
 }
 
+impl<F> std::fmt::Debug for PoolAllocator<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolAllocator")
+            .field("threshold", &self.threshold)
+            .field("fallback", &std::any::type_name::<F>())
+            .finish()
+    }
+}
+
 #[cfg(not(loom))]
-// SAFETY: every block handed out is either `System`'s or a raw pool block, decided by the
-// layout alone (`pooled`), so each comes back to where it came from; raw pool blocks hold at
-// least `layout.size()` bytes aligned to `layout.align()` (see `raw.rs`).
-unsafe impl GlobalAlloc for PoolAllocator {
+// SAFETY: every block handed out is either the fallback's or a raw block, decided by the
+// layout alone (`pooled`); a raw block's header says whether the pool or the fallback holds
+// it, so each comes back to where it came from; raw blocks hold at least `layout.size()`
+// bytes aligned to `layout.align()` (see `raw.rs`).
+unsafe impl<F: GlobalAlloc> GlobalAlloc for PoolAllocator<F> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if self.pooled(layout) {
             self.allocate(layout, false)
         } else {
             // SAFETY: the caller's contract, passed on.
-            unsafe { System.alloc(layout) }
+            unsafe { self.fallback.alloc(layout) }
         }
     }
 
@@ -222,7 +321,7 @@ unsafe impl GlobalAlloc for PoolAllocator {
             self.allocate(layout, true)
         } else {
             // SAFETY: the caller's contract, passed on.
-            unsafe { System.alloc_zeroed(layout) }
+            unsafe { self.fallback.alloc_zeroed(layout) }
         }
     }
 
@@ -230,11 +329,11 @@ unsafe impl GlobalAlloc for PoolAllocator {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if self.pooled(layout) {
             // SAFETY: `pooled(layout)` held when it was allocated (same layout): it is a raw
-            // pool block; `ptr` is non-null (allocation succeeded).
-            unsafe { PoolInner::dealloc_raw(NonNull::new_unchecked(ptr)) }
+            // block; `ptr` is non-null (allocation succeeded).
+            unsafe { self.deallocate(NonNull::new_unchecked(ptr)) }
         } else {
             // SAFETY: the caller's contract, passed on.
-            unsafe { System.dealloc(ptr, layout) }
+            unsafe { self.fallback.dealloc(ptr, layout) }
         }
     }
 
@@ -243,14 +342,20 @@ unsafe impl GlobalAlloc for PoolAllocator {
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         match (self.pooled(layout), self.pooled(new_layout)) {
             // SAFETY: the caller's contract, passed on.
-            (false, false) => unsafe { System.realloc(ptr, layout, new_size) },
+            (false, false) => unsafe { self.fallback.realloc(ptr, layout, new_size) },
             (true, true)
-                if {
-                    // SAFETY: a raw pool block (see `dealloc`), still in use.
-                    let capacity = unsafe { PoolInner::raw_capacity(NonNull::new_unchecked(ptr)) };
-                    new_size <= capacity && new_size >= capacity / 2
-                } =>
+                // SAFETY: a raw block (see `dealloc`), still in use.
+                if matches!(unsafe { raw::origin(NonNull::new_unchecked(ptr)) }, Origin::Pooled)
+                    && {
+                        // SAFETY: a raw pool block, still in use.
+                        let capacity =
+                            unsafe { PoolInner::raw_capacity(NonNull::new_unchecked(ptr)) };
+                        new_size <= capacity && new_size >= capacity / 2
+                    } =>
             {
+                // SAFETY: a raw pool block that holds `new_size` bytes; the caller gives it
+                // to us for the call.
+                unsafe { PoolInner::resize_raw(NonNull::new_unchecked(ptr), layout.size(), new_size) };
                 ptr
             }
             _ => {

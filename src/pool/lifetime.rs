@@ -33,9 +33,11 @@ use super::stats::PoolCounters;
 use super::trace::Trace;
 use super::{class, PoolConfig, PoolInner};
 use crate::identity::next_identity;
-use crate::paged::PagedTable;
+use crate::roster::Roster;
 use crate::stack::TaggedStack;
-use crate::sync::{asymmetric, system, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{
+    asymmetric, system, AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 
 /// Control blocks allocated and not yet freed, in the whole process. Bookkeeping outside any
 /// protocol (it counts, it synchronises nothing), hence `std`'s atomic even under loom.
@@ -58,10 +60,9 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
     };
     let p = ptr.as_ptr();
     let trace = std::sync::OnceLock::new();
-    // The process-wide pool's ring is allocated by `configure_global` once the pool is in
-    // place: allocated here, through a `PoolAllocator` installed as the global allocator,
-    // it would bring up the default process-wide pool first.
-    if config.trace_capacity > 0 && !system_blocks {
+    // The ring comes from the system allocator directly (never from a pool, this one
+    // included, whatever the global allocator).
+    if config.trace_capacity > 0 {
         let _ = trace.set(Trace::new(config.trace_capacity));
     }
     let budget = AtomicU64::new(config.budget.unwrap_or(u64::MAX));
@@ -84,7 +85,8 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
             last_drawn.add(class).write(AtomicU64::new(0));
         }
         addr_of_mut!((*p).idle_round).write(AtomicU64::new(0));
-        addr_of_mut!((*p).slots).write(PagedTable::new(4));
+        addr_of_mut!((*p).slots).write(Roster::new(4));
+        addr_of_mut!((*p).drain_tokens).write(AtomicU32::new(1));
         addr_of_mut!((*p).slotless_busy).write(AtomicUsize::new(0));
         addr_of_mut!((*p).slotless).write(SlotlessCounters::default());
         addr_of_mut!((*p).counters).write(PoolCounters::default());
@@ -107,6 +109,7 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
             idle_round: _,
             cached_classes: _,
             slots: _,
+            drain_tokens: _,
             slotless_busy: _,
             slotless: _,
             counters: _,
@@ -157,7 +160,8 @@ pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
             allocations += slot.counters.allocations(Ordering::Acquire);
             frees += slot.counters.frees.load(Ordering::Acquire);
         });
-        inner.release_cached();
+        // Every owner is out and sees the pool closed: no second heavy fence is needed.
+        inner.release_cached_fenced(false);
         let live = allocations.wrapping_sub(frees) as i64;
         inner.remaining.fetch_add(live, Ordering::AcqRel) + live == 0
     };

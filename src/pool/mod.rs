@@ -70,9 +70,10 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::paged::PagedTable;
+use crate::roster::Roster;
 use crate::stack::TaggedStack;
-use crate::sync::{asymmetric, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{asymmetric, AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::thread;
 use blocks::BlockTable;
 use slot::Slot;
 use stats::PoolCounters;
@@ -127,8 +128,10 @@ pub(crate) struct PoolInner {
     idle_round: AtomicU64,
     /// Classes below this one go through the thread caches (from the configuration).
     cached_classes: usize,
-    /// Slots by thread index (see `slot`).
-    slots: PagedTable<CachePadded<Slot>>,
+    /// Slots, one per thread index that used the pool (see `slot` and `crate::roster`).
+    slots: Roster<CachePadded<Slot>>,
+    /// Tokens of drains (see `reserve::drain_token`).
+    drain_tokens: AtomicU32,
     /// Operations of threads that hold no thread index (their thread-locals are being
     /// destroyed) and so have no slot: they count here, with read-modify-writes, and the
     /// close waits for `slotless_busy` to fall to zero as it waits for each slot's owner.
@@ -292,7 +295,7 @@ impl BufferPool {
         let Some((slot, _)) = inner.my_slot() else {
             return 0; // no slot, no cache
         };
-        slot.drain(|class, record| inner.push_list(class, record))
+        slot.drain_own(|class, record| inner.push_list(class, record))
     }
 
     /// A snapshot of the counters.
@@ -323,12 +326,7 @@ impl BufferPool {
     /// ```
     pub fn reset_peak_stats(&self) {
         let inner = self.inner();
-        let now = inner.stats();
-        let c = &inner.counters;
-        c.peak_reserved.store(now.reserved_bytes, Ordering::Relaxed);
-        c.peak_in_use.store(now.in_use_bytes, Ordering::Relaxed);
-        c.peak_requested
-            .store(now.requested_bytes, Ordering::Relaxed);
+        inner.counters.reset_peaks(inner.config.exact_peaks);
     }
 
     /// The blocks of every size class the pool holds, in use or cached (classes it holds
@@ -344,6 +342,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn class_stats(&self) -> Vec<ClassStats> {
+        let _bookkeeping = thread::Bookkeeping::open();
         let mut by_class: HashMap<usize, ClassStats> = HashMap::new();
         self.inner().blocks.for_each(|record| {
             if let Some((class, in_use)) = record.picture() {
@@ -375,6 +374,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn snapshot(&self) -> Vec<BlockInfo> {
+        let _bookkeeping = thread::Bookkeeping::open();
         let mut live = Vec::new();
         self.inner().blocks.for_each(|record| {
             if let Some(info) = record.live_info() {
@@ -398,6 +398,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn memory_by_tag(&self) -> HashMap<Option<MemoryTag>, u64> {
+        let _bookkeeping = thread::Bookkeeping::open();
         let mut by_tag = HashMap::new();
         for block in self.snapshot() {
             *by_tag.entry(block.tag).or_insert(0) += block.block_bytes as u64;
@@ -416,6 +417,7 @@ impl BufferPool {
     /// assert_eq!(values, [3, 4]); // oldest first; older ones fell out of the ring
     /// ```
     pub fn trace_events(&self) -> Vec<PoolEvent> {
+        let _bookkeeping = thread::Bookkeeping::open();
         self.inner()
             .trace
             .get()
@@ -468,6 +470,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn trace_json(&self) -> String {
+        let _bookkeeping = thread::Bookkeeping::open();
         trace::to_chrome_json(self.inner().id, &self.trace_events())
     }
 
@@ -532,6 +535,22 @@ impl BufferPool {
     pub fn enable_trace(&self, capacity: usize) -> bool {
         let capacity = capacity.min(PoolConfig::MAX_TRACE_EVENTS);
         capacity > 0 && self.inner().trace.set(Trace::new(capacity)).is_ok()
+    }
+
+    /// Bytes the pool holds for per-thread state: the caches and counters of the threads
+    /// that used it, and the map that finds them. It follows how many threads used the pool,
+    /// not how high their thread indices are.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// assert_eq!(pool.thread_state_bytes(), 0); // no thread used it yet
+    /// drop(pool.alloc(64)?);
+    /// assert!(pool.thread_state_bytes() > 0);
+    /// assert!(pool.thread_state_bytes() < 64 << 10);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn thread_state_bytes(&self) -> usize {
+        self.inner().slots.footprint()
     }
 
     /// This pool's identity.

@@ -58,28 +58,12 @@ impl PoolInner {
     #[cold]
     #[inline(never)]
     pub(super) fn my_slot_slow(&self) -> Option<(&Slot, u32)> {
-        let thread = thread::index()? as u32;
-        let slot = self.slot(thread);
-        thread::cache_slot(self.id, std::ptr::from_ref(slot).cast());
+        let thread = u32::try_from(thread::index()?).ok()?;
+        let slot = self
+            .slots
+            .get_or_claim(thread, |_| CachePadded::new(Slot::new()))?;
+        thread::cache_slot(self.id, std::ptr::from_ref::<Slot>(slot).cast());
         Some((slot, thread))
-    }
-
-    /// The slot of thread `thread`, allocating its page on first use.
-    #[inline(always)]
-    pub(super) fn slot(&self, thread: u32) -> &Slot {
-        match self.slots.get(thread) {
-            Some(slot) => slot,
-            None => self.new_slot(thread),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    pub(super) fn new_slot(&self, thread: u32) -> &Slot {
-        let (page, _) = self.slots.locate(thread);
-        self.slots
-            .ensure_page(page, |_| CachePadded::new(Slot::new()));
-        self.slots.at(thread)
     }
 
     /// Allocates a buffer from the pool at `this`.
@@ -174,6 +158,36 @@ impl PoolInner {
         if self.config.exact_peaks {
             self.counters
                 .exact_alloc(class_bytes as u64, requested as u64);
+        }
+    }
+
+    /// Counts a change of a handed-out block's requested size from `old` to `new` bytes (an
+    /// in-place reallocation), as a free of `old` requested bytes and an allocation of `new`
+    /// would count them, without counting a block. After the pool's close nothing is
+    /// counted (its counters are final).
+    pub(super) fn count_resize(&self, record: &Record, old: usize, new: usize) {
+        record.set_requested(new);
+        let Some((slot, _)) = self.my_slot() else {
+            if self.enter_slotless() {
+                let o = &self.slotless;
+                o.allocated_requested
+                    .fetch_add(new as u64, Ordering::Relaxed);
+                o.freed_requested.fetch_add(old as u64, Ordering::Relaxed);
+                if self.config.exact_peaks {
+                    self.counters.exact_resize(old as u64, new as u64);
+                }
+                self.slotless_busy.fetch_sub(1, Ordering::Release);
+            }
+            return;
+        };
+        if let Entry::Open { .. } = slot.enter(&self.closed) {
+            let c = &slot.counters;
+            bump(&c.allocated_requested, new as u64);
+            bump(&c.freed_requested, old as u64);
+            if self.config.exact_peaks {
+                self.counters.exact_resize(old as u64, new as u64);
+            }
+            slot.leave();
         }
     }
 

@@ -17,12 +17,53 @@ use std::ptr::NonNull;
 use super::buffer::PoolBuffer;
 use super::{PoolError, PoolInner};
 
-/// What a raw block's header records.
+/// What a raw block's header records: where the block came from, and what giving it back
+/// needs.
 #[repr(C)]
 struct Header {
-    /// The buffer, as it would be held by a `PoolBuffer` (whose fields it is).
-    buffer: ManuallyDrop<PoolBuffer>,
+    body: Body,
+    /// Which field of `body` is in use: [`POOLED`] or [`FALLBACK`]. Last, so it sits right
+    /// before the caller's pointer.
+    kind: usize,
 }
+
+/// A header's body, as `Header::kind` says.
+#[repr(C)]
+union Body {
+    /// A pool block: the buffer, as a `PoolBuffer` would hold it (whose fields it is).
+    pooled: ManuallyDrop<PoolBuffer>,
+    /// A block of the fallback allocator (see [`alloc_fallback`]).
+    fallback: Fallback,
+}
+
+/// A block a front end took from its fallback allocator in place of the pool.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub(super) struct Fallback {
+    /// The start of the block (the header and padding come before the caller's pointer).
+    base: *mut u8,
+    /// The block's layout.
+    size: usize,
+    align: usize,
+}
+
+impl Fallback {
+    /// The layout the block was allocated with.
+    pub(super) fn layout(&self) -> Layout {
+        // SAFETY: built from a valid layout in `alloc_fallback`.
+        unsafe { Layout::from_size_align_unchecked(self.size, self.align) }
+    }
+
+    /// The block's start.
+    pub(super) fn base(&self) -> *mut u8 {
+        self.base
+    }
+}
+
+/// `Header::kind` of a pool block.
+const POOLED: usize = 0x504F_4F4C; // "POOL"
+/// `Header::kind` of a fallback block.
+const FALLBACK: usize = 0x4641_4C4C; // "FALL"
 
 /// The largest alignment a raw allocation serves (larger ones would waste most of a block).
 pub(super) const MAX_ALIGN: usize = 4096;
@@ -35,6 +76,72 @@ const HEADER: usize = std::mem::size_of::<Header>();
 #[inline]
 fn overhead(layout: Layout) -> usize {
     HEADER + layout.align() - 1
+}
+
+/// The caller's pointer in a block starting at `start`: the first address with `align`
+/// that leaves room for the header before it.
+#[inline]
+fn user_pointer(start: *mut u8, align: usize) -> *mut u8 {
+    let offset = (start as usize + HEADER).next_multiple_of(align) - start as usize;
+    debug_assert!(offset >= HEADER && offset - HEADER < align);
+    start.wrapping_add(offset)
+}
+
+/// Where a raw block came from, read from its header.
+pub(super) enum Origin {
+    /// The pool: [`PoolInner::dealloc_raw`] gives it back.
+    Pooled,
+    /// The fallback allocator, with this block.
+    Fallback(Fallback),
+}
+
+/// Reads the origin of a raw block.
+///
+/// # Safety
+///
+/// `ptr` came from [`PoolInner::alloc_raw`] or [`alloc_fallback`] and is still in use.
+pub(super) unsafe fn origin(ptr: NonNull<u8>) -> Origin {
+    // SAFETY: both writers put a `Header` right before `ptr`, in the same block (the caller's
+    // contract); it is read unaligned (the pointer has only the layout's alignment).
+    let header = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>().read_unaligned() };
+    match header.kind {
+        // SAFETY: `kind` says which field `body` holds.
+        FALLBACK => Origin::Fallback(unsafe { header.body.fallback }),
+        _ => Origin::Pooled,
+    }
+}
+
+/// Allocates a raw block for `layout` (non-zero size, alignment at most [`MAX_ALIGN`]) from
+/// `allocate` (a fallback allocator's `alloc` or `alloc_zeroed`), with a header that says
+/// so: [`origin`] then tells it from a pool block. Null if `allocate` fails or the size
+/// overflows.
+pub(super) fn alloc_fallback(layout: Layout, allocate: impl FnOnce(Layout) -> *mut u8) -> *mut u8 {
+    let Some(total) = layout.size().checked_add(overhead(layout)) else {
+        return std::ptr::null_mut();
+    };
+    let Ok(block) = Layout::from_size_align(total, layout.align()) else {
+        return std::ptr::null_mut();
+    };
+    let base = allocate(block);
+    if base.is_null() {
+        return base;
+    }
+    let ptr = user_pointer(base, layout.align());
+    // SAFETY: `ptr - base >= HEADER` and `ptr + layout.size() <= base + total`: the header
+    // and the caller's bytes lie inside the fresh block, which is ours.
+    unsafe {
+        ptr.sub(HEADER).cast::<Header>().write_unaligned(Header {
+            body: Body {
+                fallback: Fallback {
+                    base,
+                    size: block.size(),
+                    align: block.align(),
+                },
+            },
+            kind: FALLBACK,
+        });
+    }
+    ptr
 }
 
 impl PoolInner {
@@ -52,22 +159,22 @@ impl PoolInner {
                 max: super::class::MAX_SIZE,
             })?;
         let mut buffer = PoolInner::alloc(this, total, zeroed)?;
-        let start = buffer.as_mut_ptr();
-        let offset = (start as usize + HEADER).next_multiple_of(layout.align()) - start as usize;
-        debug_assert!(offset >= HEADER && offset - HEADER < layout.align());
-        // SAFETY: `offset + layout.size() <= total`, the block's bytes, exclusively ours. The
-        // header goes in `[ptr - HEADER, ptr)`, inside the block (`offset >= HEADER`), written
+        let ptr = user_pointer(buffer.as_mut_ptr(), layout.align());
+        // SAFETY: `ptr - start >= HEADER` and `ptr + layout.size() <= start + total`, the
+        // block's bytes, exclusively ours. The header goes in `[ptr - HEADER, ptr)`, written
         // unaligned (the pointer has only the layout's alignment).
         unsafe {
-            let ptr = start.add(offset);
             ptr.sub(HEADER).cast::<Header>().write_unaligned(Header {
-                buffer: ManuallyDrop::new(buffer),
+                body: Body {
+                    pooled: ManuallyDrop::new(buffer),
+                },
+                kind: POOLED,
             });
             Ok(NonNull::new_unchecked(ptr))
         }
     }
 
-    /// Gives back a raw block.
+    /// Gives back a raw pool block.
     ///
     /// # Safety
     ///
@@ -76,10 +183,12 @@ impl PoolInner {
         // SAFETY: `alloc_raw` wrote the header right before `ptr`, in the same block (the
         // caller's contract); it is read once, and the buffer dropped, here.
         let header = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>().read_unaligned() };
-        drop(ManuallyDrop::into_inner(header.buffer));
+        debug_assert_eq!(header.kind, POOLED);
+        // SAFETY: a pool block's header holds its buffer.
+        drop(ManuallyDrop::into_inner(unsafe { header.body.pooled }));
     }
 
-    /// Bytes a raw block can hold for `layout` without moving.
+    /// Bytes a raw pool block can hold for its layout without moving.
     ///
     /// # Safety
     ///
@@ -87,7 +196,33 @@ impl PoolInner {
     pub(super) unsafe fn raw_capacity(ptr: NonNull<u8>) -> usize {
         // SAFETY: as in `dealloc_raw`; the copy is only looked at (never dropped).
         let header = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>().read_unaligned() };
-        let start = header.buffer.as_ptr() as usize;
-        header.buffer.capacity() - (ptr.as_ptr() as usize - start)
+        // SAFETY: a pool block's header holds its buffer.
+        let buffer = unsafe { &header.body.pooled };
+        let start = buffer.as_ptr() as usize;
+        buffer.capacity() - (ptr.as_ptr() as usize - start)
+    }
+
+    /// Records that a raw pool block allocated (or last resized) for `old_size` bytes now
+    /// holds `new_size` for its caller, in place (an in-place `realloc`): its requested
+    /// length in the header and in the pool's counters.
+    ///
+    /// # Safety
+    ///
+    /// As [`raw_capacity`](Self::raw_capacity); `old_size` is the size the block was
+    /// allocated or last resized for, `new_size` fits the block
+    /// (`raw_capacity(ptr) >= new_size`), and nothing else uses the block meanwhile.
+    pub(super) unsafe fn resize_raw(ptr: NonNull<u8>, old_size: usize, new_size: usize) {
+        // SAFETY: as in `dealloc_raw`; the header is written back below, the block ours.
+        let at = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>() };
+        // SAFETY: as above.
+        let mut header = unsafe { at.read_unaligned() };
+        // SAFETY: a pool block's header holds its buffer.
+        let buffer = unsafe { &mut *header.body.pooled };
+        // The buffer's length counts the header and padding beside the caller's bytes.
+        let overhead = buffer.len().wrapping_sub(old_size);
+        buffer.resize_requested(overhead.wrapping_add(new_size));
+        // SAFETY: the same place, in the block; the copy read above is forgotten in favour of
+        // this one (the header owns the buffer).
+        unsafe { at.write_unaligned(header) };
     }
 }

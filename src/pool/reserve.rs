@@ -4,12 +4,13 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
+use super::blocks::Record;
 use super::ops::Taken;
 use super::slot::Slot;
 use super::stats::raise;
 use super::{advise, class, OutOfMemory, PoolError, PoolEventKind, PoolInner};
 use crate::stack::NIL;
-use crate::sync::{global, system, Ordering};
+use crate::sync::{asymmetric, global, system, Ordering};
 
 impl PoolInner {
     /// A block new from the system, within the budget.
@@ -76,16 +77,9 @@ impl PoolInner {
                 config.prefault,
             );
         }
-        let c = &self.counters;
-        c.system_allocations.fetch_add(1, Ordering::Relaxed);
-        // The peak moves only once the memory is really held (a refused request never
-        // counts).
-        raise(&c.peak_reserved, c.reserved.load(Ordering::Relaxed));
-        if !config.exact_peaks {
-            let (in_use, requested) = self.sum_in_use();
-            raise(&c.peak_in_use, in_use + class_bytes as u64);
-            raise(&c.peak_requested, requested + size as u64);
-        }
+        self.counters
+            .system_allocations
+            .fetch_add(1, Ordering::Relaxed);
         self.trace(PoolEventKind::SystemAlloc, class_bytes as u64, class);
         Ok(Taken {
             record,
@@ -142,7 +136,13 @@ impl PoolInner {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return true,
+                Ok(_) => {
+                    // The peak moves with the counter: a read may report `next` from now
+                    // on, so no peak reported later may be below it (even if the system
+                    // then refuses the block and the reservation is undone).
+                    raise(&self.counters.peak_reserved, next);
+                    return true;
+                }
                 Err(actual) => current = actual,
             }
         }
@@ -179,22 +179,62 @@ impl PoolInner {
         released
     }
 
-    /// Calls `f` with every slot.
-    pub(super) fn for_each_slot(&self, mut f: impl FnMut(&Slot)) {
-        for page in 0..self.slots.page_count() {
-            if let Some(slots) = self.slots.page(page) {
-                slots.iter().for_each(|slot| f(slot));
-            }
-        }
+    /// Calls `f` with every slot: one per thread index that used the pool (see
+    /// `crate::roster`), whatever the indices.
+    pub(super) fn for_each_slot(&self, f: impl FnMut(&Slot)) {
+        self.slots.iter().map(|slot| &**slot).for_each(f);
     }
 
-    /// Releases every cached block: every thread's cache and every list. Returns the bytes
-    /// released.
-    pub(super) fn release_cached(&self) -> u64 {
-        let mut released = 0;
+    /// A token no other drain of this pool holds now (odd: never 0, the free flag, nor the
+    /// owner's own drain).
+    fn drain_token(&self) -> u32 {
+        self.drain_tokens.fetch_add(2, Ordering::Relaxed) | 1
+    }
+
+    /// Takes the cached blocks of every slot that caches any and that `pick` picks, whatever
+    /// their owners are doing: claims each, issues one heavy fence (`fence`: false only for
+    /// the close, which fenced and waited every owner out already), then takes each claimed
+    /// slot's blocks and calls `each(class, record)` for them. Returns the bytes taken.
+    /// `pick` sees every slot, empty ones included.
+    pub(super) fn drain_slots(
+        &self,
+        fence: bool,
+        mut pick: impl FnMut(&Slot) -> bool,
+        mut each: impl FnMut(usize, &Record),
+    ) -> u64 {
+        let token = self.drain_token();
+        let mut claimed = false;
         self.for_each_slot(|slot| {
-            released += slot.drain(|class, record| self.release(record.index, class));
+            claimed |= pick(slot) && slot.claim_if_holding(token);
         });
+        if !claimed {
+            return 0;
+        }
+        if fence {
+            asymmetric::heavy();
+        }
+        let mut taken = 0;
+        self.for_each_slot(|slot| {
+            if slot.claimed_by(token) {
+                taken += slot.take_claimed(&mut each);
+            }
+        });
+        taken
+    }
+
+    /// Releases every cached block: every thread's cache (one heavy fence for all) and every
+    /// list. Returns the bytes released.
+    pub(super) fn release_cached(&self) -> u64 {
+        self.release_cached_fenced(true)
+    }
+
+    /// [`release_cached`](Self::release_cached), with the heavy fence only if `fence`.
+    pub(super) fn release_cached_fenced(&self, fence: bool) -> u64 {
+        let released = self.drain_slots(
+            fence,
+            |_| true,
+            |class, record| self.release(record.index, class),
+        );
         (0..class::CLASSES)
             .map(|c| self.release_list(c))
             .sum::<u64>()
@@ -219,7 +259,7 @@ impl PoolInner {
                 largest = largest.max(class::class_size(class));
             }
         });
-        let (in_use, _) = self.sum_in_use();
+        let (in_use, _) = self.in_use_now();
         let reserved = self.counters.reserved.load(Ordering::Relaxed);
         CachedPicture {
             in_threads,
@@ -235,7 +275,8 @@ impl PoolInner {
         released: Option<CachedPicture>,
     ) -> OutOfMemory {
         let before = released.unwrap_or_else(|| self.cached_picture());
-        let (in_use, _) = self.sum_in_use();
+        let (in_use, _) = self.in_use_now();
+        let (reserved, peak_reserved) = self.counters.reserved_and_peak();
         OutOfMemory {
             requested,
             block_bytes,
@@ -243,8 +284,8 @@ impl PoolInner {
             in_use,
             cached_in_threads: before.in_threads,
             cached_in_lists: before.in_lists,
-            reserved: self.counters.reserved.load(Ordering::Relaxed),
-            peak_reserved: self.counters.peak_reserved.load(Ordering::Relaxed),
+            reserved,
+            peak_reserved,
             largest_cached_block: before.largest,
         }
     }
@@ -268,18 +309,25 @@ impl PoolInner {
             })
             .map(|class| self.release_list(class))
             .sum();
-        // A thread's cache is idle if the thread made no operation since the last round.
-        self.for_each_slot(|slot| {
-            let c = &slot.counters;
-            let operations = slot.operations();
-            // (A slot with nothing cached is skipped: draining it would cost a heavy fence
-            // for nothing.)
-            if c.seen_operations.swap(operations, Ordering::Relaxed) == operations
-                && slot.binned() > 0
-            {
-                released += slot.drain(|class, record| self.release(record.index, class));
-            }
-        });
+        // A thread's cache is idle once the thread made no operation during `idle_rounds`
+        // rounds in a row (a heuristic: racing calls may count a round twice or not at all).
+        // (At least one: a thread that worked since the last round is never idle.)
+        let idle_rounds = self.config.idle_rounds.max(1);
+        released += self.drain_slots(
+            true,
+            |slot| {
+                let c = &slot.counters;
+                let operations = slot.operations();
+                let idle = if c.seen_operations.swap(operations, Ordering::Relaxed) == operations {
+                    c.idle_rounds.load(Ordering::Relaxed).saturating_add(1)
+                } else {
+                    0
+                };
+                c.idle_rounds.store(idle, Ordering::Relaxed);
+                idle >= idle_rounds
+            },
+            |class, record| self.release(record.index, class),
+        );
         self.trace(PoolEventKind::Trim, released, 0);
         released
     }
@@ -296,4 +344,111 @@ pub(super) struct CachedPicture {
     pub(super) in_threads: u64,
     pub(super) in_lists: u64,
     pub(super) largest: usize,
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::sync::asymmetric::heavy_fences_here;
+    use crate::{BufferPool, PoolConfig, SlotArena};
+
+    /// Runs `f` on a thread whose thread index is at least `threads - 1`: `threads` threads
+    /// claim an index each and wait until the one with the highest index has run `f`.
+    fn on_a_high_index(threads: usize, f: impl Fn() + Send + Sync) {
+        let barrier = std::sync::Barrier::new(threads);
+        let highest = std::sync::atomic::AtomicUsize::new(0);
+        let done = std::sync::Barrier::new(threads);
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                std::thread::Builder::new()
+                    .stack_size(64 << 10)
+                    .spawn_scoped(scope, || {
+                        let index = crate::thread::index().expect("a live thread has an index");
+                        highest.fetch_max(index, std::sync::atomic::Ordering::Relaxed);
+                        barrier.wait();
+                        // A failure must end the test, not leave the others waiting.
+                        let outcome =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                if highest.load(std::sync::atomic::Ordering::Relaxed) == index {
+                                    assert!(index + 1 >= threads);
+                                    f();
+                                }
+                            }));
+                        done.wait();
+                        if let Err(panic) = outcome {
+                            std::panic::resume_unwind(panic);
+                        }
+                    })
+                    .unwrap();
+            }
+        });
+    }
+
+    #[test]
+    fn one_thread_with_a_high_index_costs_a_pool_and_an_arena_little() {
+        on_a_high_index(2_200, || {
+            let pool = BufferPool::new();
+            drop(pool.alloc(4096).unwrap()); // into this thread's cache
+            assert!(
+                pool.thread_state_bytes() <= 64 << 10,
+                "{} bytes of per-thread state for one thread",
+                pool.thread_state_bytes()
+            );
+            let fences = heavy_fences_here();
+            assert_eq!(pool.trim(), 4096);
+            assert_eq!(heavy_fences_here() - fences, 1, "one fence per trim");
+            drop(pool.alloc(4096).unwrap());
+            let fences = heavy_fences_here();
+            drop(pool); // the close: one fence, for `closed`
+            assert_eq!(heavy_fences_here() - fences, 1, "one fence per close");
+
+            let arena = SlotArena::new();
+            let key = arena.insert(1u64).unwrap();
+            assert!(
+                arena.thread_state_bytes() <= 64 << 10,
+                "{} bytes of lanes for one thread",
+                arena.thread_state_bytes()
+            );
+            let guard = arena.pin();
+            assert!(arena.remove(key, &guard).is_ok());
+            let fences = heavy_fences_here();
+            arena.flush(&guard).unwrap();
+            assert_eq!(heavy_fences_here() - fences, 1, "one fence per flush");
+        });
+    }
+
+    #[test]
+    fn a_trim_fences_once_whatever_the_threads_that_used_the_pool() {
+        let pool = BufferPool::new();
+        std::thread::scope(|scope| {
+            for _ in 0..64 {
+                scope.spawn(|| drop(pool.alloc(4096).unwrap())); // each caches a block
+            }
+        });
+        std::thread::scope(|scope| {
+            for _ in 0..64 {
+                scope.spawn(|| drop(pool.alloc(1 << 20).unwrap())); // and these another
+            }
+        });
+        let fences = heavy_fences_here();
+        assert!(pool.trim() >= 4096);
+        assert_eq!(heavy_fences_here() - fences, 1);
+        // Nothing cached: nothing to take, no fence at all.
+        let fences = heavy_fences_here();
+        assert_eq!(pool.trim(), 0);
+        assert_eq!(heavy_fences_here() - fences, 0);
+        // A budget miss fences once too.
+        let tight = BufferPool::with_config(PoolConfig {
+            budget: Some(1 << 20),
+            ..PoolConfig::default()
+        })
+        .unwrap();
+        std::thread::scope(|scope| {
+            for _ in 0..16 {
+                scope.spawn(|| drop(tight.alloc(64 << 10).unwrap()));
+            }
+        });
+        let fences = heavy_fences_here();
+        assert!(tight.alloc(1 << 20).is_ok(), "room made from the caches");
+        assert_eq!(heavy_fences_here() - fences, 1);
+    }
 }

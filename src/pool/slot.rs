@@ -24,7 +24,11 @@
 use super::blocks::Record;
 use super::config::BIN_CLASSES;
 use crate::handshake::Handshake;
-use crate::sync::{asymmetric, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+/// The drain token of an owner draining its own slot (drainers' tokens are odd; see
+/// `PoolInner::drain_token`).
+const OWN_DRAIN: u32 = 2;
 
 /// One thread's slot in one pool.
 pub(super) struct Slot {
@@ -50,7 +54,8 @@ struct Bin {
 }
 
 /// What one thread counted in one pool: each written by the slot's owner only, except
-/// `seen_operations`, which the idle policy (`trim_idle`, on any thread) swaps.
+/// `seen_operations` and `idle_rounds`, which the idle policy (`trim_idle`, on any thread)
+/// writes.
 #[derive(Default)]
 pub(super) struct SlotCounters {
     /// Blocks handed out by this thread from the shared lists or the system (the rest came
@@ -67,6 +72,8 @@ pub(super) struct SlotCounters {
     pub(super) freed_requested: AtomicU64,
     /// The slot's operation count when the idle policy last looked.
     pub(super) seen_operations: AtomicU64,
+    /// Consecutive idle rounds (`trim_idle` calls that found `seen_operations` unchanged).
+    pub(super) idle_rounds: AtomicU32,
 }
 
 impl SlotCounters {
@@ -182,18 +189,28 @@ impl Slot {
         true
     }
 
-    /// Takes every cached block, as another thread (or the owner, outside an operation):
-    /// calls `each(class, record)` for each and returns the bytes taken. Waits only for an
-    /// operation the owner is running right now; returns 0 if another drain is under way
-    /// (that one takes the blocks).
-    pub(super) fn drain(&self, mut each: impl FnMut(usize, &Record)) -> u64 {
-        if !self.handshake.claim() {
-            return 0;
-        }
-        asymmetric::heavy();
+    /// A drainer's first step (see `crate::handshake`): claims the slot with `token` if it
+    /// caches anything (a racy look: blocks the owner cached before the caller synchronised
+    /// with it are seen). False for an empty slot, or one another drainer holds (that one
+    /// takes its blocks). After every claim, one heavy fence, then
+    /// [`take_claimed`](Self::take_claimed) for each slot claimed.
+    pub(super) fn claim_if_holding(&self, token: u32) -> bool {
+        self.binned() > 0 && self.handshake.claim_as(token)
+    }
+
+    /// Whether the drainer with `token` claimed this slot.
+    pub(super) fn claimed_by(&self, token: u32) -> bool {
+        self.handshake.claimed_by(token)
+    }
+
+    /// Takes every cached block of a slot the caller claimed, once a heavy fence followed the
+    /// claim (or once the pool's close waited every owner out, after which no owner touches
+    /// its bins): waits only for the operation the owner may still be running, calls
+    /// `each(class, record)` for each block, hands the slot back and returns the bytes taken.
+    pub(super) fn take_claimed(&self, mut each: impl FnMut(usize, &Record)) -> u64 {
         self.wait_out();
-        // The owner is out of the operation it was in, and every later one sees `drain` set:
-        // the bins are ours.
+        // The owner is out of the operation it was in, and every later one sees `drain` set
+        // (or the pool closed): the bins are ours.
         let taken = self.binned.load(Ordering::Relaxed);
         for (class, bin) in self.bins.iter().enumerate() {
             let mut head = bin.head.swap(std::ptr::null_mut(), Ordering::Relaxed);
@@ -207,6 +224,17 @@ impl Slot {
         self.binned.store(0, Ordering::Relaxed);
         self.handshake.release();
         taken
+    }
+
+    /// The owner's own drain, outside an operation (no fence needed: the caller is the
+    /// owner, and no operation of it is in flight): the bytes taken, or 0 if a drainer holds
+    /// the slot (that one takes the blocks).
+    pub(super) fn drain_own(&self, each: impl FnMut(usize, &Record)) -> u64 {
+        if self.claim_if_holding(OWN_DRAIN) {
+            self.take_claimed(each)
+        } else {
+            0
+        }
     }
 
     /// After a heavy fence that followed the caller's store of a flag the owner checks

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crossbeam_utils::CachePadded;
+
 use super::tag::MemoryTag;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -13,11 +15,27 @@ use crate::sync::{AtomicU64, Ordering};
 /// and has not handed out, split into what threads keep in their caches and what waits on the
 /// pool's shared lists.
 ///
-/// `peak_reserved_bytes` is exact. `peak_in_use_bytes` and `peak_requested_bytes` are exact
-/// when [`PoolConfig::exact_peaks`](super::PoolConfig::exact_peaks) is on; otherwise they are
-/// taken whenever the pool reserves memory and whenever statistics are read (never below the
-/// current value). [`BufferPool::reset_peak_stats`](super::BufferPool::reset_peak_stats)
-/// starts every peak again from the current value.
+/// # What one read guarantees while other threads use the pool
+///
+/// - `reserved_bytes` is the value of the pool's reservation counter at one instant during
+///   the read; with [`PoolConfig::exact_peaks`](super::PoolConfig::exact_peaks) (the
+///   default) so are `in_use_bytes` and `requested_bytes` (each at its own instant).
+/// - The peaks are high-water marks of those counters since the pool was made or
+///   [`BufferPool::reset_peak_stats`](super::BufferPool::reset_peak_stats) last ran: never
+///   above the largest value the counter took (a read never raises a peak past the true
+///   maximum), never below a value of the figure reported before, and never lower than an
+///   earlier read's, except across a reset. A reservation counts from the moment it is made,
+///   including one the system then refuses.
+/// - The totals (`allocations`, `frees`, `cache_hits`, `cache_misses`,
+///   `allocated_bytes_total`, `freed_bytes_total`, `system_*`, `alloc_retries`,
+///   `budget_failures`, `trims`) only grow; each is read once per thread, so it lies between
+///   its value when the read began and its value when it ended, and `allocations` is always
+///   `cache_hits + cache_misses`.
+/// - The figures derived from counters read at different instants (`in_use_blocks`,
+///   `cached_bytes` and its split) are exact when no other thread is using the pool, and
+///   approximations otherwise (never negative; `cached_bytes` never above `reserved_bytes`).
+///   So are `in_use_bytes` and `requested_bytes` with `exact_peaks` off, when the in-use and
+///   requested peaks are not tracked and read 0.
 ///
 /// Its `Display` is a summary in human units:
 ///
@@ -36,11 +54,11 @@ use crate::sync::{AtomicU64, Ordering};
 pub struct PoolStats {
     /// Bytes in blocks handed out (rounded up to their class).
     pub in_use_bytes: u64,
-    /// High-water mark of `in_use_bytes`.
+    /// High-water mark of `in_use_bytes` (0 with `exact_peaks` off).
     pub peak_in_use_bytes: u64,
     /// Bytes requested by the blocks handed out, before rounding.
     pub requested_bytes: u64,
-    /// High-water mark of `requested_bytes`.
+    /// High-water mark of `requested_bytes` (0 with `exact_peaks` off).
     pub peak_requested_bytes: u64,
     /// Blocks handed out.
     pub in_use_blocks: u64,
@@ -53,7 +71,7 @@ pub struct PoolStats {
     pub cached_in_lists_bytes: u64,
     /// Bytes held from the system: `in_use_bytes + cached_bytes`.
     pub reserved_bytes: u64,
-    /// High-water mark of `reserved_bytes` (exact).
+    /// High-water mark of `reserved_bytes`.
     pub peak_reserved_bytes: u64,
     /// Bytes handed out since the pool was made (class sizes).
     pub allocated_bytes_total: u64,
@@ -240,21 +258,43 @@ pub struct BlockInfo {
     pub tag: Option<MemoryTag>,
 }
 
-/// Pool-wide counters of the slow paths (read-modify-writes are fine there).
+/// Pool-wide counters: those of the slow paths (read-modify-writes are fine there), and the
+/// exact bytes in use with their peaks.
 #[derive(Default, Debug)]
 pub(super) struct PoolCounters {
+    /// Bytes held from the system, reservations in flight included (moved by `reserve` and
+    /// `unreserve` only).
     pub(super) reserved: AtomicU64,
+    /// Invariant: at least every value `reserved` took since the last reset once its mover
+    /// or a reader raised it, and no more than the largest of them: `reserve` raises it with
+    /// the value its compare-exchange wrote, and every read of `reserved` that is reported
+    /// raises it with the value read first.
     pub(super) peak_reserved: AtomicU64,
-    pub(super) peak_in_use: AtomicU64,
-    pub(super) peak_requested: AtomicU64,
-    /// Bytes in use and requested, when `exact_peaks` is on (else unused).
-    pub(super) exact_in_use: AtomicU64,
-    pub(super) exact_requested: AtomicU64,
+    /// The bytes in use and requested, when `exact_peaks` is on (else unused), on a cache
+    /// line of their own: the hot path writes them.
+    pub(super) live: CachePadded<LiveBytes>,
     pub(super) system_allocations: AtomicU64,
     pub(super) system_frees: AtomicU64,
     pub(super) trims: AtomicU64,
     pub(super) retries: AtomicU64,
     pub(super) budget_failures: AtomicU64,
+}
+
+/// The exact counters of `exact_peaks`.
+#[derive(Default, Debug)]
+pub(super) struct LiveBytes {
+    /// Bytes (class sizes) of the blocks handed out: every allocation adds, every free
+    /// subtracts, with one read-modify-write each, so each value it takes is the true figure
+    /// at that instant.
+    pub(super) in_use: AtomicU64,
+    /// Requested bytes of the blocks handed out (same rule).
+    pub(super) requested: AtomicU64,
+    /// Invariant: the largest value `in_use` took since the last reset, as far as its
+    /// movers and readers raised it (an allocation raises it with the value its add gave, a
+    /// read with the value it reports); never a value `in_use` did not take.
+    pub(super) peak_in_use: AtomicU64,
+    /// The same for `requested`.
+    pub(super) peak_requested: AtomicU64,
 }
 
 impl PoolCounters {
@@ -263,18 +303,58 @@ impl PoolCounters {
     pub(super) fn exact_alloc(&self, bytes: u64, requested: u64) {
         // Wrapping: inside a pool operation nothing may panic (a panic there would leave
         // the thread's slot busy for good); the counts never exceed the bytes held.
-        let in_use = (self.exact_in_use.fetch_add(bytes, Ordering::Relaxed)).wrapping_add(bytes);
-        raise(&self.peak_in_use, in_use);
+        let live = &self.live;
+        let in_use = (live.in_use.fetch_add(bytes, Ordering::Relaxed)).wrapping_add(bytes);
+        raise(&live.peak_in_use, in_use);
         let requested =
-            (self.exact_requested.fetch_add(requested, Ordering::Relaxed)).wrapping_add(requested);
-        raise(&self.peak_requested, requested);
+            (live.requested.fetch_add(requested, Ordering::Relaxed)).wrapping_add(requested);
+        raise(&live.peak_requested, requested);
     }
 
     /// Counts a free in the exact counters.
     #[inline]
     pub(super) fn exact_free(&self, bytes: u64, requested: u64) {
-        self.exact_in_use.fetch_sub(bytes, Ordering::Relaxed);
-        self.exact_requested.fetch_sub(requested, Ordering::Relaxed);
+        self.live.in_use.fetch_sub(bytes, Ordering::Relaxed);
+        self.live.requested.fetch_sub(requested, Ordering::Relaxed);
+    }
+
+    /// Moves the requested bytes of a block handed out from `old` to `new` (an in-place
+    /// reallocation), in the exact counters.
+    #[inline]
+    pub(super) fn exact_resize(&self, old: u64, new: u64) {
+        let live = &self.live;
+        if new >= old {
+            let delta = new - old;
+            let requested = live
+                .requested
+                .fetch_add(delta, Ordering::Relaxed)
+                .wrapping_add(delta);
+            raise(&live.peak_requested, requested);
+        } else {
+            live.requested.fetch_sub(old - new, Ordering::Relaxed);
+        }
+    }
+
+    /// `reserved` now, with its peak raised to it (so that no later read reports a lower
+    /// peak than this value).
+    pub(super) fn reserved_and_peak(&self) -> (u64, u64) {
+        let reserved = self.reserved.load(Ordering::Relaxed);
+        (reserved, raise(&self.peak_reserved, reserved))
+    }
+
+    /// Starts the peaks again from the current values. A concurrent allocation may raise a
+    /// peak just before the store, and lose that raise: the peak then starts from the value
+    /// the reset read, and the next allocation or read raises it again.
+    pub(super) fn reset_peaks(&self, exact: bool) {
+        let restart = |peak: &AtomicU64, current: &AtomicU64| {
+            peak.store(current.load(Ordering::Relaxed), Ordering::Relaxed);
+            raise(peak, current.load(Ordering::Relaxed));
+        };
+        restart(&self.peak_reserved, &self.reserved);
+        if exact {
+            restart(&self.live.peak_in_use, &self.live.in_use);
+            restart(&self.live.peak_requested, &self.live.requested);
+        }
     }
 }
 
@@ -306,7 +386,8 @@ mod tests {
 }
 
 impl super::PoolInner {
-    /// Bytes in use and requested, summed over the slots.
+    /// Bytes in use and requested, summed over the slots: exact when no other thread is
+    /// using the pool (see [`PoolStats`] for what it is otherwise).
     pub(super) fn sum_in_use(&self) -> (u64, u64) {
         let (mut allocated, mut freed, mut asked, mut given) = (0u64, 0u64, 0u64, 0u64);
         self.for_each_slot(|slot| {
@@ -322,6 +403,20 @@ impl super::PoolInner {
         asked = asked.wrapping_add(o.allocated_requested.load(Ordering::Relaxed));
         given = given.wrapping_add(o.freed_requested.load(Ordering::Relaxed));
         (allocated.saturating_sub(freed), asked.saturating_sub(given))
+    }
+
+    /// Bytes in use and requested now: the exact counters with `exact_peaks`, else
+    /// [`sum_in_use`](Self::sum_in_use).
+    pub(super) fn in_use_now(&self) -> (u64, u64) {
+        if self.config.exact_peaks {
+            let live = &self.counters.live;
+            (
+                live.in_use.load(Ordering::Relaxed),
+                live.requested.load(Ordering::Relaxed),
+            )
+        } else {
+            self.sum_in_use()
+        }
     }
 
     pub(super) fn stats(&self) -> PoolStats {
@@ -351,19 +446,24 @@ impl super::PoolInner {
         allocated_requested += o.allocated_requested.load(Ordering::Relaxed);
         freed_requested += o.freed_requested.load(Ordering::Relaxed);
         let c = &self.counters;
-        s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
-        s.requested_bytes = allocated_requested.saturating_sub(freed_requested);
+        (s.reserved_bytes, s.peak_reserved_bytes) = c.reserved_and_peak();
+        if self.config.exact_peaks {
+            // One load each: the figure at one instant. Its peak is raised with it, so no
+            // later read reports a peak below a figure reported before.
+            let live = &c.live;
+            s.in_use_bytes = live.in_use.load(Ordering::Relaxed);
+            s.requested_bytes = live.requested.load(Ordering::Relaxed);
+            s.peak_in_use_bytes = raise(&live.peak_in_use, s.in_use_bytes);
+            s.peak_requested_bytes = raise(&live.peak_requested, s.requested_bytes);
+        } else {
+            // Sums of counters read one after another: never fed into a peak.
+            s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
+            s.requested_bytes = allocated_requested.saturating_sub(freed_requested);
+        }
         s.in_use_blocks = s.allocations.saturating_sub(s.frees);
-        s.reserved_bytes = c.reserved.load(Ordering::Relaxed);
         s.cached_bytes = s.reserved_bytes.saturating_sub(s.in_use_bytes);
         s.cached_in_threads_bytes = s.cached_in_threads_bytes.min(s.cached_bytes);
         s.cached_in_lists_bytes = s.cached_bytes - s.cached_in_threads_bytes;
-        s.peak_reserved_bytes = c
-            .peak_reserved
-            .load(Ordering::Relaxed)
-            .max(s.reserved_bytes);
-        s.peak_in_use_bytes = raise(&c.peak_in_use, s.in_use_bytes);
-        s.peak_requested_bytes = raise(&c.peak_requested, s.requested_bytes);
         s.system_allocations = c.system_allocations.load(Ordering::Relaxed);
         s.system_frees = c.system_frees.load(Ordering::Relaxed);
         s.alloc_retries = c.retries.load(Ordering::Relaxed);

@@ -1,11 +1,11 @@
 //! The pool's event trace: a bounded ring of events, off unless configured, exported in the
 //! Chrome Trace Event format that Perfetto and `chrome://tracing` open.
 
-use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use super::tag::MemoryTag;
+use crate::paged;
 use crate::sync::Mutex;
 
 /// What happened to the pool.
@@ -95,9 +95,77 @@ pub(super) struct Trace {
 }
 
 struct Ring {
-    events: VecDeque<PoolEvent>,
+    events: Events,
     in_use: u64,
     reserved: u64,
+}
+
+/// The ring's events, in memory from the system allocator directly: never from a pool (the
+/// one it traces included), whatever the global allocator.
+struct Events {
+    /// `capacity` events from [`paged::allocate`], owned by this ring.
+    base: *mut PoolEvent,
+    capacity: usize,
+    /// The oldest event's position, and how many there are (at most `capacity`).
+    start: usize,
+    len: usize,
+}
+
+// SAFETY: `Events` owns plain `Copy` data behind its pointer, like a `Box<[PoolEvent]>`.
+unsafe impl Send for Events {}
+
+impl Events {
+    fn new(capacity: usize) -> Self {
+        const EMPTY: PoolEvent = PoolEvent {
+            at_ns: 0,
+            kind: PoolEventKind::Mark,
+            bytes: 0,
+            class: 0,
+            thread: 0,
+            tag: None,
+            in_use_after: 0,
+            reserved_after: 0,
+        };
+        Self {
+            base: paged::allocate(capacity, |_| EMPTY),
+            capacity,
+            start: 0,
+            len: 0,
+        }
+    }
+
+    /// Appends `event`, dropping the oldest one when the ring is full.
+    fn push(&mut self, event: PoolEvent) {
+        if self.capacity == 0 {
+            return;
+        }
+        let at = if self.len == self.capacity {
+            let oldest = self.start;
+            self.start = (self.start + 1) % self.capacity;
+            oldest
+        } else {
+            self.len += 1;
+            (self.start + self.len - 1) % self.capacity
+        };
+        // SAFETY: `at < capacity`, inside the ring's elements, which `&mut self` owns.
+        unsafe { self.base.add(at).write(event) };
+    }
+
+    /// The events, oldest first.
+    fn iter(&self) -> impl Iterator<Item = PoolEvent> + '_ {
+        (0..self.len).map(|i| {
+            // SAFETY: `(start + i) % capacity < capacity`, an initialised element.
+            unsafe { *self.base.add((self.start + i) % self.capacity) }
+        })
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        // SAFETY: `base` came from `paged::allocate` with `capacity` elements and is freed
+        // once, here.
+        unsafe { paged::free(self.base, self.capacity) };
+    }
 }
 
 impl Trace {
@@ -107,8 +175,8 @@ impl Trace {
             capacity,
             ring: Mutex::new(Ring {
                 // All of it now: a ring that grew while recording would allocate inside a
-                // pool operation (and re-enter the pool, when the pool is the global one).
-                events: VecDeque::with_capacity(capacity),
+                // pool operation.
+                events: Events::new(capacity),
                 in_use: 0,
                 reserved: 0,
             }),
@@ -130,9 +198,6 @@ impl Trace {
             PoolEventKind::SystemFree => ring.reserved = ring.reserved.saturating_sub(bytes),
             PoolEventKind::Trim | PoolEventKind::Mark => {}
         }
-        if ring.events.len() == self.capacity {
-            ring.events.pop_front();
-        }
         let event = PoolEvent {
             at_ns,
             kind,
@@ -143,7 +208,7 @@ impl Trace {
             in_use_after: ring.in_use,
             reserved_after: ring.reserved,
         };
-        ring.events.push_back(event);
+        ring.events.push(event);
     }
 
     pub(super) fn events(&self) -> Vec<PoolEvent> {
@@ -152,7 +217,7 @@ impl Trace {
         // record itself in this very ring, and deadlock).
         let mut events = Vec::with_capacity(self.capacity);
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        events.extend(ring.events.iter().copied());
+        events.extend(ring.events.iter());
         events
     }
 }
