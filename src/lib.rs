@@ -52,8 +52,8 @@
 //!
 //! - `allocator-api2`: `Allocator` for [`BufferPool`], for collections under a pool's budget.
 //! - `ndarray`: [`TensorRead::to_ndarray`], a zero-copy `ArrayViewD` of any view.
-//! - `serde`: `Serialize`/`Deserialize` for the pool's configuration, statistics, snapshots
-//!   and trace events.
+//! - `serde`: `Serialize`/`Deserialize` for the pool's configuration, statistics, snapshots,
+//!   trace events, memory tags and [`MemoryByTag`] (an object from tag name to bytes).
 //!
 //! The design, its layers, protocols and invariants: [`design`].
 
@@ -83,8 +83,8 @@ pub use group::{AllocationGroup, DescriptorSlot, GroupError, TensorValue, Tensor
 /// The `half` crate, whose `f16` and `bf16` are this crate's 16-bit float elements.
 pub use half;
 pub use pool::{
-    BlockInfo, BufferPool, ClassStats, MemoryTag, OutOfMemory, PoolAllocator, PoolBuffer,
-    PoolConfig, PoolError, PoolEvent, PoolEventKind, PoolStats, TagScope,
+    BlockInfo, BufferPool, ClassStats, MemoryByTag, MemoryTag, OutOfMemory, PoolAllocator,
+    PoolBuffer, PoolConfig, PoolError, PoolEvent, PoolEventKind, PoolStats, TagScope,
 };
 pub use retain::{RetainedInputMap, RetainedValue, RetentionContainer};
 pub use tensor::{

@@ -156,6 +156,52 @@ fn config_stats_events_and_snapshots_serialize() {
     drop(held);
 }
 
+/// `memory_by_tag` serializes as a JSON object from each tag's name to its bytes, untagged
+/// memory under `"untagged"`: no repeated key (tags made twice with one name are one tag),
+/// and no error for untagged memory (a map keyed by `Option<MemoryTag>` failed with "key
+/// must be a string"). It reads back as what was written.
+#[cfg(feature = "serde")]
+#[test]
+fn memory_by_tag_is_a_json_object_keyed_by_name() {
+    let pool = BufferPool::new();
+    let weights = MemoryTag::new("by-tag weights");
+    let tagged = {
+        let _scope = weights.enter();
+        [pool.alloc(4096).unwrap(), pool.alloc(1000).unwrap()]
+    };
+    // Made again after those buffers: the same tag, the same key.
+    let again = {
+        let _scope = MemoryTag::new("by-tag weights").enter();
+        pool.alloc(64).unwrap()
+    };
+    let untagged = pool.alloc(128).unwrap();
+    let by_tag = pool.memory_by_tag();
+    let json = serde_json::to_string(&by_tag).expect("serializes with untagged memory");
+    assert_eq!(
+        json.matches("\"by-tag weights\"").count(),
+        1,
+        "no repeated key: {json}"
+    );
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let object = value.as_object().expect("a JSON object");
+    assert_eq!(object.len(), 2, "{json}");
+    assert_eq!(object["by-tag weights"], 4096 + 1024 + 64, "{json}");
+    assert_eq!(object["untagged"], 128, "{json}");
+    let back = serde_json::from_str(&json).unwrap();
+    assert_eq!(by_tag, back);
+    assert_eq!((by_tag[&Some(weights)], by_tag[&None]), (5184, 128));
+    // A tag named like the untagged key shares its entry (keys never repeat).
+    let clash = {
+        let _scope = MemoryTag::new("untagged").enter();
+        pool.alloc(64).unwrap()
+    };
+    let value = serde_json::to_value(pool.memory_by_tag()).unwrap();
+    assert_eq!(value["untagged"], 128 + 64, "{value}");
+    assert_eq!(value.as_object().unwrap().len(), 2, "{value}");
+    drop((tagged, again, untagged, clash));
+    assert_eq!(serde_json::to_string(&pool.memory_by_tag()).unwrap(), "{}");
+}
+
 /// The trace parses as JSON and follows the Chrome Trace Event format: every event has a
 /// name, a phase, a timestamp and a process; instant events carry the bytes, class and tag
 /// on their thread's track; counter events the bytes in use, cached and reserved.

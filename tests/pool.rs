@@ -4,6 +4,7 @@ mod common;
 
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::{assert_pool_consistent, scaled};
 use ferropool::{BufferPool, PoolConfig, PoolError, PoolEventKind};
@@ -412,6 +413,59 @@ fn trace_records_a_bounded_ring() {
         BufferPool::new().trace_events().is_empty(),
         "off by default"
     );
+}
+
+/// `trace_events` is oldest first when threads record at once: each event's time is taken
+/// under the ring's lock. (Taken before it, a thread preempted between reading the clock and
+/// taking the lock pushes its event after newer ones. With two CPUs the first round shows
+/// it; with one, a preemption must land in that window, which the first round or two of
+/// 65,536 events show here, so rounds repeat on fresh pools for up to a second.)
+#[test]
+fn concurrent_trace_events_are_oldest_first() {
+    const THREADS: usize = 4;
+    const CAPACITY: usize = 65_536;
+    let per_thread = scaled(CAPACITY / THREADS);
+    let budget = if cfg!(miri) {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(1)
+    };
+    let started = Instant::now();
+    let mut rounds = 0;
+    loop {
+        let pool = BufferPool::new();
+        assert!(pool.enable_trace(CAPACITY));
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let pool = &pool;
+                scope.spawn(move || {
+                    // No yields: on one CPU only an involuntary preemption (a thread that
+                    // used up its time slice) can land between the clock and the lock.
+                    for i in 0..per_thread {
+                        pool.trace_mark((t * per_thread + i) as u64);
+                    }
+                });
+            }
+        });
+        let events = pool.trace_events();
+        assert_eq!(
+            events.len(),
+            THREADS * per_thread,
+            "the ring kept every event"
+        );
+        rounds += 1;
+        if let Some(at) = events.windows(2).position(|w| w[0].at_ns > w[1].at_ns) {
+            panic!(
+                "round {rounds}: event {at} at {} ns before event {} at {} ns",
+                events[at].at_ns,
+                at + 1,
+                events[at + 1].at_ns
+            );
+        }
+        if started.elapsed() >= budget {
+            break;
+        }
+    }
 }
 
 #[test]

@@ -61,7 +61,7 @@ pub use config::PoolConfig;
 pub use error::{OutOfMemory, PoolError};
 pub use front::PoolAllocator;
 pub use stats::{BlockInfo, ClassStats, PoolStats};
-pub use tag::{MemoryTag, TagScope};
+pub use tag::{MemoryByTag, MemoryTag, TagScope};
 pub use trace::{PoolEvent, PoolEventKind};
 
 use std::collections::HashMap;
@@ -394,16 +394,15 @@ impl BufferPool {
     /// let w = { let _scope = weights.enter(); pool.alloc(4096)? };
     /// let scratch = pool.alloc(1000)?;
     /// let by_tag = pool.memory_by_tag();
-    /// assert_eq!((by_tag[&Some(weights)], by_tag[&None]), (4096, 1024));
+    /// assert_eq!((by_tag.get(weights), by_tag.untagged()), (4096, 1024));
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
-    pub fn memory_by_tag(&self) -> HashMap<Option<MemoryTag>, u64> {
+    pub fn memory_by_tag(&self) -> MemoryByTag {
         let _bookkeeping = thread::Bookkeeping::open();
-        let mut by_tag = HashMap::new();
-        for block in self.snapshot() {
-            *by_tag.entry(block.tag).or_insert(0) += block.block_bytes as u64;
-        }
-        by_tag
+        self.snapshot()
+            .into_iter()
+            .map(|block| (block.tag, block.block_bytes as u64))
+            .collect()
     }
 
     /// The traced events, oldest first (empty when tracing is off).

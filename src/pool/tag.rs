@@ -1,13 +1,33 @@
 //! Memory tags: names a caller gives to what its buffers are for (a checkpoint chain, a
 //! model's weights), so that a pool's snapshot can say how much memory each holds.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::{Mutex, PoisonError};
+use std::ops::Index;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// The names of the tags made so far; tag `n` is `NAMES[n - 1]`. Bookkeeping outside any
-/// concurrency protocol.
-static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+/// The tag table: every name a tag was made with, once, for the whole process. Bookkeeping
+/// outside any concurrency protocol: only [`MemoryTag::new`] adds to it (never a pool
+/// operation, so its allocations cannot re-enter a pool that is the global allocator while
+/// a pool lock is held), and [`MemoryTag::name`] only reads it.
+static NAMES: Mutex<Names> = Mutex::new(Names {
+    by_id: Vec::new(),
+    by_name: None,
+});
+
+struct Names {
+    /// Tag `n`'s name is `by_id[n - 1]`; each name is here once.
+    by_id: Vec<&'static str>,
+    /// Each name's tag (made with the first tag: a `HashMap` cannot be made in a `static`).
+    by_name: Option<HashMap<&'static str, NonZeroU32>>,
+}
+
+fn names() -> MutexGuard<'static, Names> {
+    // Nothing under the lock leaves the table half-updated (the one panic, the 2^32-names
+    // limit, comes before any change), so a poisoned lock's table is used as it is.
+    NAMES.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A name for memory: every buffer allocated while a tag is [entered](Self::enter) on a
 /// thread carries it, and [`BufferPool::memory_by_tag`](crate::BufferPool::memory_by_tag)
@@ -22,28 +42,45 @@ static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 ///     pool.alloc(1 << 20)?
 /// };
 /// let by_tag = pool.memory_by_tag();
-/// assert_eq!(by_tag.get(&Some(activations)), Some(&(1 << 20)));
+/// assert_eq!(by_tag.get(activations), 1 << 20);
+/// assert_eq!(MemoryTag::new("activations"), activations); // tags are interned by name
 /// # drop(held);
 /// # Ok::<(), ferropool::PoolError>(())
 /// ```
+///
+/// Tags are interned: a name is one tag for the whole process, and the table of names lives
+/// as long as the process (each distinct name is stored once, however often it is made).
+/// Tags order by when their name was first made.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MemoryTag(NonZeroU32);
 
 impl MemoryTag {
-    /// A new tag named `name` (names need not be unique; each call makes a distinct tag).
+    /// The tag named `name`: the same tag for the same name, every call, on every thread
+    /// (the first call with a name stores it for the whole process; later ones look it up).
     ///
     /// ```
     /// use ferropool::MemoryTag;
     /// let (a, b) = (MemoryTag::new("weights"), MemoryTag::new("weights"));
-    /// assert_ne!(a, b); // same name, distinct tags
-    /// assert_eq!(a.name(), b.name());
+    /// assert_eq!(a, b); // one name, one tag
+    /// assert_ne!(a, MemoryTag::new("grads"));
+    /// assert_eq!(a.name(), "weights");
     /// ```
     pub fn new(name: &str) -> Self {
-        let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
-        // Tags live for the whole process, as their names do.
-        names.push(Box::leak(name.to_owned().into_boxed_str()));
-        let id = u32::try_from(names.len()).expect("fewer than 2^32 tags");
-        Self(NonZeroU32::new(id).expect("ids start at 1"))
+        let mut guard = names();
+        let names = &mut *guard;
+        let by_name = names.by_name.get_or_insert_with(HashMap::new);
+        if let Some(&id) = by_name.get(name) {
+            return Self(id);
+        }
+        let id = u32::try_from(names.by_id.len() + 1)
+            .ok()
+            .and_then(NonZeroU32::new)
+            .expect("fewer than 2^32 tag names");
+        // Stored once per name, for the whole process: a tag may be used anywhere, any time.
+        let name: &'static str = Box::leak(Box::from(name));
+        names.by_id.push(name);
+        by_name.insert(name, id);
+        Self(id)
     }
 
     /// The tag's name.
@@ -54,7 +91,8 @@ impl MemoryTag {
     /// assert_eq!(grads.to_string(), "grads"); // `Display` shows the name too
     /// ```
     pub fn name(&self) -> &'static str {
-        NAMES.lock().unwrap_or_else(PoisonError::into_inner)[self.0.get() as usize - 1]
+        // A read of the table under its lock: no allocation.
+        names().by_id[self.0.get() as usize - 1]
     }
 
     /// Tags the buffers this thread allocates until the returned scope drops (scopes nest:
@@ -133,8 +171,8 @@ impl Drop for TagScope {
     }
 }
 
-/// Serialized as its name; deserializing makes a new tag of that name (tags are distinct per
-/// process, names need not be).
+/// Serialized as its name; deserializing gives the tag of that name (the one
+/// [`MemoryTag::new`] gives: the same tag as every other of that name in the process).
 #[cfg(feature = "serde")]
 impl serde::Serialize for MemoryTag {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -147,5 +185,303 @@ impl<'de> serde::Deserialize<'de> for MemoryTag {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
         Ok(MemoryTag::new(&name))
+    }
+}
+
+/// Bytes in use (class sizes) per memory tag, as
+/// [`BufferPool::memory_by_tag`](crate::BufferPool::memory_by_tag) reports them: an entry
+/// per tag that holds memory, and one for untagged memory (`None`). Tags that hold nothing
+/// have no entry, and read as 0.
+///
+/// ```
+/// use ferropool::{BufferPool, MemoryTag};
+/// let pool = BufferPool::new();
+/// let weights = MemoryTag::new("weights");
+/// let w = { let _scope = weights.enter(); pool.alloc(4096)? };
+/// let scratch = pool.alloc(1000)?;
+/// let by_tag = pool.memory_by_tag();
+/// assert_eq!((by_tag.get(weights), by_tag.untagged(), by_tag.total()), (4096, 1024, 5120));
+/// assert_eq!((by_tag[&Some(weights)], by_tag[&None]), (4096, 1024)); // indexing works too
+/// assert_eq!(by_tag.get(MemoryTag::new("optimizer")), 0); // nothing held
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
+///
+/// With the `serde` feature it serializes as a map from each tag's name to its bytes, and
+/// untagged memory under the key [`UNTAGGED_KEY`](Self::UNTAGGED_KEY) (`"untagged"`): in
+/// JSON, an object with string keys. Names are unique (tags are interned by name), so no key
+/// repeats: the bytes of a tag literally named `"untagged"`, if any, are added to the
+/// untagged bytes under that one key. Deserializing reads the untagged key as untagged
+/// memory and every other key as the tag of that name (made if it is new: a name read is
+/// stored for the whole process, as [`MemoryTag::new`] stores it).
+///
+/// ```
+/// # #[cfg(feature = "serde")] {
+/// use ferropool::{BufferPool, MemoryByTag, MemoryTag};
+/// let pool = BufferPool::new();
+/// let kv = { let _scope = MemoryTag::new("kv-cache").enter(); pool.alloc(4096).unwrap() };
+/// let scratch = pool.alloc(1000).unwrap();
+/// let json = serde_json::to_string(&pool.memory_by_tag()).unwrap();
+/// assert_eq!(json, r#"{"untagged":1024,"kv-cache":4096}"#);
+/// let back: MemoryByTag = serde_json::from_str(&json).unwrap();
+/// assert_eq!(back, pool.memory_by_tag());
+/// # }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryByTag {
+    /// Never a zero entry. Ordered: untagged first, then tags by when their name was made.
+    bytes: BTreeMap<Option<MemoryTag>, u64>,
+}
+
+impl MemoryByTag {
+    /// The key untagged memory has when serialized (feature `serde`): `"untagged"`.
+    ///
+    /// ```
+    /// assert_eq!(ferropool::MemoryByTag::UNTAGGED_KEY, "untagged");
+    /// ```
+    pub const UNTAGGED_KEY: &'static str = "untagged";
+
+    /// Bytes held by `tag` (a [`MemoryTag`], or `None` for untagged memory); 0 when it holds
+    /// none.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, MemoryTag};
+    /// let pool = BufferPool::new();
+    /// let grads = MemoryTag::new("grads");
+    /// let g = { let _scope = grads.enter(); pool.alloc(64)? };
+    /// let by_tag = pool.memory_by_tag();
+    /// assert_eq!((by_tag.get(grads), by_tag.get(Some(grads)), by_tag.get(None)), (64, 64, 0));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn get(&self, tag: impl Into<Option<MemoryTag>>) -> u64 {
+        self.bytes.get(&tag.into()).copied().unwrap_or(0)
+    }
+
+    /// Bytes held by untagged buffers (`get(None)`).
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// let held = pool.alloc(1000)?;
+    /// assert_eq!(pool.memory_by_tag().untagged(), 1024); // the class size
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn untagged(&self) -> u64 {
+        self.get(None)
+    }
+
+    /// Bytes held in all, tagged or not.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, MemoryTag};
+    /// let pool = BufferPool::new();
+    /// let a = { let _scope = MemoryTag::new("a").enter(); pool.alloc(64)? };
+    /// let b = pool.alloc(128)?;
+    /// assert_eq!(pool.memory_by_tag().total(), pool.stats().in_use_bytes);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn total(&self) -> u64 {
+        self.bytes
+            .values()
+            .fold(0, |total, &bytes| total.saturating_add(bytes))
+    }
+
+    /// Each tag that holds memory (`None` for untagged memory) with its bytes: untagged
+    /// first, then tags in the order their names were first made.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, MemoryTag};
+    /// let pool = BufferPool::new();
+    /// let (model, optimizer) = (MemoryTag::new("model"), MemoryTag::new("optimizer"));
+    /// let m = { let _scope = model.enter(); pool.alloc(256)? };
+    /// let o = { let _scope = optimizer.enter(); pool.alloc(64)? };
+    /// let u = pool.alloc(64)?;
+    /// let entries: Vec<_> = pool.memory_by_tag().iter().collect();
+    /// assert_eq!(entries, [(None, 64), (Some(model), 256), (Some(optimizer), 64)]);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (Option<MemoryTag>, u64)> + '_ {
+        self.bytes.iter().map(|(&tag, &bytes)| (tag, bytes))
+    }
+
+    /// The number of entries: tags that hold memory, untagged memory counting as one.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, MemoryTag};
+    /// let pool = BufferPool::new();
+    /// let tagged = { let _scope = MemoryTag::new("a").enter(); [pool.alloc(64)?, pool.alloc(64)?] };
+    /// let untagged = pool.alloc(64)?;
+    /// assert_eq!(pool.memory_by_tag().len(), 2);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether no memory is held at all.
+    ///
+    /// ```
+    /// let pool = ferropool::BufferPool::new();
+    /// assert!(pool.memory_by_tag().is_empty());
+    /// let held = pool.alloc(1)?;
+    /// assert!(!pool.memory_by_tag().is_empty());
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Adds `bytes` to `tag`'s entry (none for 0 bytes).
+    fn add(&mut self, tag: Option<MemoryTag>, bytes: u64) {
+        if bytes != 0 {
+            let entry = self.bytes.entry(tag).or_insert(0);
+            *entry = entry.saturating_add(bytes);
+        }
+    }
+}
+
+/// Sums the bytes given for each tag (`None` for untagged memory).
+///
+/// ```
+/// use ferropool::{MemoryByTag, MemoryTag};
+/// let weights = MemoryTag::new("weights");
+/// let by_tag: MemoryByTag = [(Some(weights), 64), (None, 8), (Some(weights), 64)].into_iter().collect();
+/// assert_eq!((by_tag.get(weights), by_tag.untagged(), by_tag.len()), (128, 8, 2));
+/// ```
+impl FromIterator<(Option<MemoryTag>, u64)> for MemoryByTag {
+    fn from_iter<I: IntoIterator<Item = (Option<MemoryTag>, u64)>>(entries: I) -> Self {
+        let mut by_tag = Self::default();
+        for (tag, bytes) in entries {
+            by_tag.add(tag, bytes);
+        }
+        by_tag
+    }
+}
+
+/// `by_tag[&Some(tag)]`, `by_tag[&None]`: as [`get`](MemoryByTag::get), 0 for a tag that
+/// holds nothing (no panic).
+///
+/// ```
+/// use ferropool::{BufferPool, MemoryTag};
+/// let pool = BufferPool::new();
+/// let held = pool.alloc(64)?;
+/// let by_tag = pool.memory_by_tag();
+/// assert_eq!((by_tag[&None], by_tag[&Some(MemoryTag::new("unused"))]), (64, 0));
+/// # Ok::<(), ferropool::PoolError>(())
+/// ```
+impl Index<&Option<MemoryTag>> for MemoryByTag {
+    type Output = u64;
+
+    fn index(&self, tag: &Option<MemoryTag>) -> &u64 {
+        self.bytes.get(tag).unwrap_or(&0)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for MemoryByTag {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        // A tag named like the untagged key shares its entry: keys must not repeat.
+        let untagged = self
+            .bytes
+            .iter()
+            .filter(|(tag, _)| tag.is_none_or(|tag| tag.name() == Self::UNTAGGED_KEY))
+            .fold(0u64, |total, (_, &bytes)| total.saturating_add(bytes));
+        let tagged = || {
+            self.bytes.iter().filter_map(|(tag, bytes)| {
+                let name = (*tag)?.name();
+                (name != Self::UNTAGGED_KEY).then_some((name, bytes))
+            })
+        };
+        let len = tagged().count() + usize::from(untagged != 0);
+        let mut map = serializer.serialize_map(Some(len))?;
+        if untagged != 0 {
+            map.serialize_entry(Self::UNTAGGED_KEY, &untagged)?;
+        }
+        for (name, bytes) in tagged() {
+            map.serialize_entry(name, bytes)?;
+        }
+        map.end()
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for MemoryByTag {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = MemoryByTag;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map from memory tag names to bytes")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut entries: A,
+            ) -> Result<MemoryByTag, A::Error> {
+                let mut by_tag = MemoryByTag::default();
+                while let Some((name, bytes)) =
+                    entries.next_entry::<std::borrow::Cow<'de, str>, u64>()?
+                {
+                    let tag = (name != MemoryByTag::UNTAGGED_KEY).then(|| MemoryTag::new(&name));
+                    by_tag.add(tag, bytes);
+                }
+                Ok(by_tag)
+            }
+        }
+
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How many times `name` is stored in the tag table.
+    fn stored(name: &str) -> usize {
+        names()
+            .by_id
+            .iter()
+            .filter(|&&stored| stored == name)
+            .count()
+    }
+
+    #[test]
+    fn one_name_is_one_tag_stored_once() {
+        let name = "tag-test: interned once";
+        let made: Vec<MemoryTag> = (0..10_000).map(|_| MemoryTag::new(name)).collect();
+        assert_eq!(
+            stored(name),
+            1,
+            "a name is stored once, however often it is made"
+        );
+        let first = made[0];
+        assert!(made.iter().all(|&tag| tag == first), "one name, one tag");
+        let other = MemoryTag::new("tag-test: another name");
+        assert_ne!(other, first);
+        assert_eq!(
+            (first.name(), other.name()),
+            (name, "tag-test: another name")
+        );
+        let on_another_thread = std::thread::spawn(move || MemoryTag::new(name))
+            .join()
+            .unwrap();
+        assert_eq!(on_another_thread, first);
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_deserialized_tag_is_the_interned_one() {
+        let name = "tag-test: \"serde\"";
+        let tag = MemoryTag::new(name);
+        let json = serde_json::to_string(&tag).unwrap();
+        let back: Vec<MemoryTag> = (0..100)
+            .map(|_| serde_json::from_str(&json).unwrap())
+            .collect();
+        assert_eq!(stored(name), 1, "deserializing looks the name up");
+        assert!(back.iter().all(|&back| back == tag), "the same tag back");
+        let new: MemoryTag = serde_json::from_str("\"tag-test: first seen in JSON\"").unwrap();
+        assert_eq!(new, MemoryTag::new("tag-test: first seen in JSON"));
     }
 }

@@ -188,9 +188,12 @@ impl Trace {
     }
 
     pub(super) fn record(&self, kind: PoolEventKind, bytes: u64, class: usize, thread: u32) {
-        let at_ns = self.now_ns();
         let tag = MemoryTag::from_raw(super::tag::current());
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        // The time is read under the lock, so the ring is in time order (`events` is oldest
+        // first): read before it, a thread preempted between the clock and the lock would
+        // push its event after newer ones of other threads.
+        let at_ns = self.now_ns();
         match kind {
             PoolEventKind::Alloc => ring.in_use += bytes,
             PoolEventKind::Free => ring.in_use = ring.in_use.saturating_sub(bytes),
