@@ -1,0 +1,172 @@
+//! What `stats()` promises while other threads allocate, free and trim: no read raises a
+//! peak past what was really in use, `peak_reserved_bytes` never goes down nor below a
+//! `reserved_bytes` once reported, the default peaks are exact for "reset, run, read", the
+//! idle policy counts its rounds, and live threads are never reported as threads without an
+//! index. Each test fails on a one-CPU machine when its bug is present: the races they
+//! provoke need only a preemption, which a single core gives as often as two.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ferropool::{BufferPool, PoolConfig};
+
+/// How long each racing test provokes its race.
+fn race_for() -> Duration {
+    Duration::from_millis(if cfg!(miri) { 50 } else { 1500 })
+}
+
+#[test]
+fn reading_stats_never_raises_a_peak_past_what_was_in_use() {
+    let pool = BufferPool::new();
+    let stop = AtomicBool::new(false);
+    let (to_freer, handed) = mpsc::sync_channel(0);
+    let (to_allocator, freed) = mpsc::sync_channel(0);
+    let (ready, go) = mpsc::sync_channel(0);
+    let (pool, stop) = (&pool, &stop);
+    std::thread::scope(|scope| {
+        // One thread allocates 4 KiB blocks, another frees each one before the next is
+        // allocated: at most 4 KiB is ever in use. The freeing thread uses the pool first,
+        // so a read visits its counters before the allocating thread's.
+        scope.spawn(move || {
+            drop(pool.alloc(4096).unwrap());
+            ready.send(()).unwrap();
+            while let Ok(buffer) = handed.recv() {
+                drop(buffer);
+                if to_allocator.send(()).is_err() {
+                    break;
+                }
+            }
+        });
+        scope.spawn(move || {
+            go.recv().unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                to_freer.send(pool.alloc(4096).unwrap()).unwrap();
+                freed.recv().unwrap();
+            }
+            // Dropping `to_freer` ends the other thread.
+        });
+        let start = Instant::now();
+        let mut reads = 0u64;
+        while start.elapsed() < race_for() {
+            let stats = pool.stats();
+            reads += 1;
+            assert!(
+                stats.peak_in_use_bytes <= 4096 && stats.in_use_bytes <= 4096,
+                "read {reads} reports more than was ever in use:\n{stats}"
+            );
+            assert!(stats.peak_requested_bytes <= 4096, "{stats}");
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let stats = pool.stats();
+    assert_eq!(stats.peak_in_use_bytes, 4096, "{stats}");
+    assert_eq!(stats.in_use_bytes, 0);
+}
+
+#[test]
+fn peak_reserved_never_decreases_nor_falls_below_a_reported_reservation() {
+    let pool = BufferPool::with_config(PoolConfig {
+        thread_cache_bytes: 0, // every block goes back to the shared lists, where trim finds it
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // Reserve 8 MiB from the system again and again (huge-page advice: a system call
+        // after the reservation), while another thread trims it away.
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                drop(pool.alloc(8 << 20).unwrap());
+            }
+        });
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                pool.trim();
+                std::thread::yield_now();
+            }
+        });
+        let start = Instant::now();
+        let (mut last_peak, mut highest_reserved) = (0u64, 0u64);
+        while start.elapsed() < race_for() {
+            let stats = pool.stats();
+            assert!(
+                stats.peak_reserved_bytes >= last_peak,
+                "the peak went down from {last_peak} to {}",
+                stats.peak_reserved_bytes
+            );
+            highest_reserved = highest_reserved.max(stats.reserved_bytes);
+            assert!(
+                stats.peak_reserved_bytes >= highest_reserved,
+                "a reservation of {highest_reserved} was reported, the peak says {}",
+                stats.peak_reserved_bytes
+            );
+            last_peak = stats.peak_reserved_bytes;
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+}
+
+#[test]
+fn reset_then_run_then_read_gives_the_true_peak() {
+    let pool = BufferPool::new();
+    drop((pool.alloc(8 << 20).unwrap(), pool.alloc(8 << 20).unwrap())); // now cached
+    pool.reset_peak_stats();
+    assert_eq!(pool.stats().peak_in_use_bytes, 0);
+    let step = (pool.alloc(8 << 20).unwrap(), pool.alloc(8 << 20).unwrap()); // from the cache
+    assert_eq!(pool.stats().system_allocations, 2, "served by the cache");
+    drop(step);
+    let stats = pool.stats();
+    assert_eq!(stats.peak_in_use_bytes, 16 << 20, "{stats}");
+    assert_eq!(stats.peak_requested_bytes, 16 << 20, "{stats}");
+    assert_eq!(stats.peak_reserved_bytes, 16 << 20, "{stats}");
+}
+
+#[test]
+fn an_idle_thread_keeps_its_cache_for_idle_rounds_calls() {
+    let pool = BufferPool::with_config(PoolConfig {
+        idle_rounds: 4,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    // A worker caches 64 KiB and goes idle (its cache stays in the pool after it exits).
+    std::thread::scope(|scope| {
+        scope.spawn(|| drop(pool.alloc(64 << 10).unwrap()));
+    });
+    assert_eq!(pool.stats().cached_in_threads_bytes, 64 << 10);
+    let released: Vec<u64> = (0..6).map(|_| pool.trim_idle()).collect();
+    // The first call sees the worker's operations; the next four are idle rounds; the
+    // fourth of them releases the cache.
+    assert_eq!(released, [0, 0, 0, 0, 64 << 10, 0]);
+    assert_eq!(pool.stats().cached_in_threads_bytes, 0);
+}
+
+#[test]
+fn live_threads_are_never_reported_without_an_index() {
+    const WITHOUT_INDEX: u32 = u32::MAX - 1;
+    let pool = BufferPool::new();
+    pool.enable_trace(1 << 16);
+    let mut held = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < race_for() {
+        // Threads claim their index (their first pool operation) while the threads of the
+        // round before exit and give theirs back, under the same lock.
+        let (sent, blocks) = mpsc::channel();
+        for _ in 0..32 {
+            let (pool, sent) = (pool.clone(), sent.clone());
+            std::thread::spawn(move || sent.send(pool.alloc(64).unwrap()).unwrap());
+        }
+        drop(sent);
+        held.extend(blocks.iter());
+        let snapshot = pool.snapshot();
+        assert!(
+            snapshot.iter().all(|block| block.thread != WITHOUT_INDEX),
+            "a live thread's block is reported as a thread without an index"
+        );
+        held.clear();
+    }
+    assert!(pool
+        .trace_events()
+        .iter()
+        .all(|event| event.thread != WITHOUT_INDEX));
+}
