@@ -4,12 +4,12 @@
 use std::io::IsTerminal;
 use std::time::Instant;
 
-use ferropool::BufferPool;
+use ferropool::{BufferPool, PoolAllocator};
 
 use crate::allocator::{self, Choice};
 use crate::args::Args;
 use crate::backend::{PoolBackend, VecBackend};
-use crate::measure::{mib, train};
+use crate::measure::{human_bytes, mib, train};
 use crate::model::{CLASSES, INPUT};
 use crate::plot::plot;
 
@@ -24,7 +24,9 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     // The process-wide pool: the front end serves every crate's allocations of 4 KiB and
     // more from it (GEMM packing buffers included) since the process started, and the
-    // training's tensors come from it too.
+    // training's tensors come from it too. So the budget is this pool's: a tensor it refuses
+    // ends the run with an error; the front end serves the other allocations past it from
+    // the system (`PoolAllocator::fallback_allocations`).
     let pool = BufferPool::global();
     pool.set_budget(args.budget);
     if args.trace.is_some() || args.plot.is_some() {
@@ -33,8 +35,11 @@ pub fn run(args: &Args) -> Result<(), String> {
     let backend = PoolBackend { pool };
     let quiet = args.summary_only;
     if !quiet {
+        let budget = args
+            .budget
+            .map_or(String::new(), |b| format!(", budget {}", human_bytes(b)));
         println!(
-            "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, checkpoint every {} layer(s), {} thread(s), {} steps",
+            "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, checkpoint every {} layer(s), {} thread(s), {} steps{budget}",
             args.layers,
             args.hidden,
             args.batch,
@@ -55,7 +60,8 @@ pub fn run(args: &Args) -> Result<(), String> {
     });
     let mut boundaries = Vec::with_capacity(args.steps);
     let started = Instant::now();
-    let system_calls = || pool.stats().system_allocations;
+    // The pool's calls to the system, and the requests past its budget that went there.
+    let system_calls = || pool.stats().system_allocations + PoolAllocator::fallback_allocations();
     let summary = train(&backend, args, system_calls, |step, loss| {
         boundaries.extend(pool.trace_now_ns());
         pool.trace_mark(step as u64);
@@ -93,7 +99,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     println!();
     println!("| memory (pool)                        | value |");
     println!("|--------------------------------------|-------|");
-    let rows: [(&str, String); 8] = [
+    let mut rows: Vec<(&str, String)> = vec![
         ("peak live bytes", mib(stats.peak_in_use_bytes)),
         ("peak reserved bytes", mib(stats.peak_reserved_bytes)),
         (
@@ -118,10 +124,16 @@ pub fn run(args: &Args) -> Result<(), String> {
         ),
         ("peak RSS", mib(summary.peak_rss)),
     ];
+    if args.budget.is_some() {
+        rows.push((
+            "allocations past the budget (glibc)",
+            PoolAllocator::fallback_allocations().to_string(),
+        ));
+    }
     for (name, value) in rows {
         println!("| {name:<36} | {value} |");
     }
-    println!("(steady state after warm-up; allocator calls: below the front end's threshold, plus the pool's calls to the system)");
+    println!("(steady state after warm-up; allocator calls: below the front end's threshold, plus the pool's calls to the system and the requests past its budget)");
     if let Some(path) = &args.trace {
         std::fs::write(path, pool.trace_json()).map_err(|e| format!("{}: {e}", path.display()))?;
         println!(
