@@ -43,7 +43,7 @@ pub fn run(args: &Args) -> Result<(), String> {
             args.layers,
             args.hidden,
             args.batch,
-            args.checkpoint_every.max(1),
+            args.checkpoint_every,
             args.threads(),
             args.steps
         );
