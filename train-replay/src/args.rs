@@ -1,4 +1,5 @@
-//! The command line.
+//! The command line. Every value is checked as it is parsed: a bad one is refused with exit
+//! code 2 and a message that says what the flag accepts.
 
 use std::path::PathBuf;
 
@@ -8,29 +9,38 @@ use clap::Parser;
 #[derive(Parser, Debug, Clone)]
 #[command(version, about)]
 pub struct Args {
-    /// Training steps.
-    #[arg(long, default_value_t = 60)]
+    /// Training steps (at least 1).
+    #[arg(long, default_value_t = 60, value_parser = at_least_one)]
     pub steps: usize,
-    /// Examples per batch.
-    #[arg(long, default_value_t = 512)]
+    /// Examples per batch (at least 1).
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub batch: usize,
-    /// Width of the hidden layers.
-    #[arg(long, default_value_t = 512)]
+    /// Width of the hidden layers (at least 1).
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub hidden: usize,
-    /// Hidden layers.
-    #[arg(long, default_value_t = 6)]
+    /// Hidden layers (at least 1).
+    #[arg(long, default_value_t = 6, value_parser = at_least_one)]
     pub layers: usize,
-    /// Keep the input of every N-th layer; recompute the rest in the backward pass.
-    #[arg(long, default_value_t = 2)]
+    /// Keep the input of every N-th layer; recompute the rest in the backward pass (N at
+    /// least 1).
+    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     pub checkpoint_every: usize,
-    /// Threads for the forward pass and the replay (default: all cores).
-    #[arg(long)]
+    /// Threads for the forward pass and the replay (at least 1; default: all cores).
+    #[arg(long, value_parser = at_least_one)]
     pub threads: Option<usize>,
-    /// Pool byte budget, e.g. 256MiB, 1GiB or 1000000 (default: none).
-    #[arg(long, value_parser = parse_bytes)]
+    /// Byte budget of the pool, e.g. 256MiB, 1.5GiB, 10MB or 1000000 (default: none).
+    ///
+    /// It caps what the process-wide pool reserves from the system: the training's tensors
+    /// (activations, checkpoints, gradients) come from that pool and must fit in it, and a run
+    /// whose tensors do not fit stops with an error (exit code 1) that says what it needed.
+    /// The other large allocations (the model's parameters, the GEMM's packing buffers) use
+    /// the pool while it has room and are served by the system allocator past the budget.
+    /// Units: B, KiB, MiB, GiB, TiB (powers of 1024; K, M, G, T alone mean the same) and kB,
+    /// MB, GB, TB (powers of 1000); a fraction such as 1.5GiB is rounded down to whole bytes.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub budget: Option<u64>,
-    /// Adam learning rate.
-    #[arg(long, default_value_t = 2e-3)]
+    /// Adam learning rate (a finite number above 0).
+    #[arg(long, default_value_t = 2e-3, value_parser = positive_finite)]
     pub lr: f32,
     /// Seed of the data and the initial weights.
     #[arg(long, default_value_t = 7)]
@@ -42,8 +52,8 @@ pub struct Args {
     /// Write the pool's event trace in the Chrome Trace Event format (opens in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// Draw the pool's memory timeline as SVG.
-    #[arg(long)]
+    /// Draw the pool's memory timeline as SVG (the path must end in .svg).
+    #[arg(long, value_parser = svg_path)]
     pub plot: Option<PathBuf>,
     /// Print one machine-readable summary line only (used by --compare).
     #[arg(long, hide = true)]
@@ -59,22 +69,126 @@ impl Args {
     }
 }
 
-/// A byte count with an optional binary unit.
-fn parse_bytes(text: &str) -> Result<u64, String> {
+/// A whole number of at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(count) if count >= 1 => Ok(count),
+        _ => Err("expected a whole number of at least 1".into()),
+    }
+}
+
+/// A finite number above 0.
+fn positive_finite(text: &str) -> Result<f32, String> {
+    match text.trim().parse::<f32>() {
+        Ok(value) if value.is_finite() && value > 0.0 => Ok(value),
+        _ => Err("expected a finite number above 0, e.g. 2e-3".into()),
+    }
+}
+
+/// A path ending in `.svg`: the timeline is written as SVG only.
+fn svg_path(text: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(text);
+    match path.extension().and_then(|e| e.to_str()) {
+        Some(extension) if extension.eq_ignore_ascii_case("svg") => Ok(path),
+        _ => Err("the timeline is written as SVG only: give a path ending in .svg".into()),
+    }
+}
+
+/// What [`parse_bytes`] accepts, for its errors.
+const BYTE_UNITS: &str = "expected a number of bytes above 0 with an optional unit: B, KiB, \
+     MiB, GiB, TiB (powers of 1024; K, M, G, T alone mean the same) or kB, MB, GB, TB (powers \
+     of 1000), e.g. 256MiB, 1.5GiB, 10MB or 1000000";
+
+/// A byte count above 0: a decimal number with an optional binary (KiB = 2^10) or SI (kB =
+/// 10^3) unit, case-insensitive, rounded down to whole bytes.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((text, ""), |i| text.split_at(i));
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: u128 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
         "m" | "mib" => 1 << 20,
         "g" | "gib" => 1 << 30,
-        other => return Err(format!("unknown unit {other:?} (use B, KiB, MiB or GiB)")),
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(BYTE_UNITS.into()),
     };
-    number
-        .parse::<u64>()
-        .map_err(|e| format!("{text:?}: {e}"))?
-        .checked_mul(scale)
-        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    // At most 19 digits on each side keeps every product below in u128.
+    if whole.len() + fraction.len() == 0
+        || whole.len() > 19
+        || fraction.len() > 19
+        || !digits(whole)
+        || !digits(fraction)
+    {
+        return Err(BYTE_UNITS.into());
+    }
+    let value = |s: &str| s.parse::<u128>().unwrap_or(0); // "" is 0
+    let bytes = value(whole) * scale + value(fraction) * scale / 10u128.pow(fraction.len() as u32);
+    match u64::try_from(bytes) {
+        Ok(0) => Err(BYTE_UNITS.into()),
+        Ok(bytes) => Ok(bytes),
+        Err(_) => Err(format!("more than 2^64 bytes; {BYTE_UNITS}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_with_binary_and_si_units() {
+        for (text, bytes) in [
+            ("1000000", 1_000_000),
+            ("4096B", 4096),
+            ("10MiB", 10 << 20),
+            ("10 MiB", 10 << 20),
+            ("256m", 256 << 20),
+            ("1.5GiB", 3 << 29),
+            ("1.5 gib", 3 << 29),
+            ("10MB", 10_000_000),
+            ("10mb", 10_000_000),
+            ("2kB", 2_000),
+            ("2KB", 2_000),
+            ("2KiB", 2_048),
+            ("0.5K", 512),
+            (".5KiB", 512),
+            ("3.GB", 3_000_000_000),
+            ("1TiB", 1 << 40),
+            ("1.0000001B", 1),
+        ] {
+            assert_eq!(parse_bytes(text), Ok(bytes), "{text}");
+        }
+    }
+
+    #[test]
+    fn garbage_and_zero_are_refused_with_the_units() {
+        for text in [
+            "",
+            "lots",
+            "MiB",
+            "10 XB",
+            "1.2.3MiB",
+            "-5MiB",
+            "0",
+            "0.1B",
+            "1e6",
+            "17EB",
+            "20EiB",
+            "99999999999999999999",
+        ] {
+            let error = parse_bytes(text).expect_err(text);
+            assert!(
+                error.contains("MiB") && error.contains("MB"),
+                "{text}: {error}"
+            );
+        }
+    }
 }

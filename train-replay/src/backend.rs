@@ -5,9 +5,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferropool::{BufferPool, CheckpointNode, DType, RetainedInputMap, RetainedValue, Tensor};
+use ferropool::{
+    BufferPool, CheckpointNode, DType, OutOfMemory, PoolError, RetainedInputMap, RetainedValue,
+    Tensor, TensorError, TensorValue,
+};
 
-/// Storage for one training step.
+use crate::measure::human_bytes;
+
+/// Storage for one training step. Whatever can fail (an allocation, a read of a kept
+/// buffer) returns an error for the step to pass up, never a panic.
 pub trait Backend: Sync {
     /// An owned `rows x cols` f32 buffer.
     type Buf: Send + Sync;
@@ -23,16 +29,20 @@ pub trait Backend: Sync {
     /// The elements, for writing.
     fn slice_mut(buf: &mut Self::Buf) -> &mut [f32];
     /// Keeps a buffer for the backward pass.
-    fn save(&self, buf: Self::Buf) -> Self::Saved;
+    fn save(&self, buf: Self::Buf) -> Result<Self::Saved, String>;
     /// Reads a kept buffer.
-    fn with_saved<R>(saved: &Self::Saved, f: impl FnOnce(&[f32]) -> R) -> R;
+    fn with_saved<R>(
+        saved: &Self::Saved,
+        f: impl FnOnce(&[f32]) -> Result<R, String>,
+    ) -> Result<R, String>;
     /// Puts a kept layer input on the chain.
     fn push_checkpoint(&self, chain: &mut Self::Chain, layer: usize, saved: Self::Saved);
     /// The kept input of `layer`.
-    fn checkpoint(chain: &Self::Chain, layer: usize) -> Self::Saved;
+    fn checkpoint(chain: &Self::Chain, layer: usize) -> Result<Self::Saved, String>;
 }
 
-/// Tensors from a pool; checkpoints are `RetainedValue`s on a `CheckpointNode` chain.
+/// Tensors from a pool (every one f32); checkpoints are `RetainedValue`s on a
+/// `CheckpointNode` chain.
 #[derive(Debug)]
 pub struct PoolBackend {
     /// The pool.
@@ -55,20 +65,35 @@ impl Backend for PoolBackend {
     type Chain = Chain;
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<Tensor, String> {
-        Tensor::zeros_in(self.pool, DType::F32, &[rows, cols]).map_err(|e| e.to_string())
+        Tensor::zeros_in(self.pool, DType::F32, &[rows, cols]).map_err(|error| match &error {
+            TensorError::Pool(PoolError::BudgetExceeded(oom)) => {
+                over_budget(oom, self.pool.budget(), rows, cols)
+            }
+            _ => format!("a {rows} x {cols} f32 tensor from the pool: {error}"),
+        })
     }
     fn slice(buf: &Tensor) -> &[f32] {
+        // Every tensor of this backend is f32 (`zeros`): a dtype mismatch is a bug here.
         buf.as_slice().expect("f32 tensor")
     }
     fn slice_mut(buf: &mut Tensor) -> &mut [f32] {
         buf.as_mut_slice().expect("f32 tensor")
     }
-    fn save(&self, buf: Tensor) -> Arc<RetainedValue> {
-        Arc::new(RetainedValue::from_tensor(buf))
+    fn save(&self, buf: Tensor) -> Result<Arc<RetainedValue>, String> {
+        RetainedValue::from_tensor_value(TensorValue::from_tensor(buf))
+            .map(Arc::new)
+            .map_err(|e| format!("retaining a checkpoint: {e}"))
     }
-    fn with_saved<R>(saved: &Arc<RetainedValue>, f: impl FnOnce(&[f32]) -> R) -> R {
-        let read = saved.tensor_read().expect("a retained checkpoint resolves");
-        f(read.as_slice().expect("f32 checkpoint"))
+    fn with_saved<R>(
+        saved: &Arc<RetainedValue>,
+        f: impl FnOnce(&[f32]) -> Result<R, String>,
+    ) -> Result<R, String> {
+        let read = saved
+            .tensor_read()
+            .map_err(|e| format!("reading a checkpoint: {e}"))?;
+        f(read
+            .as_slice()
+            .map_err(|e| format!("reading a checkpoint: {e}"))?)
     }
     fn push_checkpoint(&self, chain: &mut Chain, layer: usize, saved: Arc<RetainedValue>) {
         let mut inputs = RetainedInputMap::new();
@@ -81,11 +106,28 @@ impl Backend for PoolBackend {
             Arc::new(inputs),
         ));
     }
-    fn checkpoint(chain: &Chain, layer: usize) -> Arc<RetainedValue> {
-        let head = chain.as_ref().expect("a chain");
+    fn checkpoint(chain: &Chain, layer: usize) -> Result<Arc<RetainedValue>, String> {
+        let missing = || format!("no checkpoint of layer {layer} on the step's chain");
+        let head = chain.as_ref().ok_or_else(missing)?;
         debug_assert!(head.iter().any(|node| node.graph.first_layer == layer));
-        Arc::clone(head.lookup_input(&layer).expect("checkpointed layer"))
+        head.lookup_input(&layer).cloned().ok_or_else(missing)
     }
+}
+
+/// The error of a `rows x cols` tensor the pool refused for its budget: the budget, the
+/// tensor, what was in use, and so what the run needed at least.
+fn over_budget(oom: &OutOfMemory, budget: Option<u64>, rows: usize, cols: usize) -> String {
+    let budget = oom.budget.or(budget).unwrap_or(u64::MAX);
+    let needed = oom.in_use + oom.block_bytes as u64;
+    format!(
+        "the pool's budget of {} cannot hold this run: a {} tensor ({rows} x {cols} f32) was \
+         refused with {} in use: the run needed at least {} at that point. Raise --budget (a \
+         run without it prints its peak reserved bytes), or lower --batch or --hidden.",
+        human_bytes(budget),
+        human_bytes(oom.block_bytes as u64),
+        human_bytes(oom.in_use),
+        human_bytes(needed),
+    )
 }
 
 /// Plain `Vec<f32>` from the global allocator; checkpoints in a map.
@@ -106,16 +148,22 @@ impl Backend for VecBackend {
     fn slice_mut(buf: &mut Vec<f32>) -> &mut [f32] {
         buf
     }
-    fn save(&self, buf: Vec<f32>) -> Arc<Vec<f32>> {
-        Arc::new(buf)
+    fn save(&self, buf: Vec<f32>) -> Result<Arc<Vec<f32>>, String> {
+        Ok(Arc::new(buf))
     }
-    fn with_saved<R>(saved: &Arc<Vec<f32>>, f: impl FnOnce(&[f32]) -> R) -> R {
+    fn with_saved<R>(
+        saved: &Arc<Vec<f32>>,
+        f: impl FnOnce(&[f32]) -> Result<R, String>,
+    ) -> Result<R, String> {
         f(saved)
     }
     fn push_checkpoint(&self, chain: &mut Self::Chain, layer: usize, saved: Arc<Vec<f32>>) {
         chain.insert(layer, saved);
     }
-    fn checkpoint(chain: &Self::Chain, layer: usize) -> Arc<Vec<f32>> {
-        Arc::clone(&chain[&layer])
+    fn checkpoint(chain: &Self::Chain, layer: usize) -> Result<Arc<Vec<f32>>, String> {
+        chain
+            .get(&layer)
+            .cloned()
+            .ok_or_else(|| format!("no checkpoint of layer {layer} on the step's chain"))
     }
 }

@@ -38,7 +38,9 @@ pub fn compare(args: &Args) -> Result<(), String> {
             format!(
                 "the {} run failed: {}",
                 choice.name(),
-                String::from_utf8_lossy(&output.stderr).trim()
+                String::from_utf8_lossy(&output.stderr)
+                    .trim()
+                    .trim_start_matches("error: ")
             )
         })
     };

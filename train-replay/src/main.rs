@@ -17,11 +17,12 @@ fn main() -> ExitCode {
     } else {
         train_replay::report::run(&args)
     };
+    // Exit code 2 is clap's, for a command line it refused; a run that fails is 1.
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");
-            ExitCode::from(2)
+            ExitCode::FAILURE
         }
     }
 }

@@ -90,8 +90,8 @@ struct Partial<B: Backend> {
 }
 
 impl<'a, B: Backend> Trainer<'a, B> {
-    /// A fresh model.
-    pub fn new(backend: &'a B, args: &Args) -> Self {
+    /// A fresh model; an error if its worker threads cannot start.
+    pub fn new(backend: &'a B, args: &Args) -> Result<Self, String> {
         let mut rng = Rng(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let teacher = (0..INPUT * CLASSES).map(|_| rng.normal()).collect();
         let mut dims = vec![INPUT];
@@ -102,7 +102,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
             .map(|w| Linear::new(w[0], w[1], &mut rng))
             .collect();
         let threads = args.threads();
-        Self {
+        let workers = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| format!("starting {threads} worker thread(s): {e}"))?;
+        Ok(Self {
             backend,
             layers,
             checkpoint_every: args.checkpoint_every.max(1),
@@ -112,11 +116,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
             step: 0,
             lr: args.lr,
             labels: Vec::with_capacity(args.batch),
-            workers: rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .expect("worker threads"),
-        }
+            workers,
+        })
     }
 
     /// `relu?(input * W + b)` for `rows` rows; the GEMM's rows split over `threads`.
@@ -238,7 +239,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         count: usize,
     ) -> Result<(B::Buf, B::Chain, B::Saved), String> {
         let mut chain = B::Chain::default();
-        let mut current = self.backend.save(x);
+        let mut current = self.backend.save(x)?;
         self.backend.push_checkpoint(&mut chain, 0, current.clone());
         let mut live: Option<B::Buf> = None;
         for l in 0..count {
@@ -250,7 +251,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 })?,
             };
             if l + 1 < count && (l + 1) % self.checkpoint_every == 0 {
-                current = self.backend.save(out);
+                current = self.backend.save(out)?;
                 self.backend
                     .push_checkpoint(&mut chain, l + 1, current.clone());
                 live = None;
@@ -284,10 +285,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
             // Recompute the inputs of layers start..end for our rows, from the checkpoint.
             let width = self.layers[start].inputs;
             inputs.clear();
-            let first = B::with_saved(&B::checkpoint(chain, start), |all| {
+            let first = B::with_saved(&B::checkpoint(chain, start)?, |all| {
                 let mut first = self.backend.zeros(rows, width)?;
                 B::slice_mut(&mut first).copy_from_slice(&all[r0 * width..r1 * width]);
-                Ok::<_, String>(first)
+                Ok(first)
             })?;
             inputs.push(first);
             for l in start..end - 1 {
@@ -305,9 +306,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
                         relu_mask(g, B::slice(&inputs[l + 1 - start]));
                     } else {
                         let w = layer.outputs;
-                        B::with_saved(&B::checkpoint(chain, end), |all| {
+                        B::with_saved(&B::checkpoint(chain, end)?, |all| {
                             relu_mask(g, &all[r0 * w..r1 * w]);
-                        });
+                            Ok(())
+                        })?;
                     }
                 }
                 let input = B::slice(&inputs[l - start]);

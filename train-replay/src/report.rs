@@ -4,12 +4,12 @@
 use std::io::IsTerminal;
 use std::time::Instant;
 
-use ferropool::BufferPool;
+use ferropool::{BufferPool, PoolAllocator, PoolConfig, PoolEvent};
 
 use crate::allocator::{self, Choice};
 use crate::args::Args;
 use crate::backend::{PoolBackend, VecBackend};
-use crate::measure::{mib, train};
+use crate::measure::{human_bytes, mib, train};
 use crate::model::{CLASSES, INPUT};
 use crate::plot::plot;
 
@@ -24,21 +24,32 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     // The process-wide pool: the front end serves every crate's allocations of 4 KiB and
     // more from it (GEMM packing buffers included) since the process started, and the
-    // training's tensors come from it too.
+    // training's tensors come from it too. So the budget is this pool's: a tensor it refuses
+    // ends the run with an error; the front end serves the other allocations past it from
+    // the system (`PoolAllocator::fallback_allocations`).
     let pool = BufferPool::global();
     pool.set_budget(args.budget);
-    if args.trace.is_some() || args.plot.is_some() {
-        pool.enable_trace(1 << 22);
-    }
+    // The ring comes from the system allocator, all of it now: it is resident for the whole
+    // run, so it is taken out of the peak RSS below.
+    let ring_bytes = if args.trace.is_some() || args.plot.is_some() {
+        let events = trace_capacity(args);
+        pool.enable_trace(events);
+        (events * size_of::<PoolEvent>()).next_multiple_of(4096) as u64
+    } else {
+        0
+    };
     let backend = PoolBackend { pool };
     let quiet = args.summary_only;
     if !quiet {
+        let budget = args
+            .budget
+            .map_or(String::new(), |b| format!(", budget {}", human_bytes(b)));
         println!(
-            "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, checkpoint every {} layer(s), {} thread(s), {} steps",
+            "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, checkpoint every {} layer(s), {} thread(s), {} steps{budget}",
             args.layers,
             args.hidden,
             args.batch,
-            args.checkpoint_every.max(1),
+            args.checkpoint_every,
             args.threads(),
             args.steps
         );
@@ -55,7 +66,8 @@ pub fn run(args: &Args) -> Result<(), String> {
     });
     let mut boundaries = Vec::with_capacity(args.steps);
     let started = Instant::now();
-    let system_calls = || pool.stats().system_allocations;
+    // The pool's calls to the system, and the requests past its budget that went there.
+    let system_calls = || pool.stats().system_allocations + PoolAllocator::fallback_allocations();
     let summary = train(&backend, args, system_calls, |step, loss| {
         boundaries.extend(pool.trace_now_ns());
         pool.trace_mark(step as u64);
@@ -93,7 +105,16 @@ pub fn run(args: &Args) -> Result<(), String> {
     println!();
     println!("| memory (pool)                        | value |");
     println!("|--------------------------------------|-------|");
-    let rows: [(&str, String); 8] = [
+    let peak_rss = if ring_bytes == 0 {
+        mib(summary.peak_rss)
+    } else {
+        format!(
+            "{} (without the trace ring's {})",
+            mib(summary.peak_rss.saturating_sub(ring_bytes)),
+            mib(ring_bytes)
+        )
+    };
+    let mut rows: Vec<(&str, String)> = vec![
         ("peak live bytes", mib(stats.peak_in_use_bytes)),
         ("peak reserved bytes", mib(stats.peak_reserved_bytes)),
         (
@@ -116,12 +137,19 @@ pub fn run(args: &Args) -> Result<(), String> {
             "minor page faults per step",
             format!("{:.1}", summary.faults_per_step),
         ),
-        ("peak RSS", mib(summary.peak_rss)),
+        ("peak RSS", peak_rss),
     ];
+    if args.budget.is_some() {
+        rows.push((
+            "allocations past the budget (glibc)",
+            PoolAllocator::fallback_allocations().to_string(),
+        ));
+    }
     for (name, value) in rows {
         println!("| {name:<36} | {value} |");
     }
-    println!("(steady state after warm-up; allocator calls: below the front end's threshold, plus the pool's calls to the system)");
+    println!("(steady state after warm-up; allocator calls: below the front end's threshold, plus the pool's calls to the system and the requests past its budget)");
+    // The exports come after every figure above was read (and from outside the pool).
     if let Some(path) = &args.trace {
         std::fs::write(path, pool.trace_json()).map_err(|e| format!("{}: {e}", path.display()))?;
         println!(
@@ -130,9 +158,24 @@ pub fn run(args: &Args) -> Result<(), String> {
             path.display()
         );
     }
+    if ring_bytes > 0 && pool.trace_events().len() >= trace_capacity(args) {
+        println!(
+            "(the trace ring was full: its oldest events were dropped, the trace and the plot start later than the run)"
+        );
+    }
     if let Some(path) = &args.plot {
         plot(pool, &boundaries, path)?;
         println!("memory timeline -> {}", path.display());
     }
     Ok(())
+}
+
+/// Events the trace ring keeps for a run: about 2.5 times what one step records (10-13
+/// events per layer and thread, measured), for every step, and the start-up's.
+fn trace_capacity(args: &Args) -> usize {
+    let per_step = 32 * (args.layers + 2) * (args.threads() + 1);
+    args.steps
+        .saturating_mul(per_step)
+        .saturating_add(4096)
+        .min(PoolConfig::MAX_TRACE_EVENTS)
 }

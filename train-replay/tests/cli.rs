@@ -1,0 +1,118 @@
+//! The command line refuses bad values before training: exit code 2 (clap's, for a command
+//! line it refused) and a message that names the flag and says what it accepts. (A batch or
+//! a hidden width of 0 panicked, 0 steps printed a meaningless rate, 0 threads and a
+//! checkpoint every 0 layers silently became 1, a budget took whole binary units only, and
+//! `--plot x.png` wrote SVG into a `.png`.)
+
+use std::process::{Command, Output};
+
+fn train_replay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_train-replay"))
+        .args(args)
+        .output()
+        .expect("the main job starts")
+}
+
+/// `flag=value` is refused with exit code 2 and a message naming `flag` and holding each of
+/// `allowed`. (The rest of the command line is a tiny run, so that a value taken by mistake
+/// ends soon.)
+fn refused(flag: &str, value: &str, allowed: &[&str]) {
+    let tiny = [
+        ("--steps", "1"),
+        ("--batch", "8"),
+        ("--hidden", "8"),
+        ("--layers", "1"),
+    ];
+    let mut args = vec![format!("{flag}={value}")];
+    for (name, count) in tiny.into_iter().filter(|(name, _)| *name != flag) {
+        args.extend([name.to_owned(), count.to_owned()]);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_train-replay"))
+        .args(&args)
+        .output()
+        .expect("the main job starts");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{flag}={value} should be refused with exit code 2, got {:?}:\n{stderr}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains(flag),
+        "{flag}={value}: no {flag:?} in {stderr}"
+    );
+    for text in allowed {
+        assert!(
+            stderr.contains(text),
+            "{flag}={value}: no {text:?} in {stderr}"
+        );
+    }
+}
+
+#[test]
+fn counts_of_zero_are_refused() {
+    for flag in [
+        "--steps",
+        "--batch",
+        "--hidden",
+        "--layers",
+        "--threads",
+        "--checkpoint-every",
+    ] {
+        refused(flag, "0", &["at least 1"]);
+        refused(flag, "many", &["at least 1"]);
+    }
+}
+
+#[test]
+fn a_learning_rate_must_be_finite_and_above_zero() {
+    for value in ["0", "-1e-3", "nan", "inf"] {
+        refused("--lr", value, &["above 0"]);
+    }
+}
+
+#[test]
+fn a_budget_that_is_not_a_byte_count_is_refused_with_the_units() {
+    for value in ["lots", "10XB", "1.2.3MiB", "-5MiB", "0", "0MiB"] {
+        refused(
+            "--budget",
+            value,
+            &["KiB", "MiB", "GiB", "kB", "MB", "GB", "powers of 1000"],
+        );
+    }
+}
+
+#[test]
+fn a_plot_that_is_not_svg_is_refused() {
+    let dir = std::env::temp_dir();
+    for name in ["timeline.png", "timeline", "svg"] {
+        refused("--plot", dir.join(name).to_str().unwrap(), &[".svg"]);
+    }
+}
+
+#[test]
+fn a_budget_takes_decimals_and_si_units() {
+    // The header names the budget in binary units: 10 MB is 9.54 MiB, 1.5 GiB is 1.50 GiB.
+    for (value, shown) in [
+        ("10MB", "budget 9.54 MiB"),
+        ("1.5GiB", "budget 1.50 GiB"),
+        ("64MiB", "budget 64.00 MiB"),
+    ] {
+        let out = train_replay(&[
+            "--budget", value, "--steps", "1", "--batch", "8", "--hidden", "8", "--layers", "1",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "--budget {value}: {:?}\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(shown),
+            "--budget {value}: no {shown:?} in\n{stdout}"
+        );
+    }
+}
