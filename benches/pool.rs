@@ -149,7 +149,67 @@ fn producer_consumer(pool: &Pool) {
     );
 }
 
+/// Median of `rounds` timings of `f`, in microseconds.
+fn median_us(rounds: usize, mut f: impl FnMut() -> std::time::Duration) -> f64 {
+    let mut times: Vec<f64> = (0..rounds).map(|_| f().as_secs_f64() * 1e6).collect();
+    times.sort_by(f64::total_cmp);
+    times[rounds / 2]
+}
+
+/// `trim` of a pool whose one user caches a block, and a pool's whole life (made, used,
+/// closed), on this thread: medians in microseconds.
+fn one_user_pool_costs() -> (f64, f64) {
+    let pool = BufferPool::new();
+    let trim = median_us(201, || {
+        drop(pool.alloc(4096).unwrap()); // cached by this thread
+        let started = std::time::Instant::now();
+        black_box(pool.trim());
+        started.elapsed()
+    });
+    let close = median_us(201, || {
+        let pool = BufferPool::new();
+        drop(pool.alloc(4096).unwrap());
+        let started = std::time::Instant::now();
+        drop(pool);
+        started.elapsed()
+    });
+    (trim, close)
+}
+
+/// The cost of a pool used by one thread, by that thread's index: on this thread (a low
+/// index), and on the last of 10,000 live threads to claim an index (about 10,000).
+fn thread_index_table() {
+    const HELD: usize = 10_000;
+    let (low_trim, low_close) = one_user_pool_costs();
+    let barrier = std::sync::Barrier::new(HELD);
+    let order = std::sync::atomic::AtomicUsize::new(0);
+    let result = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..HELD {
+            std::thread::Builder::new()
+                .stack_size(64 << 10)
+                .spawn_scoped(scope, || {
+                    // Threads claim their index on their first pool operation, in order.
+                    let me = order.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    drop(BufferPool::global().alloc(8).unwrap());
+                    barrier.wait();
+                    if me == HELD - 1 {
+                        *result.lock().unwrap() = Some(one_user_pool_costs());
+                    }
+                    barrier.wait();
+                })
+                .unwrap();
+        }
+    });
+    let (high_trim, high_close) = result.into_inner().unwrap().unwrap();
+    println!("one-user pool by thread index: trim {low_trim:.1} us / close {low_close:.1} us at a low index; trim {high_trim:.1} us / close {high_close:.1} us on the last of {HELD} live threads to claim an index (about {HELD})");
+}
+
 fn main() {
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_INDEX").is_some() {
+        thread_index_table();
+        return;
+    }
     let pool = Pool(BufferPool::new());
     let glibc = System("glibc_vec");
     let mut c = Criterion::default()
@@ -173,6 +233,7 @@ fn main() {
     producer_consumer(&pool);
     scaling_table(&pool);
     scaling_table(&glibc);
+    thread_index_table();
     let stats = pool.0.stats();
     println!(
         "ferropool stats: {} allocations, hit rate {:.3}, {} system allocations, peak reserved {} MiB",

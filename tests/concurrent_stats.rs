@@ -11,6 +11,16 @@ use std::time::{Duration, Instant};
 
 use ferropool::{BufferPool, PoolConfig};
 
+/// Sets its flag when dropped, so that threads racing a failed assertion stop too (the test
+/// then fails instead of waiting for them).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// How long each racing test provokes its race.
 fn race_for() -> Duration {
     Duration::from_millis(if cfg!(miri) { 50 } else { 1500 })
@@ -46,6 +56,7 @@ fn reading_stats_never_raises_a_peak_past_what_was_in_use() {
             }
             // Dropping `to_freer` ends the other thread.
         });
+        let _stop = StopOnDrop(stop);
         let start = Instant::now();
         let mut reads = 0u64;
         while start.elapsed() < race_for() {
@@ -66,45 +77,50 @@ fn reading_stats_never_raises_a_peak_past_what_was_in_use() {
 
 #[test]
 fn peak_reserved_never_decreases_nor_falls_below_a_reported_reservation() {
-    let pool = BufferPool::with_config(PoolConfig {
-        thread_cache_bytes: 0, // every block goes back to the shared lists, where trim finds it
-        ..PoolConfig::default()
-    })
-    .unwrap();
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        // Reserve 8 MiB from the system again and again (huge-page advice: a system call
-        // after the reservation), while another thread trims it away.
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
+    // Round after round on a fresh pool: a block cached on the shared list, one thread
+    // reserving a block of another class from the system (huge-page advice: a system call
+    // after the reservation), another trimming the cached block away, and this thread
+    // reading the statistics. The first time a pool's reservations add up to their most,
+    // the peak must follow, whatever the trim does meanwhile.
+    let start = Instant::now();
+    let mut rounds = 0u64;
+    while start.elapsed() < race_for() {
+        rounds += 1;
+        let pool = BufferPool::with_config(PoolConfig {
+            thread_cache_bytes: 0, // frees go to the shared lists, where trim finds them
+            ..PoolConfig::default()
+        })
+        .unwrap();
+        drop(pool.alloc(4 << 20).unwrap());
+        let go = std::sync::Barrier::new(3);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                go.wait();
                 drop(pool.alloc(8 << 20).unwrap());
-            }
-        });
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
+            });
+            scope.spawn(|| {
+                go.wait();
                 pool.trim();
-                std::thread::yield_now();
+            });
+            go.wait();
+            let (mut last_peak, mut highest_reserved) = (0u64, 0u64);
+            for _ in 0..64 {
+                let stats = pool.stats();
+                assert!(
+                    stats.peak_reserved_bytes >= last_peak,
+                    "round {rounds}: the peak went down from {last_peak} to {}",
+                    stats.peak_reserved_bytes
+                );
+                highest_reserved = highest_reserved.max(stats.reserved_bytes);
+                assert!(
+                    stats.peak_reserved_bytes >= highest_reserved,
+                    "round {rounds}: a reservation of {highest_reserved} was reported, the peak says {}",
+                    stats.peak_reserved_bytes
+                );
+                last_peak = stats.peak_reserved_bytes;
             }
         });
-        let start = Instant::now();
-        let (mut last_peak, mut highest_reserved) = (0u64, 0u64);
-        while start.elapsed() < race_for() {
-            let stats = pool.stats();
-            assert!(
-                stats.peak_reserved_bytes >= last_peak,
-                "the peak went down from {last_peak} to {}",
-                stats.peak_reserved_bytes
-            );
-            highest_reserved = highest_reserved.max(stats.reserved_bytes);
-            assert!(
-                stats.peak_reserved_bytes >= highest_reserved,
-                "a reservation of {highest_reserved} was reported, the peak says {}",
-                stats.peak_reserved_bytes
-            );
-            last_peak = stats.peak_reserved_bytes;
-        }
-        stop.store(true, Ordering::Relaxed);
-    });
+    }
 }
 
 #[test]
@@ -169,4 +185,37 @@ fn live_threads_are_never_reported_without_an_index() {
         .trace_events()
         .iter()
         .all(|event| event.thread != WITHOUT_INDEX));
+}
+
+#[test]
+fn a_read_never_counts_more_frees_than_allocations() {
+    // The allocating thread uses the pool first, so a read visits its counters before the
+    // freeing thread's: a read that took each thread's counters in one pass counted frees of
+    // blocks whose allocation it had not seen.
+    let pool = BufferPool::new();
+    let stop = AtomicBool::new(false);
+    let (to_freer, handed) = mpsc::sync_channel::<ferropool::PoolBuffer>(0);
+    let (pool, stop) = (&pool, &stop);
+    std::thread::scope(|scope| {
+        let (ready, go) = mpsc::sync_channel(0);
+        scope.spawn(move || {
+            drop(pool.alloc(4096).unwrap());
+            ready.send(()).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                to_freer.send(pool.alloc(4096).unwrap()).unwrap();
+            }
+        });
+        go.recv().unwrap();
+        scope.spawn(move || handed.iter().for_each(drop));
+        let _stop = StopOnDrop(stop);
+        let start = Instant::now();
+        while start.elapsed() < race_for() {
+            let stats = pool.stats();
+            assert!(
+                stats.frees <= stats.allocations
+                    && stats.freed_bytes_total <= stats.allocated_bytes_total,
+                "more frees than allocations:\n{stats}"
+            );
+        }
+    });
 }

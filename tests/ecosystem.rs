@@ -333,3 +333,30 @@ fn allocate_zeroed_zeroes_all_it_returns() {
     // SAFETY: allocated above with `layout`.
     unsafe { pool.deallocate(zeroed.cast(), layout) };
 }
+
+#[cfg(feature = "allocator-api2")]
+#[test]
+fn a_collection_shrinks_in_place_at_its_budget() {
+    use allocator_api2::vec::Vec;
+    // Shrinking asked the pool for a new, smaller block first, which a pool at its budget
+    // refused: the vector then aborted the process ("memory allocation failed").
+    let pool = BufferPool::with_config(PoolConfig {
+        budget: Some(655_360),
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let mut bytes: Vec<u8, &BufferPool> = Vec::with_capacity_in(600_000, &pool);
+    bytes.extend(std::iter::repeat_n(1u8, 600_000));
+    let asked = pool.stats().requested_bytes;
+    bytes.truncate(10);
+    bytes.shrink_to(1000);
+    assert_eq!(bytes.as_slice(), &[1u8; 10]);
+    assert!(bytes.capacity() >= 1000);
+    assert_eq!(pool.stats().system_allocations, 1, "kept in place");
+    assert_eq!(pool.stats().requested_bytes, asked - 599_000);
+    // Growing in place counts the new size too.
+    bytes.reserve_exact(5000);
+    assert_eq!(pool.stats().system_allocations, 1);
+    drop(bytes);
+    assert_eq!(pool.stats().requested_bytes, 0);
+}

@@ -77,6 +77,18 @@ fn main() {
         assert_eq!(pool.stats().requested_bytes, asked + 10_000);
         ALLOCATOR.dealloc(q, Layout::from_size_align(210_000, 8).unwrap());
     }
+    // The tag table is bookkeeping too: many names, none of their memory in the pool.
+    let in_use = pool.stats().in_use_bytes;
+    let made = (0..20_000)
+        .map(|i| ferropool::MemoryTag::new(&format!("tag {i}")))
+        .count(); // (no vector of them: 80 KB of tags would go to the pool, rightly)
+    assert_eq!(made, 20_000);
+    assert_eq!(
+        pool.stats().in_use_bytes,
+        in_use,
+        "the tag table went into the pool"
+    );
+
     drop((small, large));
     let end = pool.stats();
     assert_eq!(end.in_use_bytes, 0, "{end}");

@@ -60,6 +60,8 @@ unsafe impl Allocator for BufferPool {
             // SAFETY: a raw pool block from `allocate` (the caller's contract), in use.
             let capacity = unsafe { PoolInner::raw_capacity(ptr) };
             if new_layout.size() <= capacity {
+                // SAFETY: a raw pool block in use, which holds `new_layout.size()` bytes.
+                unsafe { PoolInner::resize_raw(ptr, old_layout.size(), new_layout.size()) };
                 return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
             }
         }
@@ -71,6 +73,45 @@ unsafe impl Allocator for BufferPool {
             self.deallocate(ptr, old_layout);
         }
         Ok(grown)
+    }
+
+    /// Shrinks in place: the block keeps its bytes, and no new memory is asked for (which
+    /// the budget could refuse).
+    unsafe fn shrink(
+        &self,
+        ptr: NonNull<u8>,
+        old_layout: Layout,
+        new_layout: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if old_layout.size() == 0 {
+            // A dangling block: nothing was allocated, nothing is.
+            return Ok(NonNull::slice_from_raw_parts(ptr, 0));
+        }
+        if new_layout.size() == 0 {
+            // SAFETY: the caller's contract: a block from `allocate` with `old_layout`.
+            unsafe { self.deallocate(ptr, old_layout) };
+            let dangling = NonNull::new(new_layout.align() as *mut u8).ok_or(AllocError)?;
+            return Ok(NonNull::slice_from_raw_parts(dangling, 0));
+        }
+        if new_layout.align() <= old_layout.align()
+            || ptr.as_ptr() as usize % new_layout.align() == 0
+        {
+            // SAFETY: a raw pool block from `allocate` (the caller's contract), in use; it
+            // holds `new_layout.size() <= old_layout.size()` bytes.
+            let capacity = unsafe {
+                PoolInner::resize_raw(ptr, old_layout.size(), new_layout.size());
+                PoolInner::raw_capacity(ptr)
+            };
+            return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
+        }
+        let moved = allocate(self, new_layout, false)?;
+        // SAFETY: both blocks hold `new_layout.size()` bytes; they are distinct; the old one
+        // came from `allocate` with `old_layout` (the caller's contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(ptr.as_ptr(), moved.cast().as_ptr(), new_layout.size());
+            self.deallocate(ptr, old_layout);
+        }
+        Ok(moved)
     }
 }
 

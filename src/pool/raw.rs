@@ -218,9 +218,15 @@ impl PoolInner {
         let mut header = unsafe { at.read_unaligned() };
         // SAFETY: a pool block's header holds its buffer.
         let buffer = unsafe { &mut *header.body.pooled };
-        // The buffer's length counts the header and padding beside the caller's bytes.
-        let overhead = buffer.len().wrapping_sub(old_size);
-        buffer.resize_requested(overhead.wrapping_add(new_size));
+        // The buffer's length counts the header and padding beside the caller's bytes: keep
+        // what it counted beside `old_size`, or (for a caller whose layout claimed more than
+        // it asked for, which `Allocator` allows) what lies before the pointer.
+        let prefix = ptr.as_ptr() as usize - buffer.as_ptr() as usize;
+        let len = match buffer.len().checked_sub(old_size) {
+            Some(overhead) if overhead >= prefix => overhead.saturating_add(new_size),
+            _ => prefix.saturating_add(new_size),
+        };
+        buffer.resize_requested(len.min(buffer.capacity()));
         // SAFETY: the same place, in the block; the copy read above is forgotten in favour of
         // this one (the header owns the buffer).
         unsafe { at.write_unaligned(header) };

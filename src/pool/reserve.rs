@@ -384,6 +384,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "2,200 threads: too slow under Miri")]
     fn one_thread_with_a_high_index_costs_a_pool_and_an_arena_little() {
         on_a_high_index(2_200, || {
             let pool = BufferPool::new();

@@ -29,8 +29,13 @@ use crate::sync::{AtomicU64, Ordering};
 /// - The totals (`allocations`, `frees`, `cache_hits`, `cache_misses`,
 ///   `allocated_bytes_total`, `freed_bytes_total`, `system_*`, `alloc_retries`,
 ///   `budget_failures`, `trims`) only grow; each is read once per thread, so it lies between
-///   its value when the read began and its value when it ended, and `allocations` is always
-///   `cache_hits + cache_misses`.
+///   its value when the read began and its value when it ended; `allocations` is always
+///   `cache_hits + cache_misses`, and frees are read before allocations, so `frees` never
+///   exceeds `allocations` (nor `freed_bytes_total` `allocated_bytes_total`).
+/// - `in_use_bytes` and `reserved_bytes` are read at two instants: a block reserved, used,
+///   freed and trimmed between them can make `in_use_bytes` exceed `reserved_bytes` (the
+///   read looks at `reserved` again a few times first, so this is rare; `cached_bytes` then
+///   reads 0).
 /// - The figures derived from counters read at different instants (`in_use_blocks`,
 ///   `cached_bytes` and its split) are exact when no other thread is using the pool, and
 ///   approximations otherwise (never negative; `cached_bytes` never above `reserved_bytes`).
@@ -424,29 +429,33 @@ impl super::PoolInner {
         let mut freed_requested = 0u64;
         let mut allocated_requested = 0u64;
         let mut misses = 0u64;
+        // Frees first, every thread's, then allocations: a block is freed after it was
+        // allocated, so no read counts more frees (or freed bytes) than allocations.
+        let o = &self.slotless;
+        self.for_each_slot(|slot| {
+            let c = &slot.counters;
+            s.frees += c.frees.load(Ordering::Relaxed);
+            s.freed_bytes_total += c.freed_bytes.load(Ordering::Relaxed);
+            freed_requested += c.freed_requested.load(Ordering::Relaxed);
+        });
+        s.frees += o.frees.load(Ordering::Relaxed);
+        s.freed_bytes_total += o.freed_bytes.load(Ordering::Relaxed);
+        freed_requested += o.freed_requested.load(Ordering::Relaxed);
         self.for_each_slot(|slot| {
             let c = &slot.counters;
             // Each counter read once, so that hits and misses add up to the allocations
             // however the owner moves on meanwhile.
             misses += c.misses.load(Ordering::Relaxed);
             s.cache_hits += c.hits.load(Ordering::Relaxed);
-            s.frees += c.frees.load(Ordering::Relaxed);
             s.allocated_bytes_total += c.allocated_bytes.load(Ordering::Relaxed);
-            s.freed_bytes_total += c.freed_bytes.load(Ordering::Relaxed);
             allocated_requested += c.allocated_requested.load(Ordering::Relaxed);
-            freed_requested += c.freed_requested.load(Ordering::Relaxed);
             s.cached_in_threads_bytes += slot.binned();
         });
-        let o = &self.slotless;
         s.cache_misses = misses + o.allocations.load(Ordering::Relaxed);
         s.allocations = s.cache_hits + s.cache_misses;
-        s.frees += o.frees.load(Ordering::Relaxed);
         s.allocated_bytes_total += o.allocated_bytes.load(Ordering::Relaxed);
-        s.freed_bytes_total += o.freed_bytes.load(Ordering::Relaxed);
         allocated_requested += o.allocated_requested.load(Ordering::Relaxed);
-        freed_requested += o.freed_requested.load(Ordering::Relaxed);
         let c = &self.counters;
-        (s.reserved_bytes, s.peak_reserved_bytes) = c.reserved_and_peak();
         if self.config.exact_peaks {
             // One load each: the figure at one instant. Its peak is raised with it, so no
             // later read reports a peak below a figure reported before.
@@ -459,6 +468,17 @@ impl super::PoolInner {
             // Sums of counters read one after another: never fed into a peak.
             s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
             s.requested_bytes = allocated_requested.saturating_sub(freed_requested);
+        }
+        // Reserved after in use: a block in use was reserved before it was counted, so a
+        // later look at `reserved` holds it unless it was freed and trimmed meanwhile; a few
+        // looks make that race rare (a read that still loses it reports no cached bytes).
+        let mut looks = 0;
+        loop {
+            (s.reserved_bytes, s.peak_reserved_bytes) = c.reserved_and_peak();
+            looks += 1;
+            if s.reserved_bytes >= s.in_use_bytes || looks == 4 {
+                break;
+            }
         }
         s.in_use_blocks = s.allocations.saturating_sub(s.frees);
         s.cached_bytes = s.reserved_bytes.saturating_sub(s.in_use_bytes);

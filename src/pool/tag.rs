@@ -66,6 +66,9 @@ impl MemoryTag {
     /// assert_eq!(a.name(), "weights");
     /// ```
     pub fn new(name: &str) -> Self {
+        // The table is bookkeeping: never in a pool (it would count against the pool that
+        // serves the global allocator, and run a pool operation under the table's lock).
+        let _bookkeeping = crate::thread::Bookkeeping::open();
         let mut guard = names();
         let names = &mut *guard;
         let by_name = names.by_name.get_or_insert_with(HashMap::new);
