@@ -48,7 +48,7 @@ fn floor(c: &mut Criterion) {
             &size,
             |b, &size| {
                 b.iter(|| {
-                    // SAFETY (bench): `size` bytes of `resident` are ours.
+                    // SAFETY: (bench) `size` bytes of `resident` are ours.
                     unsafe { black_box(resident.as_mut_ptr()).write_bytes(1, size) }
                 })
             },

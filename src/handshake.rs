@@ -50,7 +50,7 @@ impl Handshake {
     #[inline(always)]
     pub(crate) fn begin(&self) {
         let seq = self.seq.load(Ordering::Relaxed);
-        debug_assert!(seq % 2 == 0, "operations of one owner do not nest");
+        debug_assert!(seq.is_multiple_of(2), "operations of one owner do not nest");
         // `Release`: a drainer that reads this value (odd) and later sees it move on must
         // also see the effects of the operations before it (a later store of this thread
         // does not continue the release sequence of `end`'s store).

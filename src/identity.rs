@@ -9,8 +9,8 @@ use std::num::NonZeroU64;
 /// once at construction and never synchronises anything, so it is not part of any protocol a
 /// model checks (and loom atomics cannot live in a `static`).
 pub(crate) fn next_identity() -> NonZeroU64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    static NEXT: crate::sync::Tally = crate::sync::Tally::new(1);
+    let id = NEXT.add(1);
     // 2^64 constructions cannot happen in the life of a process; wrapping to 0 would need them.
     NonZeroU64::new(id).expect("identity counter overflowed 64 bits")
 }

@@ -57,9 +57,6 @@
 //!
 //! The design, its layers, protocols and invariants: [`design`].
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs, missing_debug_implementations)]
-
 mod arena;
 mod checkpoint;
 mod error;

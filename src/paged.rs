@@ -265,7 +265,7 @@ mod tests {
         assert_eq!(*table.at(2), 10);
         assert_eq!(*table.at(5), 13);
         assert_eq!(table.allocated(), 4);
-        // SAFETY (test): no reference into page 1 is alive.
+        // SAFETY: (test) no reference into page 1 is alive.
         let page = unsafe { table.take_page(1) }.unwrap();
         assert_eq!(page.as_slice(), &[10, 11, 12, 13]);
         assert!(table.get(2).is_none());

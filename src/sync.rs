@@ -31,6 +31,32 @@ pub(crate) use std::thread_local;
 
 pub(crate) use crossbeam_epoch as epoch;
 
+/// A process-wide count outside every protocol (pools alive, identities handed out, front
+/// end fallbacks): it synchronises nothing, so it is `std`'s atomic even under loom (loom
+/// would reset it per execution and explore its accesses for nothing).
+#[derive(Debug)]
+pub(crate) struct Tally(std::sync::atomic::AtomicU64);
+
+impl Tally {
+    pub(crate) const fn new(start: u64) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(start))
+    }
+
+    /// Adds `n`; returns the value before.
+    pub(crate) fn add(&self, n: u64) -> u64 {
+        self.0.fetch_add(n, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Subtracts `n`.
+    pub(crate) fn sub(&self, n: u64) {
+        self.0.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Lets other threads run while this one waits for a short critical section of another.
 #[cfg(loom)]
 pub(crate) use loom::thread::yield_now;

@@ -14,6 +14,7 @@ fn small(collector: &Collector, first_page_len: u32, removal_batch: u32) -> Aren
         removal_batch,
         growth_before_stealing: ArenaConfig::default().growth_before_stealing,
         collector: Some(collector.clone()),
+        shards: None,
     }
 }
 
@@ -113,7 +114,7 @@ fn foreign_keys_and_guards_are_rejected() {
     );
     assert!(!b.contains(key));
 
-    // SAFETY (test): the unprotected guard is only handed to the arena, which must refuse it.
+    // SAFETY: (test) the unprotected guard is only handed to the arena, which must refuse it.
     let unprotected = unsafe { crossbeam_epoch::unprotected() };
     assert_eq!(
         a.get(key, unprotected).unwrap_err(),
@@ -485,6 +486,7 @@ fn a_dry_shard_grows_only_within_its_bound() {
     let collector = Collector::new();
     let arena: SlotArena<u64> = SlotArena::with_config(ArenaConfig {
         growth_before_stealing: 8 << 10,
+        shards: Some(2), // the two threads on two shards, on every machine
         ..small(&collector, 64, 8)
     })
     .unwrap();
@@ -585,6 +587,7 @@ fn a_dry_shard_never_allocates_a_page_past_its_bound() {
     let collector = Collector::new();
     let mut arena: SlotArena<u64> = SlotArena::with_config(ArenaConfig {
         growth_before_stealing: 16 << 10, // the next page would be 4,096 slots: 64 KiB
+        shards: Some(2),                  // shards to steal from, on every machine
         ..small(&collector, 64, 8)
     })
     .unwrap();

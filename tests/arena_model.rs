@@ -45,6 +45,7 @@ proptest! {
             removal_batch,
             growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(collector.clone()),
+            shards: None,
         }).unwrap();
         let mut model: HashMap<Key, u32> = HashMap::new();
         // Every key ever issued, live or not, so that stale keys get exercised.

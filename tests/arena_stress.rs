@@ -23,6 +23,7 @@ fn mixed_operations_drop_every_record_exactly_once() {
             removal_batch: 8,
             growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(collector.clone()),
+            shards: None,
         })
         .unwrap(),
     );
@@ -51,7 +52,7 @@ fn mixed_operations_drop_every_record_exactly_once() {
                         0..=2 => {
                             let id = t * ops_per_thread + i;
                             let key = arena.insert(ledger.record(id)).unwrap();
-                            if rng % 3 == 0 {
+                            if rng.is_multiple_of(3) {
                                 shared_keys.lock().unwrap().push((key, id));
                             } else {
                                 own.push((key, id));

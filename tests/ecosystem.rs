@@ -285,7 +285,7 @@ fn newcomer_conveniences() {
     for (i, e) in manual.as_uninit_mut().iter_mut().enumerate() {
         e.write(i as i32 * 10);
     }
-    // SAFETY (test): every element was written just above.
+    // SAFETY: (test) every element was written just above.
     let manual = unsafe { manual.assume_init() };
     assert_eq!(manual.as_slice::<i32>().unwrap(), &[0, 10, 20]);
     let chain = CheckpointNode::push(None, Arc::new(0), 'a', 1, Arc::new(RetainedInputMap::new()));

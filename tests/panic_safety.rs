@@ -52,6 +52,7 @@ fn private(collector: &Collector, removal_batch: u32) -> SlotArena<Bomb> {
         removal_batch,
         growth_before_stealing: ArenaConfig::default().growth_before_stealing,
         collector: Some(collector.clone()),
+        shards: None,
     })
     .unwrap()
 }
@@ -221,6 +222,7 @@ fn a_reentrant_drop_keeps_recursion_bounded() {
             removal_batch: 8,
             growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: None,
+            shards: None,
         })
         .unwrap()
     });

@@ -30,7 +30,7 @@ fn first_touch_faults(config: PoolConfig, zeroed: bool) -> u64 {
     let before = minor_faults();
     let ptr = buffer.as_mut_ptr();
     for offset in (0..size).step_by(4096) {
-        // SAFETY (test): inside the buffer.
+        // SAFETY: (test) inside the buffer.
         unsafe { ptr.add(offset).write_volatile(1) };
     }
     minor_faults() - before

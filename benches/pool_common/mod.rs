@@ -23,7 +23,7 @@ pub use procfs::minor_faults;
 pub fn touch(ptr: *mut u8, len: usize) {
     let mut offset = 0;
     while offset < len {
-        // SAFETY (bench): callers pass the start and length of a buffer they own.
+        // SAFETY: (bench) callers pass the start and length of a buffer they own.
         unsafe { ptr.add(offset).write_volatile(1) };
         offset += PAGE;
     }
@@ -105,7 +105,7 @@ pub fn with_fill<S: Source>(c: &mut Criterion, source: &S) {
         group.bench_with_input(BenchmarkId::new(source.name(), size), &size, |b, &size| {
             b.iter(|| {
                 let mut buf = source.get(size);
-                // SAFETY (bench): `size` bytes of the buffer are ours.
+                // SAFETY: (bench) `size` bytes of the buffer are ours.
                 unsafe { S::ptr(&mut buf).write_bytes(1, size) };
                 black_box(S::ptr(&mut buf));
                 drop(buf);
@@ -215,7 +215,7 @@ pub fn scaling<S: Source>(source: &S, threads: usize, per_thread: usize) -> f64 
             let size = 4 * KIB + (rng % (3 * MIB as u64 - 4 * KIB as u64)) as usize;
             let mut buf = source.get(size);
             let ptr = S::ptr(&mut buf);
-            // SAFETY (bench): the buffer holds `size` bytes.
+            // SAFETY: (bench) the buffer holds `size` bytes.
             unsafe {
                 ptr.write_volatile(1);
                 ptr.add(size - 1).write_volatile(1);

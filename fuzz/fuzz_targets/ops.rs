@@ -108,6 +108,7 @@ fuzz_target!(|data: &[u8]| {
         removal_batch: 2,
         growth_before_stealing: ArenaConfig::default().growth_before_stealing,
         collector: Some(collector.clone()),
+        shards: None,
     })
     .unwrap();
     let mut model: HashMap<ferropool::Key, u64> = HashMap::new();
@@ -122,6 +123,7 @@ fuzz_target!(|data: &[u8]| {
             removal_batch: 2,
             growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(hostile_collector.clone()),
+            shards: None,
         })
         .unwrap(),
     );

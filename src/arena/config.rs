@@ -39,12 +39,16 @@ pub struct ArenaConfig {
     /// other shards' slots as it would with 0. A claim counts the memory it takes: a chunk,
     /// or the whole page (each twice the one before) when the chunk starts a new one; a
     /// claim that would pass the bound is not made. So the arena holds at most this many
-    /// bytes per shard (shards: the machine's parallelism, rounded up to a power of two, at
-    /// most 64) beyond what it would hold with 0, give or take a page when two threads of
+    /// bytes per shard (see `shards`) beyond what it would hold with 0, give or take a page when two threads of
     /// one shard run dry at the same moment.
     pub growth_before_stealing: usize,
     /// The epoch collector that protects readers. `None` uses crossbeam-epoch's global one.
     pub collector: Option<Collector>,
+    /// Free-list shards, a power of two in `1..=64`. `None` (the default): the machine's
+    /// parallelism rounded up to a power of two, at most 64. Threads spread over the shards
+    /// in the order they first use the arena. Set it to make an arena behave the same on
+    /// every machine (tests of how shards share slots, say).
+    pub shards: Option<usize>,
 }
 
 impl Default for ArenaConfig {
@@ -54,6 +58,7 @@ impl Default for ArenaConfig {
             removal_batch: 64,
             growth_before_stealing: 1 << 20,
             collector: None,
+            shards: None,
         }
     }
 }

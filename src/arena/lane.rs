@@ -216,7 +216,7 @@ impl<T> Arena<T> {
     pub(super) fn sweep_due(&self, lane: &Lane) -> bool {
         let refills = lane.refills.load(Ordering::Relaxed).wrapping_add(1);
         lane.refills.store(refills, Ordering::Relaxed);
-        refills % SWEEP_EVERY == 0
+        refills.is_multiple_of(SWEEP_EVERY)
     }
 
     /// Takes the hand and batch of every lane that holds something and that `pick` picks.

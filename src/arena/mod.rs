@@ -158,7 +158,8 @@ impl<T: Send + 'static> SlotArena<T> {
     /// # Errors
     ///
     /// [`ArenaError::InvalidConfig`] when `first_page_len` is not a power of two in
-    /// `1..=65536` or `removal_batch` is not in `1..=4096`.
+    /// `1..=65536`, `removal_batch` is not in `1..=4096`, or `shards` is not a power of two
+    /// in `1..=64`.
     pub fn with_config(config: ArenaConfig) -> Result<Self, ArenaError> {
         if !config.first_page_len.is_power_of_two() || config.first_page_len > 1 << 16 {
             return Err(ArenaError::InvalidConfig {
@@ -174,6 +175,17 @@ impl<T: Send + 'static> SlotArena<T> {
                 expected: "a batch size in 1..=4096",
             });
         }
+        let shards = match config.shards {
+            None => shard::shard_count(),
+            Some(n) if n.is_power_of_two() && n <= 64 => n,
+            Some(n) => {
+                return Err(ArenaError::InvalidConfig {
+                    field: "shards",
+                    value: n as u64,
+                    expected: "a power of two in 1..=64",
+                })
+            }
+        };
         let (collector, default_collector) = match config.collector {
             Some(c) => {
                 let is_default = c == *epoch::default_collector();
@@ -184,7 +196,6 @@ impl<T: Send + 'static> SlotArena<T> {
         // Lanes use the asymmetric fences; decide their implementation first.
         crate::sync::asymmetric::init();
         let slots = PagedTable::new(config.first_page_len);
-        let shards = shard::shard_count();
         Ok(Self {
             arena: Arena {
                 id: next_identity(),
@@ -810,11 +821,13 @@ mod tests {
     /// claim fresh slots.
     #[test]
     fn trim_gives_vacant_slots_back_to_their_shards() {
-        let arena: SlotArena<u32> = SlotArena::new();
+        let arena: SlotArena<u32> = SlotArena::with_config(ArenaConfig {
+            shards: Some(2), // two on every machine, one CPU included
+            ..ArenaConfig::default()
+        })
+        .unwrap();
         let shards = arena.arena.shards.len();
-        if shards < 2 {
-            return; // one shard: nothing to tell apart
-        }
+        assert_eq!(shards, 2);
         let mine = arena.arena.my_shard();
         let other = (mine + 1) % shards;
         // A chunk for the other shard: one slot in hand (so the page stays), the rest listed.
@@ -840,6 +853,7 @@ mod tests {
             removal_batch: 2, // so the removal waits in its batch, which `shrink` recycles
             growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(collector.clone()),
+            shards: None,
         })
         .unwrap();
         let first = arena.insert(1u32).unwrap();

@@ -94,7 +94,7 @@ unsafe impl Allocator for BufferPool {
             return Ok(NonNull::slice_from_raw_parts(dangling, 0));
         }
         if new_layout.align() <= old_layout.align()
-            || ptr.as_ptr() as usize % new_layout.align() == 0
+            || (ptr.as_ptr() as usize).is_multiple_of(new_layout.align())
         {
             // SAFETY: a raw pool block from `allocate` (the caller's contract), in use; it
             // holds `new_layout.size() <= old_layout.size()` bytes.

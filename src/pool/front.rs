@@ -138,7 +138,7 @@ pub struct PoolAllocator<F = System> {
 
 /// Requests of at least a threshold that the pool refused and the fallback served, in the
 /// whole process (bookkeeping outside any protocol).
-static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static FALLBACKS: crate::sync::Tally = crate::sync::Tally::new(0);
 
 impl PoolAllocator {
     /// The default threshold: 64 KiB.
@@ -191,7 +191,7 @@ impl PoolAllocator {
     /// assert!(ferropool::PoolAllocator::fallback_allocations() >= before);
     /// ```
     pub fn fallback_allocations() -> u64 {
-        FALLBACKS.load(std::sync::atomic::Ordering::Relaxed)
+        FALLBACKS.get()
     }
 }
 
@@ -252,7 +252,7 @@ impl<F: GlobalAlloc> PoolAllocator<F> {
             if let Ok(ptr) = PoolInner::alloc_raw(BufferPool::global().inner, layout, zeroed) {
                 return ptr.as_ptr();
             }
-            FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            FALLBACKS.add(1);
         }
         raw::alloc_fallback(layout, |block| {
             // SAFETY: `block` has a non-zero size (it holds the header).

@@ -41,11 +41,11 @@ use crate::sync::{
 
 /// Control blocks allocated and not yet freed, in the whole process. Bookkeeping outside any
 /// protocol (it counts, it synchronises nothing), hence `std`'s atomic even under loom.
-static ALIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static ALIVE: crate::sync::Tally = crate::sync::Tally::new(0);
 
 /// See [`BufferPool::pools_alive`](super::BufferPool::pools_alive).
 pub(super) fn alive() -> usize {
-    ALIVE.load(std::sync::atomic::Ordering::Relaxed)
+    ALIVE.get() as usize
 }
 
 /// A new pool's control block, in memory of its own from the system allocator (never the
@@ -117,7 +117,7 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
             trace: _,
         } = inner;
     };
-    ALIVE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ALIVE.add(1);
     ptr
 }
 
@@ -133,7 +133,7 @@ pub(super) unsafe fn destroy(pool: NonNull<PoolInner>) {
         pool.as_ptr().drop_in_place();
         system::dealloc(pool.as_ptr().cast(), Layout::new::<PoolInner>());
     }
-    ALIVE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    ALIVE.sub(1);
 }
 
 /// Closes the pool (steps 1 to 4 above), and frees its control block if no buffer is alive.

@@ -355,7 +355,7 @@ mod tests {
     /// claim an index each and wait until the one with the highest index has run `f`.
     fn on_a_high_index(threads: usize, f: impl Fn() + Send + Sync) {
         let barrier = std::sync::Barrier::new(threads);
-        let highest = std::sync::atomic::AtomicUsize::new(0);
+        let highest = std::sync::Mutex::new(0usize);
         let done = std::sync::Barrier::new(threads);
         std::thread::scope(|scope| {
             for _ in 0..threads {
@@ -363,12 +363,15 @@ mod tests {
                     .stack_size(64 << 10)
                     .spawn_scoped(scope, || {
                         let index = crate::thread::index().expect("a live thread has an index");
-                        highest.fetch_max(index, std::sync::atomic::Ordering::Relaxed);
+                        {
+                            let mut highest = highest.lock().unwrap();
+                            *highest = (*highest).max(index);
+                        }
                         barrier.wait();
                         // A failure must end the test, not leave the others waiting.
                         let outcome =
                             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                if highest.load(std::sync::atomic::Ordering::Relaxed) == index {
+                                if *highest.lock().unwrap() == index {
                                     assert!(index + 1 >= threads);
                                     f();
                                 }
