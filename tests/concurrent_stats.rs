@@ -134,8 +134,20 @@ fn reset_then_run_then_read_gives_the_true_peak() {
     drop(step);
     let stats = pool.stats();
     assert_eq!(stats.peak_in_use_bytes, 16 << 20, "{stats}");
-    assert_eq!(stats.peak_requested_bytes, 16 << 20, "{stats}");
     assert_eq!(stats.peak_reserved_bytes, 16 << 20, "{stats}");
+    assert_eq!(stats.peak_requested_bytes, 0, "not tracked by default");
+
+    // With the requested bytes counted exactly too, their peak is as true.
+    let pool = BufferPool::with_config(PoolConfig {
+        exact_requested: true,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    drop(pool.alloc(8 << 20).unwrap());
+    pool.reset_peak_stats();
+    let step = (pool.alloc(8 << 20).unwrap(), pool.alloc(1000).unwrap());
+    drop(step);
+    assert_eq!(pool.stats().peak_requested_bytes, (8 << 20) + 1000);
 }
 
 #[test]

@@ -52,17 +52,22 @@ pub struct PoolConfig {
     /// row has its listed blocks released, and so do the caches of threads that made no pool
     /// operation during this many calls in a row (at least one). Default 4.
     pub idle_rounds: u32,
-    /// Track the bytes in use and requested in pool-wide counters (the default), so that
-    /// `in_use_bytes`, `requested_bytes` and their peaks are exact at every moment, whatever
-    /// other threads do: reset the peaks, run a step, read the true high-water mark. It costs
-    /// two shared read-modify-writes per allocation and free (a few nanoseconds on one
-    /// thread; the counters' cache line moves between threads that allocate at once).
+    /// Track the bytes in use in a pool-wide counter (the default), so that `in_use_bytes`
+    /// and `peak_in_use_bytes` are exact at every moment, whatever other threads do: reset
+    /// the peaks, run a step, read the true high-water mark. It costs one shared
+    /// read-modify-write per allocation and one per free (see `benches/README.md`; the
+    /// counter's cache line moves between threads that allocate at once).
     ///
-    /// When off, each thread counts on its own only: `in_use_bytes` and `requested_bytes` are
-    /// sums of per-thread counters read one after another (exact when no other thread is
-    /// using the pool, approximate otherwise), and the two in-use peaks are not tracked (they
-    /// read 0). `peak_reserved_bytes` is exact either way.
+    /// When off, each thread counts on its own only: `in_use_bytes` is a sum of per-thread
+    /// counters read one after another (exact when no other thread is using the pool,
+    /// approximate otherwise), and `peak_in_use_bytes` is not tracked (it reads 0).
+    /// `peak_reserved_bytes` is exact either way.
     pub exact_peaks: bool,
+    /// The same for the requested bytes (`requested_bytes`, `peak_requested_bytes`): one
+    /// more shared read-modify-write per allocation and free. Default off: then
+    /// `requested_bytes` is a sum of per-thread counters and its peak is not tracked (0).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub exact_requested: bool,
 }
 
 impl Default for PoolConfig {
@@ -79,6 +84,7 @@ impl Default for PoolConfig {
             advise_min_block: 2 << 20,
             idle_rounds: 4,
             exact_peaks: true,
+            exact_requested: false,
         }
     }
 }

@@ -326,7 +326,7 @@ impl BufferPool {
     /// ```
     pub fn reset_peak_stats(&self) {
         let inner = self.inner();
-        inner.counters.reset_peaks(inner.config.exact_peaks);
+        inner.counters.reset_peaks(&inner.config);
     }
 
     /// The blocks of every size class the pool holds, in use or cached (classes it holds

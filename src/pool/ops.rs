@@ -155,10 +155,8 @@ impl PoolInner {
         bump(if hit { &c.hits } else { &c.misses }, 1);
         bump(&c.allocated_bytes, class_bytes as u64);
         bump(&c.allocated_requested, requested as u64);
-        if self.config.exact_peaks {
-            self.counters
-                .exact_alloc(class_bytes as u64, requested as u64);
-        }
+        self.counters
+            .exact_alloc(&self.config, class_bytes as u64, requested as u64);
     }
 
     /// Counts a change of a handed-out block's requested size from `old` to `new` bytes (an
@@ -173,9 +171,8 @@ impl PoolInner {
                 o.allocated_requested
                     .fetch_add(new as u64, Ordering::Relaxed);
                 o.freed_requested.fetch_add(old as u64, Ordering::Relaxed);
-                if self.config.exact_peaks {
-                    self.counters.exact_resize(old as u64, new as u64);
-                }
+                self.counters
+                    .exact_resize(&self.config, old as u64, new as u64);
                 self.slotless_busy.fetch_sub(1, Ordering::Release);
             }
             return;
@@ -184,9 +181,8 @@ impl PoolInner {
             let c = &slot.counters;
             bump(&c.allocated_requested, new as u64);
             bump(&c.freed_requested, old as u64);
-            if self.config.exact_peaks {
-                self.counters.exact_resize(old as u64, new as u64);
-            }
+            self.counters
+                .exact_resize(&self.config, old as u64, new as u64);
             slot.leave();
         }
     }
@@ -226,10 +222,8 @@ impl PoolInner {
                 bump(&c.frees, 1);
                 bump(&c.freed_bytes, class_bytes as u64);
                 bump(&c.freed_requested, requested as u64);
-                if config.exact_peaks {
-                    self.counters
-                        .exact_free(class_bytes as u64, requested as u64);
-                }
+                self.counters
+                    .exact_free(config, class_bytes as u64, requested as u64);
                 // Inside the operation: after `leave`, a closing thread may free the pool.
                 self.trace(PoolEventKind::Free, class_bytes as u64, class);
                 slot.leave();
@@ -278,16 +272,14 @@ impl PoolInner {
     }
 
     /// Counts an operation of a thread without a slot, in the shared counters and (with
-    /// `exact_peaks`) the exact ones, as a slot's operation is counted.
+    /// the configuration) the exact ones, as a slot's operation is counted.
     fn count_slotless(&self, class_bytes: usize, requested: usize, allocation: bool) {
         self.slotless.count(class_bytes, requested, allocation);
-        if self.config.exact_peaks {
-            let (bytes, requested) = (class_bytes as u64, requested as u64);
-            if allocation {
-                self.counters.exact_alloc(bytes, requested);
-            } else {
-                self.counters.exact_free(bytes, requested);
-            }
+        let (bytes, requested) = (class_bytes as u64, requested as u64);
+        if allocation {
+            self.counters.exact_alloc(&self.config, bytes, requested);
+        } else {
+            self.counters.exact_free(&self.config, bytes, requested);
         }
     }
 

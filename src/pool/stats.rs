@@ -6,6 +6,7 @@ use std::fmt;
 use crossbeam_utils::CachePadded;
 
 use super::tag::MemoryTag;
+use super::PoolConfig;
 use crate::sync::{AtomicU64, Ordering};
 
 /// A snapshot of a pool's counters, in the spirit of `torch.cuda.memory_stats()`: current and
@@ -19,7 +20,9 @@ use crate::sync::{AtomicU64, Ordering};
 ///
 /// - `reserved_bytes` is the value of the pool's reservation counter at one instant during
 ///   the read; with [`PoolConfig::exact_peaks`](super::PoolConfig::exact_peaks) (the
-///   default) so are `in_use_bytes` and `requested_bytes` (each at its own instant).
+///   default) so is `in_use_bytes`, and with
+///   [`PoolConfig::exact_requested`](super::PoolConfig::exact_requested) `requested_bytes`
+///   (each at its own instant).
 /// - The peaks are high-water marks of those counters since the pool was made or
 ///   [`BufferPool::reset_peak_stats`](super::BufferPool::reset_peak_stats) last ran: never
 ///   above the largest value the counter took (a read never raises a peak past the true
@@ -39,8 +42,8 @@ use crate::sync::{AtomicU64, Ordering};
 /// - The figures derived from counters read at different instants (`in_use_blocks`,
 ///   `cached_bytes` and its split) are exact when no other thread is using the pool, and
 ///   approximations otherwise (never negative; `cached_bytes` never above `reserved_bytes`).
-///   So are `in_use_bytes` and `requested_bytes` with `exact_peaks` off, when the in-use and
-///   requested peaks are not tracked and read 0.
+///   So are `in_use_bytes` with `exact_peaks` off and `requested_bytes` with
+///   `exact_requested` off (the default); their peaks are then not tracked and read 0.
 ///
 /// Its `Display` is a summary in human units:
 ///
@@ -63,7 +66,7 @@ pub struct PoolStats {
     pub peak_in_use_bytes: u64,
     /// Bytes requested by the blocks handed out, before rounding.
     pub requested_bytes: u64,
-    /// High-water mark of `requested_bytes` (0 with `exact_peaks` off).
+    /// High-water mark of `requested_bytes` (0 unless `exact_requested` is on).
     pub peak_requested_bytes: u64,
     /// Blocks handed out.
     pub in_use_blocks: u64,
@@ -275,8 +278,8 @@ pub(super) struct PoolCounters {
     /// the value its compare-exchange wrote, and every read of `reserved` that is reported
     /// raises it with the value read first.
     pub(super) peak_reserved: AtomicU64,
-    /// The bytes in use and requested, when `exact_peaks` is on (else unused), on a cache
-    /// line of their own: the hot path writes them.
+    /// The bytes in use (with `exact_peaks`) and requested (with `exact_requested`), on a
+    /// cache line of their own: the hot path writes them.
     pub(super) live: CachePadded<LiveBytes>,
     pub(super) system_allocations: AtomicU64,
     pub(super) system_frees: AtomicU64,
@@ -285,7 +288,7 @@ pub(super) struct PoolCounters {
     pub(super) budget_failures: AtomicU64,
 }
 
-/// The exact counters of `exact_peaks`.
+/// The exact counters of `exact_peaks` and `exact_requested`.
 #[derive(Default, Debug)]
 pub(super) struct LiveBytes {
     /// Bytes (class sizes) of the blocks handed out: every allocation adds, every free
@@ -303,30 +306,41 @@ pub(super) struct LiveBytes {
 }
 
 impl PoolCounters {
-    /// Counts an allocation of `bytes` (`requested`) in the exact counters.
+    /// Counts an allocation of `bytes` (`requested`) in the exact counters `config` keeps.
     #[inline]
-    pub(super) fn exact_alloc(&self, bytes: u64, requested: u64) {
+    pub(super) fn exact_alloc(&self, config: &PoolConfig, bytes: u64, requested: u64) {
         // Wrapping: inside a pool operation nothing may panic (a panic there would leave
         // the thread's slot busy for good); the counts never exceed the bytes held.
         let live = &self.live;
-        let in_use = (live.in_use.fetch_add(bytes, Ordering::Relaxed)).wrapping_add(bytes);
-        raise(&live.peak_in_use, in_use);
-        let requested =
-            (live.requested.fetch_add(requested, Ordering::Relaxed)).wrapping_add(requested);
-        raise(&live.peak_requested, requested);
+        if config.exact_peaks {
+            let in_use = (live.in_use.fetch_add(bytes, Ordering::Relaxed)).wrapping_add(bytes);
+            raise(&live.peak_in_use, in_use);
+        }
+        if config.exact_requested {
+            let requested =
+                (live.requested.fetch_add(requested, Ordering::Relaxed)).wrapping_add(requested);
+            raise(&live.peak_requested, requested);
+        }
     }
 
-    /// Counts a free in the exact counters.
+    /// Counts a free in the exact counters `config` keeps.
     #[inline]
-    pub(super) fn exact_free(&self, bytes: u64, requested: u64) {
-        self.live.in_use.fetch_sub(bytes, Ordering::Relaxed);
-        self.live.requested.fetch_sub(requested, Ordering::Relaxed);
+    pub(super) fn exact_free(&self, config: &PoolConfig, bytes: u64, requested: u64) {
+        if config.exact_peaks {
+            self.live.in_use.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        if config.exact_requested {
+            self.live.requested.fetch_sub(requested, Ordering::Relaxed);
+        }
     }
 
     /// Moves the requested bytes of a block handed out from `old` to `new` (an in-place
-    /// reallocation), in the exact counters.
+    /// reallocation), in the exact counter of requested bytes if `config` keeps it.
     #[inline]
-    pub(super) fn exact_resize(&self, old: u64, new: u64) {
+    pub(super) fn exact_resize(&self, config: &PoolConfig, old: u64, new: u64) {
+        if !config.exact_requested {
+            return;
+        }
         let live = &self.live;
         if new >= old {
             let delta = new - old;
@@ -350,14 +364,16 @@ impl PoolCounters {
     /// Starts the peaks again from the current values. A concurrent allocation may raise a
     /// peak just before the store, and lose that raise: the peak then starts from the value
     /// the reset read, and the next allocation or read raises it again.
-    pub(super) fn reset_peaks(&self, exact: bool) {
+    pub(super) fn reset_peaks(&self, config: &PoolConfig) {
         let restart = |peak: &AtomicU64, current: &AtomicU64| {
             peak.store(current.load(Ordering::Relaxed), Ordering::Relaxed);
             raise(peak, current.load(Ordering::Relaxed));
         };
         restart(&self.peak_reserved, &self.reserved);
-        if exact {
+        if config.exact_peaks {
             restart(&self.live.peak_in_use, &self.live.in_use);
+        }
+        if config.exact_requested {
             restart(&self.live.peak_requested, &self.live.requested);
         }
     }
@@ -410,18 +426,22 @@ impl super::PoolInner {
         (allocated.saturating_sub(freed), asked.saturating_sub(given))
     }
 
-    /// Bytes in use and requested now: the exact counters with `exact_peaks`, else
+    /// Bytes in use and requested now: the exact counters the configuration keeps, else
     /// [`sum_in_use`](Self::sum_in_use).
     pub(super) fn in_use_now(&self) -> (u64, u64) {
-        if self.config.exact_peaks {
-            let live = &self.counters.live;
-            (
-                live.in_use.load(Ordering::Relaxed),
-                live.requested.load(Ordering::Relaxed),
-            )
+        let (config, live) = (&self.config, &self.counters.live);
+        let (mut in_use, mut requested) = if config.exact_peaks && config.exact_requested {
+            (0, 0)
         } else {
             self.sum_in_use()
+        };
+        if config.exact_peaks {
+            in_use = live.in_use.load(Ordering::Relaxed);
         }
+        if config.exact_requested {
+            requested = live.requested.load(Ordering::Relaxed);
+        }
+        (in_use, requested)
     }
 
     pub(super) fn stats(&self) -> PoolStats {
@@ -456,17 +476,20 @@ impl super::PoolInner {
         s.allocated_bytes_total += o.allocated_bytes.load(Ordering::Relaxed);
         allocated_requested += o.allocated_requested.load(Ordering::Relaxed);
         let c = &self.counters;
+        // An exact counter is one load: the figure at one instant, and its peak is raised
+        // with it, so no later read reports a peak below a figure reported before. Sums of
+        // counters read one after another are never fed into a peak.
+        let live = &c.live;
         if self.config.exact_peaks {
-            // One load each: the figure at one instant. Its peak is raised with it, so no
-            // later read reports a peak below a figure reported before.
-            let live = &c.live;
             s.in_use_bytes = live.in_use.load(Ordering::Relaxed);
-            s.requested_bytes = live.requested.load(Ordering::Relaxed);
             s.peak_in_use_bytes = raise(&live.peak_in_use, s.in_use_bytes);
+        } else {
+            s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
+        }
+        if self.config.exact_requested {
+            s.requested_bytes = live.requested.load(Ordering::Relaxed);
             s.peak_requested_bytes = raise(&live.peak_requested, s.requested_bytes);
         } else {
-            // Sums of counters read one after another: never fed into a peak.
-            s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
             s.requested_bytes = allocated_requested.saturating_sub(freed_requested);
         }
         // Reserved after in use: a block in use was reserved before it was counted, so a
