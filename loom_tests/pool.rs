@@ -233,3 +233,36 @@ fn last_buffers_dropped_on_two_threads() {
         worker.join().unwrap();
     });
 }
+
+/// **the reserved peak while a reservation races a trim**: a worker reserves a block from
+/// the system while the main thread reads the statistics, trims a cached block away and
+/// reads them again. The second read's `peak_reserved_bytes` is never below the first's,
+/// nor below the `reserved_bytes` the first reported. The race needs one preemption (the
+/// worker's, between its reservation and the rest of its system allocation); the model
+/// runs at bound 1, which its two trims (280 class lists each) can afford.
+///
+/// Planted bug caught: `peak_reserved_late` (the peak is raised only after the system call,
+/// from the counter as it is then: the trim lowers it first, and the reservation the first
+/// read reported never reaches the peak).
+#[test]
+fn peak_reserved_while_a_reservation_races_a_trim() {
+    common::model_within(1, 20_000, || {
+        let pool = pool();
+        drop(pool.alloc(64).unwrap()); // cached on the list: the trim's to release
+        let grower = {
+            let pool = pool.clone();
+            thread::spawn(move || drop(pool.alloc(256).unwrap()))
+        };
+        thread::yield_now();
+        let first = pool.stats();
+        pool.trim();
+        let second = pool.stats();
+        assert!(
+            second.peak_reserved_bytes >= first.peak_reserved_bytes
+                && second.peak_reserved_bytes >= first.reserved_bytes,
+            "the peak went down: {first:?} then {second:?}"
+        );
+        grower.join().unwrap();
+        trim_releases_everything(&pool);
+    });
+}

@@ -7,13 +7,22 @@ use std::sync::Arc;
 /// `max_branches` branches per execution (loom's default is 1,000); and prints how many
 /// executions were explored (`--nocapture` shows it).
 pub fn model(max_branches: usize, f: impl Fn() + Send + Sync + 'static) {
+    model_within(usize::MAX, max_branches, f);
+}
+
+/// [`model`] with the preemption bound at most `max_preemptions`, for a model whose race
+/// needs fewer preemptions than its state space can afford at the suite's bound.
+pub fn model_within(
+    max_preemptions: usize,
+    max_branches: usize,
+    f: impl Fn() + Send + Sync + 'static,
+) {
     // One counter per model: models may run on parallel test threads.
     let executions = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&executions);
     let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
+    let bound = builder.preemption_bound.unwrap_or(2).min(max_preemptions);
+    builder.preemption_bound = Some(bound);
     builder.max_branches = max_branches;
     builder.check(move || {
         counter.fetch_add(1, Ordering::Relaxed);
