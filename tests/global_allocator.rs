@@ -60,6 +60,11 @@ fn main() {
     let huge = Layout::from_size_align(1 << 62, 64).unwrap();
     // SAFETY: as above.
     assert!(unsafe { ALLOCATOR.alloc(huge) }.is_null());
+    assert_eq!(
+        PoolAllocator::fallback_allocations(),
+        fallbacks + 1,
+        "a request nobody served is no fallback allocation"
+    );
 
     // realloc across the threshold, both ways, keeps the bytes.
     let mut v: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();

@@ -183,8 +183,10 @@ impl PoolAllocator {
         BufferPool::global()
     }
 
-    /// Requests of at least the threshold that the pool refused and a fallback allocator
-    /// served instead, since the process started (all `PoolAllocator`s together).
+    /// Requests of at least the threshold that the pool refused (its budget, the system, or
+    /// a size past its largest class) and a fallback allocator served instead, since the
+    /// process started (all `PoolAllocator`s together). Requests nobody could serve are not
+    /// counted.
     ///
     /// ```
     /// let before = ferropool::PoolAllocator::fallback_allocations();
@@ -248,13 +250,13 @@ impl<F: GlobalAlloc> PoolAllocator<F> {
     /// says so) while the calling thread builds the pool's own bookkeeping, or when the pool
     /// refuses.
     fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        if !crate::thread::in_bookkeeping() {
+        let tried_pool = !crate::thread::in_bookkeeping();
+        if tried_pool {
             if let Ok(ptr) = PoolInner::alloc_raw(BufferPool::global().inner, layout, zeroed) {
                 return ptr.as_ptr();
             }
-            FALLBACKS.add(1);
         }
-        raw::alloc_fallback(layout, |block| {
+        let served = raw::alloc_fallback(layout, |block| {
             // SAFETY: `block` has a non-zero size (it holds the header).
             unsafe {
                 if zeroed {
@@ -263,7 +265,11 @@ impl<F: GlobalAlloc> PoolAllocator<F> {
                     self.fallback.alloc(block)
                 }
             }
-        })
+        });
+        if tried_pool && !served.is_null() {
+            FALLBACKS.add(1);
+        }
+        served
     }
 
     /// Gives back a block of a pooled layout to where it came from.
