@@ -292,8 +292,18 @@ impl BufferPool {
     /// ```
     pub fn flush_thread_cache(&self) -> u64 {
         let inner = self.inner();
-        let Some((slot, _)) = inner.my_slot() else {
-            return 0; // no slot, no cache
+        // A thread that never used the pool has no cache in it (and gets no slot now).
+        let slot = match thread::cached_slot(inner.id) {
+            // SAFETY: as in `PoolInner::my_slot`: cached from this pool's slot table, whose
+            // pages never move or free while the pool lives.
+            Some((slot, _)) => unsafe { &*slot.cast::<slot::Slot>() },
+            None => match thread::index()
+                .and_then(|index| u32::try_from(index).ok())
+                .and_then(|index| inner.slots.get(index))
+            {
+                Some(slot) => slot,
+                None => return 0,
+            },
         };
         slot.drain_own(|class, record| inner.push_list(class, record))
     }
@@ -543,6 +553,8 @@ impl BufferPool {
     /// ```
     /// let pool = ferropool::BufferPool::new();
     /// assert_eq!(pool.thread_state_bytes(), 0); // no thread used it yet
+    /// assert_eq!(pool.flush_thread_cache(), 0); // nothing to flush, and no state made
+    /// assert_eq!(pool.thread_state_bytes(), 0);
     /// drop(pool.alloc(64)?);
     /// assert!(pool.thread_state_bytes() > 0);
     /// assert!(pool.thread_state_bytes() < 64 << 10);
