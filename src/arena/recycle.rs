@@ -22,6 +22,7 @@ use std::ptr;
 use crossbeam_utils::CachePadded;
 
 use super::lane::{Added, Lane};
+use super::shard::SharedBatch;
 use super::ArenaError;
 use crate::stack::Link;
 use crate::sync::epoch::Guard;
@@ -394,14 +395,15 @@ impl<T: Send + 'static> super::SlotArena<T> {
         let next = arena.links.at(index);
         let mut current = removed.load(Ordering::Relaxed);
         loop {
-            let count = (current >> 32) as u32;
-            next.store(current as Link, Ordering::Relaxed);
-            let (new, full) = if count + 1 >= arena.removal_batch {
-                (0, true)
+            let batch = SharedBatch(current);
+            next.store(batch.head(), Ordering::Relaxed);
+            let (new, full) = if batch.count() + 1 >= arena.removal_batch {
+                (SharedBatch::EMPTY, true)
             } else {
-                ((u64::from(count + 1) << 32) | u64::from(link), false)
+                (SharedBatch::new(batch.count() + 1, link), false)
             };
-            match removed.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed) {
+            match removed.compare_exchange_weak(current, new.0, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) if full => return self.defer_full_batch(shard, link, guard),
                 Ok(_) => return,
                 Err(actual) => current = actual,

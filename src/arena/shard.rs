@@ -1,11 +1,11 @@
 //! Shards: each thread works on the lists of its own shard, so threads on different shards
-//! share no list head. A thread's shard is its thread index (see `crate::thread`): a small
-//! number, reused after the thread exits, so that the live threads of a process spread over
-//! distinct shards.
+//! share no list head. A thread's shard is its lane's number in the arena (see `lane`)
+//! modulo the shard count, so threads spread over the shards in the order they first use the
+//! arena; a thread without a lane uses its thread index (see `crate::thread`) instead.
 
 use crossbeam_utils::CachePadded;
 
-use crate::stack::TaggedStack;
+use crate::stack::{Link, TaggedStack};
 use crate::sync::AtomicU64;
 
 /// One shard's lists. Each head has a cache line of its own (`grown` shares the free list's:
@@ -18,11 +18,38 @@ pub(super) struct Shard {
     /// `trim` does not give it back), so a shard that keeps running dry ends up taking other
     /// shards' slots. A bound on memory, never a safety matter.
     pub(super) grown: AtomicU64,
-    /// The removal batch being filled: `count << 32 | link` of slots removed but not yet
-    /// handed to the epoch collector (by threads without a lane at hand: see `lane`).
+    /// The removal batch being filled: a [`SharedBatch`] word (`count << 32 | link`) of slots
+    /// removed but not yet handed to the epoch collector (by threads without a lane at
+    /// hand: see `lane`); 0 when empty. Moved by compare-exchange or swap only.
     pub(super) removed: CachePadded<AtomicU64>,
     /// `removed` as a sweep last saw it (written by sweepers only).
     pub(super) seen_removed: AtomicU64,
+}
+
+/// The word of a shard's shared removal batch: the slots in it (high half) and the link of
+/// its first slot (low half; the rest follow through `Arena::links`). The one place that
+/// knows the layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct SharedBatch(pub(super) u64);
+
+impl SharedBatch {
+    /// The empty batch.
+    pub(super) const EMPTY: SharedBatch = SharedBatch(0);
+
+    /// A batch of `count` slots starting at `head`.
+    pub(super) fn new(count: u32, head: Link) -> Self {
+        Self((u64::from(count) << 32) | u64::from(head))
+    }
+
+    /// Slots in the batch.
+    pub(super) fn count(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    /// The link of its first slot (`NIL` when empty).
+    pub(super) fn head(self) -> Link {
+        self.0 as Link
+    }
 }
 
 impl Shard {

@@ -12,7 +12,7 @@ use crossbeam_utils::CachePadded;
 
 use super::lane::Lanes;
 use super::recycle::Panics;
-use super::shard::Shard;
+use super::shard::{Shard, SharedBatch};
 use super::slot::{self, Slot, OCCUPIED, REMOVED};
 use super::{ArenaError, Key};
 use crate::paged::PagedTable;
@@ -172,7 +172,8 @@ impl<T> Arena<T> {
     /// each shard that had one.
     pub(super) fn take_partial_batches(&self) -> impl Iterator<Item = (usize, Link)> + '_ {
         self.shards.iter().enumerate().filter_map(|(shard, lists)| {
-            let taken = lists.removed.swap(0, Ordering::AcqRel) as Link;
+            let taken =
+                SharedBatch(lists.removed.swap(SharedBatch::EMPTY.0, Ordering::AcqRel)).head();
             (taken != NIL).then_some((shard, taken))
         })
     }
@@ -185,14 +186,19 @@ impl<T> Arena<T> {
             let removed = lists.removed.load(Ordering::Relaxed);
             let seen = lists.seen_removed.load(Ordering::Relaxed);
             lists.seen_removed.store(removed, Ordering::Relaxed);
-            if removed != 0
+            if removed != SharedBatch::EMPTY.0
                 && removed == seen
                 && lists
                     .removed
-                    .compare_exchange(removed, 0, Ordering::AcqRel, Ordering::Relaxed)
+                    .compare_exchange(
+                        removed,
+                        SharedBatch::EMPTY.0,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
                     .is_ok()
             {
-                taken.push((shard, removed as Link));
+                taken.push((shard, SharedBatch(removed).head()));
             }
         }
         taken
