@@ -13,7 +13,7 @@ pub(crate) use std_state::*;
 /// The calling thread's index, for spreading threads over shards: its own index when it has
 /// one, else 0 (threads may share a shard).
 #[inline]
-pub(crate) fn shard() -> usize {
+pub(crate) fn index_or_zero() -> usize {
     index().unwrap_or(0)
 }
 

@@ -79,7 +79,7 @@ impl<T> Arena<T> {
     /// The shard of the calling thread.
     #[inline]
     pub(super) fn my_shard(&self) -> usize {
-        crate::thread::shard() & (self.shards.len() - 1)
+        crate::thread::index_or_zero() & (self.shards.len() - 1)
     }
 
     /// Pops a chain of vacant slots from the free list of `shard`: its first slot's index

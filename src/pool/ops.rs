@@ -88,8 +88,10 @@ impl PoolInner {
         if class < inner.cached_classes {
             match slot.enter(&inner.closed) {
                 Entry::Closed => return Err(PoolError::Closed),
-                Entry::Open { bins } => {
-                    if let Some(record) = bins.then(|| slot.pop(class, class_bytes)).flatten() {
+                Entry::Open { cache_usable } => {
+                    if let Some(record) =
+                        cache_usable.then(|| slot.pop(class, class_bytes)).flatten()
+                    {
                         record.hand_out(thread, tag, class, size);
                         inner.count_alloc(slot, class_bytes, size, true);
                         slot.leave();
@@ -127,7 +129,7 @@ impl PoolInner {
         thread: u32,
         tag: u32,
     ) -> Result<Taken<'_>, PoolError> {
-        self.mark_drawn(class);
+        self.note_class_drawn(class);
         let taken = match self.pop_list(class) {
             Some(taken) => taken,
             None => self.system_alloc(class, class_bytes, size, zeroed)?,
@@ -203,9 +205,9 @@ impl PoolInner {
                 lifetime::release_after_close(self, record.index, class);
                 true
             }
-            Entry::Open { bins } => {
+            Entry::Open { cache_usable } => {
                 let config = &self.config;
-                let cached = bins
+                let cached = cache_usable
                     && allocator == thread
                     && class < self.cached_classes
                     && slot.push(

@@ -25,7 +25,7 @@ impl PoolInner {
         let mut released = None;
         if !self.reserve(class_bytes as u64) {
             // Release every cached block, other threads' caches included, and try once more.
-            released = Some(self.release_for_room());
+            released = Some(self.release_cached_for_retry());
             self.counters.retries.fetch_add(1, Ordering::Relaxed);
             if !self.reserve(class_bytes as u64) {
                 self.counters
@@ -48,7 +48,7 @@ impl PoolInner {
         let mut raw = allocate();
         if raw.is_null() && released.is_none() {
             // The system is short: give it back what is cached, then try once more.
-            released = Some(self.release_for_room());
+            released = Some(self.release_cached_for_retry());
             self.counters.retries.fetch_add(1, Ordering::Relaxed);
             raw = allocate();
         }
@@ -243,14 +243,14 @@ impl PoolInner {
 
     /// Releases every cached block to make room for an allocation; returns what was cached
     /// before, for the error report should the room still not suffice.
-    pub(super) fn release_for_room(&self) -> CachedPicture {
-        let picture = self.cached_picture();
+    pub(super) fn release_cached_for_retry(&self) -> CacheSnapshot {
+        let picture = self.cache_snapshot();
         self.release_cached();
         picture
     }
 
     /// Where cached memory is, for an out-of-memory report.
-    pub(super) fn cached_picture(&self) -> CachedPicture {
+    pub(super) fn cache_snapshot(&self) -> CacheSnapshot {
         let mut in_threads = 0;
         self.for_each_slot(|slot| in_threads += slot.binned());
         let mut largest = 0;
@@ -261,7 +261,7 @@ impl PoolInner {
         });
         let (in_use, _) = self.in_use_now();
         let reserved = self.counters.reserved.load(Ordering::Relaxed);
-        CachedPicture {
+        CacheSnapshot {
             in_threads,
             in_lists: reserved.saturating_sub(in_use).saturating_sub(in_threads),
             largest,
@@ -272,9 +272,9 @@ impl PoolInner {
         &self,
         requested: usize,
         block_bytes: usize,
-        released: Option<CachedPicture>,
+        released: Option<CacheSnapshot>,
     ) -> OutOfMemory {
-        let before = released.unwrap_or_else(|| self.cached_picture());
+        let before = released.unwrap_or_else(|| self.cache_snapshot());
         let (in_use, _) = self.in_use_now();
         let (reserved, peak_reserved) = self.counters.reserved_and_peak();
         OutOfMemory {
@@ -292,7 +292,7 @@ impl PoolInner {
 
     /// Records that an allocation drew on `class` in the current idle round. Stores only on
     /// a change, so a class in steady use keeps its line shared instead of bouncing it.
-    pub(super) fn mark_drawn(&self, class: usize) {
+    pub(super) fn note_class_drawn(&self, class: usize) {
         let round = self.idle_round.load(Ordering::Relaxed);
         if self.last_drawn[class].load(Ordering::Relaxed) != round {
             self.last_drawn[class].store(round, Ordering::Relaxed);
@@ -340,7 +340,7 @@ impl PoolInner {
 
 /// Where cached memory was before a release.
 #[derive(Clone, Copy)]
-pub(super) struct CachedPicture {
+pub(super) struct CacheSnapshot {
     pub(super) in_threads: u64,
     pub(super) in_lists: u64,
     pub(super) largest: usize,

@@ -95,8 +95,8 @@ pub(super) fn bump(counter: &AtomicU64, delta: u64) {
 /// The outcome of [`Slot::enter`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Entry {
-    /// The pool is open; `bins` says whether the bins may be used.
-    Open { bins: bool },
+    /// The pool is open; `cache_usable` says whether the bins may be used.
+    Open { cache_usable: bool },
     /// The pool is closed: the operation must not touch the slot (the owner is not busy).
     Closed,
 }
@@ -123,7 +123,7 @@ impl Slot {
             return Entry::Closed;
         }
         Entry::Open {
-            bins: self.handshake.may_use(),
+            cache_usable: self.handshake.may_use(),
         }
     }
 
