@@ -72,6 +72,24 @@ pub(crate) fn allocate<T>(len: usize, mut init: impl FnMut(usize) -> T) -> *mut 
     base
 }
 
+/// Makes `at` point to an array of `len` elements (`init(offset)` each, from [`allocate`])
+/// unless it points to one already: another thread may win the race, and then its array
+/// stays and ours is dropped. `at` must only ever hold null or such an array.
+pub(crate) fn publish_once<T>(at: &AtomicPtr<T>, len: usize, init: impl FnMut(usize) -> T) {
+    if !at.load(Ordering::Acquire).is_null() {
+        return;
+    }
+    let fresh = allocate(len, init);
+    if at
+        .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        // SAFETY: `fresh` came from `allocate` above with this length and was never
+        // published, so it is still ours alone.
+        unsafe { free(fresh, len) };
+    }
+}
+
 /// Drops and frees a page from [`allocate`].
 ///
 /// # Safety
@@ -171,18 +189,7 @@ impl<T> PagedTable<T> {
     /// Allocates page `page` with `init(offset)` for each element unless it is allocated
     /// already (another thread may win the race: then its page stays and ours is dropped).
     pub(crate) fn ensure_page(&self, page: usize, init: impl FnMut(usize) -> T) {
-        if self.has_page(page) {
-            return;
-        }
-        let fresh = allocate(self.page_len(page), init);
-        if self.pages[page]
-            .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            // SAFETY: `fresh` came from `allocate` above with this length and was never
-            // published, so it is still ours alone.
-            unsafe { free(fresh, self.page_len(page)) };
-        }
+        publish_once(&self.pages[page], self.page_len(page), init);
     }
 
     /// Unlinks page `page` and hands it to the caller, or `None` if it is not allocated.

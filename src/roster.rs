@@ -103,23 +103,9 @@ impl<T> Roster<T> {
         let (leaf_page, _) = self.map.locate(index / LEAF);
         self.map
             .ensure_page(leaf_page, |_| LeafPtr(AtomicPtr::new(std::ptr::null_mut())));
-        let slot = &self.map.at(index / LEAF).0;
-        if slot.load(Ordering::Acquire).is_null() {
-            let fresh = paged::allocate(LEAF as usize, |_| AtomicU32::new(0));
-            if slot
-                .compare_exchange(
-                    std::ptr::null_mut(),
-                    fresh,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_err()
-            {
-                // SAFETY: `fresh` came from `allocate` with `LEAF` elements and was never
-                // published.
-                unsafe { paged::free(fresh, LEAF as usize) };
-            }
-        }
+        paged::publish_once(&self.map.at(index / LEAF).0, LEAF as usize, |_| {
+            AtomicU32::new(0)
+        });
         let number = self.len.fetch_add(1, Ordering::AcqRel);
         if number >= MAX_RECORDS {
             self.len.store(MAX_RECORDS, Ordering::Relaxed);
