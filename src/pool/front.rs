@@ -6,6 +6,7 @@
 #![cfg_attr(loom, allow(unused_imports, dead_code))]
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::mem::ManuallyDrop;
 use std::ptr::{self, NonNull};
 
 use super::raw::{self, Origin, MAX_ALIGN};
@@ -278,14 +279,11 @@ impl<F: GlobalAlloc> PoolAllocator<F> {
     ///
     /// `ptr` came from [`allocate`](Self::allocate) and is not used afterwards.
     unsafe fn deallocate(&self, ptr: NonNull<u8>) {
-        // SAFETY: the caller's contract: a raw block with its header.
+        // SAFETY: the caller's contract: a raw block with its header, given back once here.
         match unsafe { raw::origin(ptr) } {
-            // SAFETY: a pool block, given back once.
-            Origin::Pooled => unsafe { PoolInner::dealloc_raw(ptr) },
+            Origin::Pooled(buffer) => drop(ManuallyDrop::into_inner(buffer)),
             // SAFETY: a block of the fallback with that layout (its header says so).
-            Origin::Fallback(block) => unsafe {
-                self.fallback.dealloc(block.base(), block.layout())
-            },
+            Origin::Fallback(block) => unsafe { self.fallback.dealloc(block.base, block.layout) },
         }
     }
 }
@@ -350,18 +348,21 @@ unsafe impl<F: GlobalAlloc> GlobalAlloc for PoolAllocator<F> {
             // SAFETY: the caller's contract, passed on.
             (false, false) => unsafe { self.fallback.realloc(ptr, layout, new_size) },
             (true, true)
-                // SAFETY: a raw block (see `dealloc`), still in use.
-                if matches!(unsafe { raw::origin(NonNull::new_unchecked(ptr)) }, Origin::Pooled)
-                    && {
-                        // SAFETY: a raw pool block, still in use.
-                        let capacity =
-                            unsafe { PoolInner::raw_capacity(NonNull::new_unchecked(ptr)) };
-                        new_size <= capacity && new_size >= capacity / 2
-                    } =>
+                if {
+                    // SAFETY: a raw block (see `dealloc`), still in use; the copy is only
+                    // looked at.
+                    let block = unsafe { raw::origin(NonNull::new_unchecked(ptr)) };
+                    // SAFETY: as above: `ptr` is non-null.
+                    block
+                        .pooled_capacity(unsafe { NonNull::new_unchecked(ptr) })
+                        .is_some_and(|capacity| new_size <= capacity && new_size >= capacity / 2)
+                } =>
             {
                 // SAFETY: a raw pool block that holds `new_size` bytes; the caller gives it
                 // to us for the call.
-                unsafe { PoolInner::resize_raw(NonNull::new_unchecked(ptr), layout.size(), new_size) };
+                unsafe {
+                    PoolInner::resize_raw(NonNull::new_unchecked(ptr), layout.size(), new_size)
+                };
                 ptr
             }
             _ => {

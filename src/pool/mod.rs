@@ -293,17 +293,8 @@ impl BufferPool {
     pub fn flush_thread_cache(&self) -> u64 {
         let inner = self.inner();
         // A thread that never used the pool has no cache in it (and gets no slot now).
-        let slot = match thread::cached_slot(inner.id) {
-            // SAFETY: as in `PoolInner::my_slot`: cached from this pool's slot table, whose
-            // pages never move or free while the pool lives.
-            Some((slot, _)) => unsafe { &*slot.cast::<slot::Slot>() },
-            None => match thread::index()
-                .and_then(|index| u32::try_from(index).ok())
-                .and_then(|index| inner.slots.get(index))
-            {
-                Some(slot) => slot,
-                None => return 0,
-            },
+        let Some(slot) = inner.my_existing_slot() else {
+            return 0;
         };
         slot.drain_own(|class, record| inner.push_list(class, record))
     }

@@ -55,6 +55,17 @@ impl PoolInner {
         self.my_slot_slow()
     }
 
+    /// The calling thread's slot if it has one already (a thread that never used the pool
+    /// gets none, and no slot is made).
+    pub(super) fn my_existing_slot(&self) -> Option<&Slot> {
+        if let Some((slot, _)) = thread::cached_slot(self.id) {
+            // SAFETY: as in `my_slot`.
+            return Some(unsafe { &*slot.cast::<Slot>() });
+        }
+        let thread = u32::try_from(thread::index()?).ok()?;
+        self.slots.get(thread).map(|slot| &**slot)
+    }
+
     #[cold]
     #[inline(never)]
     pub(super) fn my_slot_slow(&self) -> Option<(&Slot, u32)> {

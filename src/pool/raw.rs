@@ -41,23 +41,9 @@ union Body {
 #[repr(C)]
 pub(super) struct Fallback {
     /// The start of the block (the header and padding come before the caller's pointer).
-    base: *mut u8,
-    /// The block's layout.
-    size: usize,
-    align: usize,
-}
-
-impl Fallback {
+    pub(super) base: *mut u8,
     /// The layout the block was allocated with.
-    pub(super) fn layout(&self) -> Layout {
-        // SAFETY: built from a valid layout in `alloc_fallback`.
-        unsafe { Layout::from_size_align_unchecked(self.size, self.align) }
-    }
-
-    /// The block's start.
-    pub(super) fn base(&self) -> *mut u8 {
-        self.base
-    }
+    pub(super) layout: Layout,
 }
 
 /// `Header::kind` of a pool block.
@@ -87,27 +73,45 @@ fn user_pointer(start: *mut u8, align: usize) -> *mut u8 {
     start.wrapping_add(offset)
 }
 
-/// Where a raw block came from, read from its header.
+/// Where a raw block came from, read from its header (one read: the caller frees or looks at
+/// the block from this copy).
 pub(super) enum Origin {
-    /// The pool: [`PoolInner::dealloc_raw`] gives it back.
-    Pooled,
+    /// The pool, with the block's buffer: dropping it (`ManuallyDrop::into_inner`) gives the
+    /// block back; a copy only looked at must not be dropped.
+    Pooled(ManuallyDrop<PoolBuffer>),
     /// The fallback allocator, with this block.
     Fallback(Fallback),
+}
+
+impl Origin {
+    /// Bytes the block can hold for its caller's pointer `ptr` without moving (`None` for a
+    /// fallback block, which never grows in place).
+    pub(super) fn pooled_capacity(&self, ptr: NonNull<u8>) -> Option<usize> {
+        match self {
+            Origin::Pooled(buffer) => {
+                Some(buffer.capacity() - (ptr.as_ptr() as usize - buffer.as_ptr() as usize))
+            }
+            Origin::Fallback(_) => None,
+        }
+    }
 }
 
 /// Reads the origin of a raw block.
 ///
 /// # Safety
 ///
-/// `ptr` came from [`PoolInner::alloc_raw`] or [`alloc_fallback`] and is still in use.
+/// `ptr` came from [`PoolInner::alloc_raw`] or [`alloc_fallback`] and is still in use; a
+/// `Pooled` buffer returned is dropped at most once, and only when the block is given back.
 pub(super) unsafe fn origin(ptr: NonNull<u8>) -> Origin {
     // SAFETY: both writers put a `Header` right before `ptr`, in the same block (the caller's
     // contract); it is read unaligned (the pointer has only the layout's alignment).
     let header = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>().read_unaligned() };
-    match header.kind {
-        // SAFETY: `kind` says which field `body` holds.
-        FALLBACK => Origin::Fallback(unsafe { header.body.fallback }),
-        _ => Origin::Pooled,
+    // SAFETY: `kind` says which field `body` holds.
+    unsafe {
+        match header.kind {
+            FALLBACK => Origin::Fallback(header.body.fallback),
+            _ => Origin::Pooled(header.body.pooled),
+        }
     }
 }
 
@@ -134,8 +138,7 @@ pub(super) fn alloc_fallback(layout: Layout, allocate: impl FnOnce(Layout) -> *m
             body: Body {
                 fallback: Fallback {
                     base,
-                    size: block.size(),
-                    align: block.align(),
+                    layout: block,
                 },
             },
             kind: FALLBACK,
@@ -180,26 +183,22 @@ impl PoolInner {
     ///
     /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is not used afterwards.
     pub(super) unsafe fn dealloc_raw(ptr: NonNull<u8>) {
-        // SAFETY: `alloc_raw` wrote the header right before `ptr`, in the same block (the
-        // caller's contract); it is read once, and the buffer dropped, here.
-        let header = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>().read_unaligned() };
-        debug_assert_eq!(header.kind, POOLED);
-        // SAFETY: a pool block's header holds its buffer.
-        drop(ManuallyDrop::into_inner(unsafe { header.body.pooled }));
+        // SAFETY: the caller's contract; the buffer is dropped once, here.
+        if let Origin::Pooled(buffer) = unsafe { origin(ptr) } {
+            drop(ManuallyDrop::into_inner(buffer));
+        } else {
+            debug_assert!(false, "a fallback block given back as a pool block");
+        }
     }
 
-    /// Bytes a raw pool block can hold for its layout without moving.
+    /// Bytes a raw pool block can hold for its caller's pointer without moving.
     ///
     /// # Safety
     ///
     /// As [`dealloc_raw`](Self::dealloc_raw), but the block stays in use.
     pub(super) unsafe fn raw_capacity(ptr: NonNull<u8>) -> usize {
         // SAFETY: as in `dealloc_raw`; the copy is only looked at (never dropped).
-        let header = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>().read_unaligned() };
-        // SAFETY: a pool block's header holds its buffer.
-        let buffer = unsafe { &header.body.pooled };
-        let start = buffer.as_ptr() as usize;
-        buffer.capacity() - (ptr.as_ptr() as usize - start)
+        unsafe { origin(ptr) }.pooled_capacity(ptr).unwrap_or(0)
     }
 
     /// Records that a raw pool block allocated (or last resized) for `old_size` bytes now
