@@ -177,11 +177,13 @@ impl PoolInner {
         }
     }
 
-    /// Gives back a raw pool block.
+    /// Gives back a raw pool block (for the `Allocator` front end, whose blocks are all pool
+    /// blocks).
     ///
     /// # Safety
     ///
     /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is not used afterwards.
+    #[cfg(feature = "allocator-api2")]
     pub(super) unsafe fn dealloc_raw(ptr: NonNull<u8>) {
         // SAFETY: the caller's contract; the buffer is dropped once, here.
         if let Origin::Pooled(buffer) = unsafe { origin(ptr) } {
@@ -195,9 +197,10 @@ impl PoolInner {
     ///
     /// # Safety
     ///
-    /// As [`dealloc_raw`](Self::dealloc_raw), but the block stays in use.
+    /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is still in use.
+    #[cfg(feature = "allocator-api2")]
     pub(super) unsafe fn raw_capacity(ptr: NonNull<u8>) -> usize {
-        // SAFETY: as in `dealloc_raw`; the copy is only looked at (never dropped).
+        // SAFETY: the caller's contract; the copy is only looked at (never dropped).
         unsafe { origin(ptr) }.pooled_capacity(ptr).unwrap_or(0)
     }
 
@@ -207,11 +210,13 @@ impl PoolInner {
     ///
     /// # Safety
     ///
-    /// As [`raw_capacity`](Self::raw_capacity); `old_size` is the size the block was
-    /// allocated or last resized for, `new_size` fits the block
-    /// (`raw_capacity(ptr) >= new_size`), and nothing else uses the block meanwhile.
+    /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is still in use; `old_size` is the
+    /// size the block was allocated or last resized for, `new_size` fits the block (its
+    /// pooled capacity for `ptr` is at least `new_size`), and nothing else uses the block
+    /// meanwhile.
     pub(super) unsafe fn resize_raw(ptr: NonNull<u8>, old_size: usize, new_size: usize) {
-        // SAFETY: as in `dealloc_raw`; the header is written back below, the block ours.
+        // SAFETY: `alloc_raw` wrote the header right before `ptr`, in the same block (the
+        // caller's contract); it is written back below, the block ours meanwhile.
         let at = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>() };
         // SAFETY: as above.
         let mut header = unsafe { at.read_unaligned() };
