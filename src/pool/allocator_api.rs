@@ -65,14 +65,8 @@ unsafe impl Allocator for BufferPool {
                 return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
             }
         }
-        let grown = allocate(self, new_layout, false)?;
-        // SAFETY: both blocks hold `old_layout.size()` bytes; they are distinct; the old one
-        // came from `allocate` with `old_layout` (the caller's contract).
-        unsafe {
-            std::ptr::copy_nonoverlapping(ptr.as_ptr(), grown.cast().as_ptr(), old_layout.size());
-            self.deallocate(ptr, old_layout);
-        }
-        Ok(grown)
+        // SAFETY: the caller's contract; `old_layout.size() <= new_layout.size()`.
+        unsafe { move_block(self, ptr, old_layout, new_layout, old_layout.size()) }
     }
 
     /// Shrinks in place: the block keeps its bytes, and no new memory is asked for (which
@@ -90,8 +84,7 @@ unsafe impl Allocator for BufferPool {
         if new_layout.size() == 0 {
             // SAFETY: the caller's contract: a block from `allocate` with `old_layout`.
             unsafe { self.deallocate(ptr, old_layout) };
-            let dangling = NonNull::new(new_layout.align() as *mut u8).ok_or(AllocError)?;
-            return Ok(NonNull::slice_from_raw_parts(dangling, 0));
+            return allocate(self, new_layout, false); // a dangling pointer, nothing held
         }
         if new_layout.align() <= old_layout.align()
             || (ptr.as_ptr() as usize).is_multiple_of(new_layout.align())
@@ -104,15 +97,32 @@ unsafe impl Allocator for BufferPool {
             };
             return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
         }
-        let moved = allocate(self, new_layout, false)?;
-        // SAFETY: both blocks hold `new_layout.size()` bytes; they are distinct; the old one
-        // came from `allocate` with `old_layout` (the caller's contract).
-        unsafe {
-            std::ptr::copy_nonoverlapping(ptr.as_ptr(), moved.cast().as_ptr(), new_layout.size());
-            self.deallocate(ptr, old_layout);
-        }
-        Ok(moved)
+        // SAFETY: the caller's contract; `new_layout.size() <= old_layout.size()`.
+        unsafe { move_block(self, ptr, old_layout, new_layout, new_layout.size()) }
     }
+}
+
+/// Moves a block of `pool` to a new one for `new_layout`, copying its first `bytes`.
+///
+/// # Safety
+///
+/// `ptr` came from `pool`'s `allocate` with `old_layout` and is not used afterwards; both
+/// layouts hold at least `bytes`.
+unsafe fn move_block(
+    pool: &BufferPool,
+    ptr: NonNull<u8>,
+    old_layout: Layout,
+    new_layout: Layout,
+    bytes: usize,
+) -> Result<NonNull<[u8]>, AllocError> {
+    let moved = allocate(pool, new_layout, false)?;
+    // SAFETY: both blocks hold `bytes` bytes (the caller's contract) and are distinct; the
+    // old one is given back once, after the copy.
+    unsafe {
+        std::ptr::copy_nonoverlapping(ptr.as_ptr(), moved.cast().as_ptr(), bytes);
+        pool.deallocate(ptr, old_layout);
+    }
+    Ok(moved)
 }
 
 /// A block for `layout` from `pool`: with the capacity it really has, or, zeroed, with the
