@@ -2,14 +2,9 @@
 //! budget and what the run needed, never a signal (it ended in SIGABRT from inside the GEMM,
 //! then in exit code 2 with the pool's own advice to raise `PoolConfig::budget`).
 
-use std::process::{Command, Output};
+mod common;
 
-fn train_replay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train-replay"))
-        .args(args)
-        .output()
-        .expect("the main job starts")
-}
+use common::{train_replay, train_small, SMALL_MODEL};
 
 /// The run fails with exit code 1 and one budget message.
 fn over_budget(args: &[&str], budget: &str) {
@@ -58,41 +53,13 @@ fn a_budget_too_small_for_the_first_tensors_is_an_error() {
 fn a_budget_that_runs_out_inside_a_step_is_an_error() {
     // Peak reserved without a budget: 8.4 MiB; 6 MiB runs out inside the first step, on the
     // worker threads, with GEMMs (whose packing buffers share the pool) running.
-    over_budget(
-        &[
-            "--budget",
-            "6MiB",
-            "--steps",
-            "2",
-            "--batch",
-            "256",
-            "--hidden",
-            "256",
-            "--layers",
-            "4",
-            "--threads",
-            "2",
-        ],
-        "6.00 MiB",
-    );
+    let args = [&["--budget", "6MiB", "--steps", "2"], SMALL_MODEL].concat();
+    over_budget(&args, "6.00 MiB");
 }
 
 #[test]
 fn a_budget_that_holds_the_run_trains() {
-    let out = train_replay(&[
-        "--budget",
-        "16MiB",
-        "--steps",
-        "2",
-        "--batch",
-        "256",
-        "--hidden",
-        "256",
-        "--layers",
-        "4",
-        "--threads",
-        "2",
-    ]);
+    let out = train_small("2", &["--budget", "16MiB"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -4,14 +4,9 @@
 //! checkpoint every 0 layers silently became 1, a budget took whole binary units only, and
 //! `--plot x.png` wrote SVG into a `.png`.)
 
-use std::process::{Command, Output};
+mod common;
 
-fn train_replay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train-replay"))
-        .args(args)
-        .output()
-        .expect("the main job starts")
-}
+use common::train_replay;
 
 /// `flag=value` is refused with exit code 2 and a message naming `flag` and holding each of
 /// `allowed`. (The rest of the command line is a tiny run, so that a value taken by mistake
@@ -27,10 +22,7 @@ fn refused(flag: &str, value: &str, allowed: &[&str]) {
     for (name, count) in tiny.into_iter().filter(|(name, _)| *name != flag) {
         args.extend([name.to_owned(), count.to_owned()]);
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_train-replay"))
-        .args(&args)
-        .output()
-        .expect("the main job starts");
+    let out = train_replay(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         out.status.code(),

@@ -4,26 +4,11 @@
 //! and its export in the pool, the peak in use went from 35 to 87 MiB; with the ring from
 //! the system, the peak RSS went from 43 to 91 MiB.)
 
-use std::process::Command;
+mod common;
 
 /// The table's figures of one run, by row name.
 fn figures(extra: &[&str]) -> Vec<(String, f64)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_train-replay"))
-        .args([
-            "--steps",
-            "4",
-            "--batch",
-            "256",
-            "--hidden",
-            "256",
-            "--layers",
-            "4",
-            "--threads",
-            "2",
-        ])
-        .args(extra)
-        .output()
-        .expect("the main job runs");
+    let out = common::train_small("4", extra);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
