@@ -1,7 +1,7 @@
 //! Memory tags: names a caller gives to what its buffers are for (a checkpoint chain, a
 //! model's weights), so that a pool's snapshot can say how much memory each holds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU32;
 use std::ops::Index;
@@ -13,14 +13,14 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// a pool lock is held), and [`MemoryTag::name`] only reads it.
 static NAMES: Mutex<Names> = Mutex::new(Names {
     by_id: Vec::new(),
-    by_name: None,
+    by_name: BTreeMap::new(),
 });
 
 struct Names {
     /// Tag `n`'s name is `by_id[n - 1]`; each name is here once.
     by_id: Vec<&'static str>,
-    /// Each name's tag (made with the first tag: a `HashMap` cannot be made in a `static`).
-    by_name: Option<HashMap<&'static str, NonZeroU32>>,
+    /// Each name's tag (a `BTreeMap`: it can be made in a `static`).
+    by_name: BTreeMap<&'static str, NonZeroU32>,
 }
 
 fn names() -> MutexGuard<'static, Names> {
@@ -71,8 +71,7 @@ impl MemoryTag {
         let _bookkeeping = crate::thread::Bookkeeping::open();
         let mut guard = names();
         let names = &mut *guard;
-        let by_name = names.by_name.get_or_insert_with(HashMap::new);
-        if let Some(&id) = by_name.get(name) {
+        if let Some(&id) = names.by_name.get(name) {
             return Self(id);
         }
         let id = u32::try_from(names.by_id.len() + 1)
@@ -82,7 +81,7 @@ impl MemoryTag {
         // Stored once per name, for the whole process: a tag may be used anywhere, any time.
         let name: &'static str = Box::leak(Box::from(name));
         names.by_id.push(name);
-        by_name.insert(name, id);
+        names.by_name.insert(name, id);
         Self(id)
     }
 
