@@ -3,6 +3,7 @@
 //! would write.
 
 use std::collections::HashMap;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use ferropool::{
@@ -24,6 +25,17 @@ pub trait Backend: Sync {
 
     /// A buffer of zeros.
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Buf, String>;
+    /// A buffer whose elements `init` writes (a kernel's output: no zeroing first).
+    ///
+    /// # Safety
+    ///
+    /// `init` writes every element of the slice it is given.
+    unsafe fn written(
+        &self,
+        rows: usize,
+        cols: usize,
+        init: impl FnOnce(&mut [MaybeUninit<f32>]),
+    ) -> Result<Self::Buf, String>;
     /// The elements.
     fn slice(buf: &Self::Buf) -> &[f32];
     /// The elements, for writing.
@@ -49,6 +61,18 @@ pub struct PoolBackend {
     pub pool: &'static BufferPool,
 }
 
+impl PoolBackend {
+    /// The message of a `rows x cols` tensor the pool refused.
+    fn refused(&self, error: TensorError, rows: usize, cols: usize) -> String {
+        match &error {
+            TensorError::Pool(PoolError::BudgetExceeded(oom)) => {
+                over_budget(oom, self.pool.budget(), rows, cols)
+            }
+            _ => format!("a {rows} x {cols} f32 tensor from the pool: {error}"),
+        }
+    }
+}
+
 /// What a checkpoint node's graph is here: the layer its retained input feeds.
 #[derive(Debug)]
 pub struct Segment {
@@ -65,12 +89,20 @@ impl Backend for PoolBackend {
     type Chain = Chain;
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<Tensor, String> {
-        Tensor::zeros_in(self.pool, DType::F32, &[rows, cols]).map_err(|error| match &error {
-            TensorError::Pool(PoolError::BudgetExceeded(oom)) => {
-                over_budget(oom, self.pool.budget(), rows, cols)
-            }
-            _ => format!("a {rows} x {cols} f32 tensor from the pool: {error}"),
-        })
+        Tensor::zeros_in(self.pool, DType::F32, &[rows, cols])
+            .map_err(|error| self.refused(error, rows, cols))
+    }
+    unsafe fn written(
+        &self,
+        rows: usize,
+        cols: usize,
+        init: impl FnOnce(&mut [MaybeUninit<f32>]),
+    ) -> Result<Tensor, String> {
+        let mut tensor = Tensor::uninit_in::<f32>(self.pool, &[rows, cols])
+            .map_err(|error| self.refused(error, rows, cols))?;
+        init(tensor.as_uninit_mut());
+        // SAFETY: the caller's contract: `init` wrote every element.
+        Ok(unsafe { tensor.assume_init() })
     }
     fn slice(buf: &Tensor) -> &[f32] {
         // Every tensor of this backend is f32 (`zeros`): a dtype mismatch is a bug here.
@@ -141,6 +173,21 @@ impl Backend for VecBackend {
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<Vec<f32>, String> {
         Ok(vec![0.0; rows * cols])
+    }
+    unsafe fn written(
+        &self,
+        rows: usize,
+        cols: usize,
+        init: impl FnOnce(&mut [MaybeUninit<f32>]),
+    ) -> Result<Vec<f32>, String> {
+        let len = rows
+            .checked_mul(cols)
+            .ok_or_else(|| format!("a {rows} x {cols} buffer overflows"))?;
+        let mut values = Vec::with_capacity(len);
+        init(&mut values.spare_capacity_mut()[..len]);
+        // SAFETY: the caller's contract: `init` wrote the first `len` elements.
+        unsafe { values.set_len(len) };
+        Ok(values)
     }
     fn slice(buf: &Vec<f32>) -> &[f32] {
         buf

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use crate::args::Args;
 use crate::backend::Backend;
-use crate::kernels::{adam, add_into, bias_relu, gemm, par_gemm, relu_mask, Mat};
+use crate::kernels::{self, adam, add_into, par_add_into, relu_mask, Mat};
 
 /// Input features.
 pub const INPUT: usize = 128;
@@ -120,7 +120,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         })
     }
 
-    /// `relu?(input * W + b)` for `rows` rows; the GEMM's rows split over `threads`.
+    /// `relu?(input * W + b)` for `rows` rows, fused; the GEMM's rows split over `threads`.
     fn linear(
         &self,
         l: usize,
@@ -130,23 +130,39 @@ impl<'a, B: Backend> Trainer<'a, B> {
         threads: usize,
     ) -> Result<B::Buf, String> {
         let layer = &self.layers[l];
-        let mut out = self.backend.zeros(rows, layer.outputs)?;
-        let o = B::slice_mut(&mut out);
-        let weight = Mat::rows(&layer.weight, layer.outputs);
-        if threads > 1 {
-            par_gemm(rows, layer.inputs, layer.outputs, input, weight, o, threads);
-        } else {
-            gemm(
-                rows,
-                layer.inputs,
-                layer.outputs,
-                Mat::rows(input, layer.inputs),
-                weight,
-                o,
-            );
+        let (k, n) = (layer.inputs, layer.outputs);
+        // SAFETY: `kernels::linear` writes every element of its output.
+        unsafe {
+            self.backend.written(rows, n, |out| {
+                kernels::linear(
+                    rows,
+                    k,
+                    n,
+                    input,
+                    &layer.weight,
+                    &layer.bias,
+                    relu,
+                    out,
+                    threads,
+                )
+            })
         }
-        bias_relu(o, &layer.bias, relu);
-        Ok(out)
+    }
+
+    /// `a[m x k] * b[k x n]` into a new buffer.
+    fn product(
+        &self,
+        m: usize,
+        k: usize,
+        n: usize,
+        a: Mat<'_>,
+        b: Mat<'_>,
+    ) -> Result<B::Buf, String> {
+        // SAFETY: a GEMM that does not accumulate writes every element of its output.
+        unsafe {
+            self.backend
+                .written(m, n, |out| kernels::gemm(m, k, n, a, b, out, false))
+        }
     }
 
     /// One training step; returns the mean loss.
@@ -154,10 +170,15 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.step += 1;
         let count = self.layers.len();
         // The batch: inputs from the backend, labels from the teacher.
-        let mut x = self.backend.zeros(batch, INPUT)?;
-        B::slice_mut(&mut x)
-            .iter_mut()
-            .for_each(|v| *v = self.rng.normal());
+        let rng = &mut self.rng;
+        // SAFETY: the closure writes every element.
+        let x = unsafe {
+            self.backend.written(batch, INPUT, |x| {
+                x.iter_mut().for_each(|v| {
+                    v.write(rng.normal());
+                })
+            })?
+        };
         self.labels.clear();
         for row in B::slice(&x).chunks_exact(INPUT) {
             let label = (0..CLASSES)
@@ -210,23 +231,39 @@ impl<'a, B: Backend> Trainer<'a, B> {
         };
         drop(chain); // the end of the step's retention: the checkpoints go back
         drop(current);
-        let partials = partials.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let mut partials = partials.into_iter().collect::<Result<Vec<_>, _>>()?;
 
-        // Sum the threads' gradients and take an Adam step.
+        // Sum the threads' gradients into the first thread's and take an Adam step, both
+        // split over the threads.
         let (t, lr) = (self.step as i32, self.lr);
-        for l in 0..count {
-            let (inputs, outputs) = (self.layers[l].inputs, self.layers[l].outputs);
-            let mut weight_grad = self.backend.zeros(inputs, outputs)?;
-            let mut bias_grad = self.backend.zeros(1, outputs)?;
-            for p in &partials {
-                add_into(B::slice_mut(&mut weight_grad), B::slice(&p.weight_grads[l]));
-                add_into(B::slice_mut(&mut bias_grad), B::slice(&p.bias_grads[l]));
+        let (sum, rest) = partials
+            .split_first_mut()
+            .ok_or("a backward pass without threads")?;
+        let (layers, workers) = (&mut self.layers, &self.workers);
+        workers.install(|| {
+            for (l, layer) in layers.iter_mut().enumerate() {
+                for p in rest.iter() {
+                    par_add_into(
+                        B::slice_mut(&mut sum.weight_grads[l]),
+                        B::slice(&p.weight_grads[l]),
+                    );
+                    add_into(
+                        B::slice_mut(&mut sum.bias_grads[l]),
+                        B::slice(&p.bias_grads[l]),
+                    );
+                }
+                let [mw, vw, mb, vb] = &mut layer.moments;
+                adam(
+                    &mut layer.weight,
+                    B::slice(&sum.weight_grads[l]),
+                    mw,
+                    vw,
+                    lr,
+                    t,
+                );
+                adam(&mut layer.bias, B::slice(&sum.bias_grads[l]), mb, vb, lr, t);
             }
-            let layer = &mut self.layers[l];
-            let [mw, vw, mb, vb] = &mut layer.moments;
-            adam(&mut layer.weight, B::slice(&weight_grad), mw, vw, lr, t);
-            adam(&mut layer.bias, B::slice(&bias_grad), mb, vb, lr, t);
-        }
+        });
         Ok(loss / batch as f32)
     }
 
@@ -279,68 +316,73 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let mut upstream = self.backend.zeros(rows, CLASSES)?;
         B::slice_mut(&mut upstream).copy_from_slice(logits_grad);
         let starts: Vec<usize> = (0..count).step_by(self.checkpoint_every).collect();
+        // The recomputed inputs of a segment's layers after its first.
         let mut inputs: Vec<B::Buf> = Vec::with_capacity(self.checkpoint_every);
         for (s, &start) in starts.iter().enumerate().rev() {
             let end = starts.get(s + 1).copied().unwrap_or(count);
-            // Recompute the inputs of layers start..end for our rows, from the checkpoint.
             let width = self.layers[start].inputs;
-            inputs.clear();
-            let first = B::with_saved(&B::checkpoint(chain, start)?, |all| {
-                let mut first = self.backend.zeros(rows, width)?;
-                B::slice_mut(&mut first).copy_from_slice(&all[r0 * width..r1 * width]);
-                Ok(first)
-            })?;
-            inputs.push(first);
-            for l in start..end - 1 {
-                let next = self.linear(l, B::slice(&inputs[l - start]), rows, true, 1)?;
-                inputs.push(next);
-            }
-            // Back-propagate through layers end-1 ..= start.
-            for l in (start..end).rev() {
-                let layer = &self.layers[l];
-                let g = B::slice_mut(&mut upstream);
-                if l + 1 < count {
-                    // The ReLU output is the next layer's input: recomputed, or the next
-                    // segment's checkpoint (read in place, concurrently with other threads).
-                    if l + 1 < end {
-                        relu_mask(g, B::slice(&inputs[l + 1 - start]));
+            // The segment's first input is our rows of its checkpoint, read in place through
+            // the retained handle (concurrently with the other threads) for the whole segment.
+            B::with_saved(&B::checkpoint(chain, start)?, |all| {
+                let first = &all[r0 * width..r1 * width];
+                inputs.clear();
+                for l in start..end - 1 {
+                    let input = if l == start {
+                        first
                     } else {
-                        let w = layer.outputs;
-                        B::with_saved(&B::checkpoint(chain, end)?, |all| {
-                            relu_mask(g, &all[r0 * w..r1 * w]);
-                            Ok(())
-                        })?;
+                        B::slice(&inputs[l - start - 1])
+                    };
+                    let next = self.linear(l, input, rows, true, 1)?;
+                    inputs.push(next);
+                }
+                // Back-propagate through layers end-1 ..= start.
+                for l in (start..end).rev() {
+                    let layer = &self.layers[l];
+                    let g = B::slice_mut(&mut upstream);
+                    if l + 1 < count {
+                        // The ReLU output is the next layer's input: recomputed, or the next
+                        // segment's checkpoint (read in place, concurrently with other threads).
+                        if l + 1 < end {
+                            relu_mask(g, B::slice(&inputs[l - start]));
+                        } else {
+                            let w = layer.outputs;
+                            B::with_saved(&B::checkpoint(chain, end)?, |all| {
+                                relu_mask(g, &all[r0 * w..r1 * w]);
+                                Ok(())
+                            })?;
+                        }
                     }
+                    let g = B::slice(&upstream);
+                    let input = if l == start {
+                        first
+                    } else {
+                        B::slice(&inputs[l - start - 1])
+                    };
+                    // dW = input^T * g
+                    let wg = self.product(
+                        layer.inputs,
+                        rows,
+                        layer.outputs,
+                        Mat::transposed(input, layer.inputs),
+                        Mat::rows(g, layer.outputs),
+                    )?;
+                    let mut bg = self.backend.zeros(1, layer.outputs)?;
+                    for row in g.chunks_exact(layer.outputs) {
+                        add_into(B::slice_mut(&mut bg), row);
+                    }
+                    weight_grads[l] = Some(wg);
+                    bias_grads[l] = Some(bg);
+                    // d input = g * W^T (the transpose is a stride, no copy)
+                    upstream = self.product(
+                        rows,
+                        layer.outputs,
+                        layer.inputs,
+                        Mat::rows(g, layer.outputs),
+                        Mat::transposed(&layer.weight, layer.outputs),
+                    )?;
                 }
-                let input = B::slice(&inputs[l - start]);
-                // dW = input^T * g
-                let mut wg = self.backend.zeros(layer.inputs, layer.outputs)?;
-                gemm(
-                    layer.inputs,
-                    rows,
-                    layer.outputs,
-                    Mat::transposed(input, layer.inputs),
-                    Mat::rows(g, layer.outputs),
-                    B::slice_mut(&mut wg),
-                );
-                let mut bg = self.backend.zeros(1, layer.outputs)?;
-                for row in g.chunks_exact(layer.outputs) {
-                    add_into(B::slice_mut(&mut bg), row);
-                }
-                weight_grads[l] = Some(wg);
-                bias_grads[l] = Some(bg);
-                // d input = g * W^T (the transpose is a stride, no copy)
-                let mut down = self.backend.zeros(rows, layer.inputs)?;
-                gemm(
-                    rows,
-                    layer.outputs,
-                    layer.inputs,
-                    Mat::rows(g, layer.outputs),
-                    Mat::transposed(&layer.weight, layer.outputs),
-                    B::slice_mut(&mut down),
-                );
-                upstream = down;
-            }
+                Ok(())
+            })?;
         }
         let every = |grads: Vec<Option<B::Buf>>| {
             grads.into_iter().map(|g| g.expect("every layer")).collect()
