@@ -3,9 +3,13 @@
 //! runs the same training in three child processes, one per allocator, through the
 //! environment variable [`VARIABLE`]; one binary, so `cargo run` builds everything it needs.
 //!
-//! It also counts the calls that reach a general-purpose allocator (glibc or mimalloc): every
-//! call for those two, and for the pool the calls below its threshold (the pool counts its
-//! own calls to the system in its statistics).
+//! The pool's front end composes: requests below its 4 KiB threshold (the GEMM's per-call
+//! flag vectors, the retention's small nodes) go to mimalloc under it, so no call of a
+//! steady-state step reaches glibc.
+//!
+//! It also counts the calls that reach glibc and those that reach mimalloc: every call of the
+//! process for those two choices, and for the pool the calls below its threshold (the pool
+//! counts its own calls to the system in its statistics).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -17,9 +21,10 @@ pub const VARIABLE: &str = "TRAIN_REPLAY_ALLOCATOR";
 /// [`VARIABLE`] for `getenv`.
 const VARIABLE_C: &std::ffi::CStr = c"TRAIN_REPLAY_ALLOCATOR";
 
-/// The pool's front end, serving requests of 4 KiB and more: GEMM packing buffers and the
-/// training's temporaries all come from the pool.
-const POOL: PoolAllocator = PoolAllocator::with_threshold(PoolAllocator::MIN_THRESHOLD);
+/// The pool's front end, serving requests of 4 KiB and more (GEMM packing buffers and the
+/// training's temporaries all come from the pool) over mimalloc for the smaller ones.
+const POOL: PoolAllocator<mimalloc::MiMalloc> =
+    PoolAllocator::with_fallback(mimalloc::MiMalloc, PoolAllocator::MIN_THRESHOLD);
 
 const UNSET: u8 = 0;
 const USE_POOL: u8 = 1;
@@ -27,7 +32,8 @@ const USE_GLIBC: u8 = 2;
 const USE_MIMALLOC: u8 = 3;
 
 static CHOICE: AtomicU8 = AtomicU8::new(UNSET);
-static GENERAL_CALLS: AtomicU64 = AtomicU64::new(0);
+static GLIBC_CALLS: AtomicU64 = AtomicU64::new(0);
+static MIMALLOC_CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// Which allocator this process uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,9 +66,14 @@ pub fn choice() -> Choice {
     }
 }
 
-/// Calls that reached glibc or mimalloc so far.
-pub fn general_calls() -> u64 {
-    GENERAL_CALLS.load(Ordering::Relaxed)
+/// Calls that reached glibc so far.
+pub fn glibc_calls() -> u64 {
+    GLIBC_CALLS.load(Ordering::Relaxed)
+}
+
+/// Calls that reached mimalloc so far (for the pool: its small requests).
+pub fn mimalloc_calls() -> u64 {
+    MIMALLOC_CALLS.load(Ordering::Relaxed)
 }
 
 /// Decides the allocator on the first call (before anything else allocates), reading the
@@ -97,11 +108,13 @@ pub struct Selected;
 impl Selected {
     #[inline]
     fn count(layout: Layout, choice: u8) {
-        let general =
-            choice != USE_POOL || layout.size() < POOL.threshold() || layout.align() > 4096;
-        if general {
-            GENERAL_CALLS.fetch_add(1, Ordering::Relaxed);
-        }
+        let counter = match choice {
+            USE_GLIBC => &GLIBC_CALLS,
+            USE_MIMALLOC => &MIMALLOC_CALLS,
+            _ if layout.size() < POOL.threshold() || layout.align() > 4096 => &MIMALLOC_CALLS,
+            _ => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -3,11 +3,50 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// Train an MLP on the CPU with activation checkpointing, every allocation in ferropool.
+///
+/// Without a subcommand it trains (as `train`).
 #[derive(Parser, Debug, Clone)]
-#[command(version, about)]
+#[command(version, about, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The training, when no subcommand is given.
+    #[command(flatten)]
+    pub train: Args,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Train on the pool (the default).
+    Train(Args),
+    /// Run the same training on the pool, on `Vec<f32>` with glibc and on `Vec<f32>` with
+    /// mimalloc (each in a child process that gets this command's training flags), and with
+    /// `--torch` in PyTorch too; print them side by side.
+    Compare(CompareArgs),
+}
+
+/// `compare`'s flags: the training's, and its own.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// The training every run does.
+    #[command(flatten)]
+    pub train: Args,
+    /// Rounds: each runs every variant once, in turn; the table shows medians (min-max).
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
+    pub rounds: usize,
+    /// A Python interpreter with PyTorch: also runs `scripts/torch_mlp.py` (the same recipe
+    /// in PyTorch) each round.
+    #[arg(long, value_name = "PYTHON")]
+    pub torch: Option<PathBuf>,
+}
+
+/// The training's flags.
+#[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     /// Training steps (at least 1).
     #[arg(long, default_value_t = 60, value_parser = at_least_one)]
@@ -45,19 +84,16 @@ pub struct Args {
     /// Seed of the data and the initial weights.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// Run the same training on the pool, on `Vec<f32>` with glibc, and on `Vec<f32>` with
-    /// mimalloc (each in a child process), and compare.
-    #[arg(long)]
-    pub compare: bool,
     /// Write the pool's event trace in the Chrome Trace Event format (opens in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Draw the pool's memory timeline as SVG (the path must end in .svg).
     #[arg(long, value_parser = svg_path)]
     pub plot: Option<PathBuf>,
-    /// Print one machine-readable summary line only (used by --compare).
-    #[arg(long, hide = true)]
-    pub summary_only: bool,
+    /// Print the run's figures as one JSON line only (what `compare` reads from its
+    /// children).
+    #[arg(long)]
+    pub json: bool,
 }
 
 impl Args {

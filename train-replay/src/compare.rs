@@ -1,108 +1,224 @@
-//! `--compare`: the same training in three child processes, on the pool, on `Vec<f32>` with
-//! glibc, and on `Vec<f32>` with mimalloc, side by side.
+//! `compare`: the same training in child processes, on the pool, on `Vec<f32>` with glibc,
+//! on `Vec<f32>` with mimalloc and, with `--torch`, in PyTorch; alternated round by round,
+//! medians side by side.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::Command;
 
 use crate::allocator::{Choice, VARIABLE};
-use crate::args::Args;
+use crate::args::{Args, CompareArgs};
 use crate::measure::{mib, Summary};
 
-/// Runs the three trainings and prints the table.
-pub fn compare(args: &Args) -> Result<(), String> {
+/// The PyTorch recipe, next to this package's sources.
+const TORCH_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_mlp.py");
+
+/// Runs the rounds and prints the table.
+pub fn compare(args: &CompareArgs) -> Result<(), String> {
+    let train = &args.train;
+    if train.trace.is_some() || train.plot.is_some() || train.json {
+        return Err("compare writes no trace, plot or JSON: run `train` for those".into());
+    }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let run_child = |choice: Choice| -> Result<Summary, String> {
-        let mut command = std::process::Command::new(&exe);
-        command.env(VARIABLE, choice.name()).args([
-            "--summary-only",
-            "--steps",
-            &args.steps.to_string(),
-            "--batch",
-            &args.batch.to_string(),
-            "--hidden",
-            &args.hidden.to_string(),
-            "--layers",
-            &args.layers.to_string(),
-            "--checkpoint-every",
-            &args.checkpoint_every.to_string(),
-            "--lr",
-            &args.lr.to_string(),
-            "--seed",
-            &args.seed.to_string(),
-            "--threads",
-            &args.threads().to_string(),
-        ]);
-        if let Some(budget) = args.budget {
-            command.args(["--budget", &budget.to_string()]);
-        }
-        let output = command.output().map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        Summary::parse(&text).ok_or_else(|| {
-            format!(
-                "the {} run failed: {}",
-                choice.name(),
-                String::from_utf8_lossy(&output.stderr)
-                    .trim()
-                    .trim_start_matches("error: ")
-            )
+    let forwarded = training_flags(std::env::args_os().skip(1));
+    let mut variants: Vec<(&str, Command)> = [Choice::Pool, Choice::Glibc, Choice::Mimalloc]
+        .into_iter()
+        .map(|choice| {
+            let mut command = Command::new(&exe);
+            command
+                .env(VARIABLE, choice.name())
+                .args(["train", "--json"])
+                .args(&forwarded);
+            (choice.name(), command)
         })
-    };
+        .collect();
+    if let Some(python) = &args.torch {
+        variants.push(("pytorch", torch_command(python, train)));
+    }
+    let names: Vec<&str> = variants.iter().map(|(name, _)| *name).collect();
     println!(
-        "running the same training ({} threads, {} steps) on ferropool, on Vec<f32> with glibc, and on Vec<f32> with mimalloc...",
-        args.threads(),
-        args.steps
+        "running the same training ({} threads, {} steps) {} time(s) each, alternated: {}...",
+        train.threads(),
+        train.steps,
+        args.rounds,
+        names.join(", ")
     );
-    let runs = [
-        run_child(Choice::Pool)?,
-        run_child(Choice::Glibc)?,
-        run_child(Choice::Mimalloc)?,
-    ];
-    let [pool, glibc, mimalloc] = &runs;
-    let row = |name: &str, cells: [String; 3], note: String| {
-        println!(
-            "| {name:<30} | {:>14} | {:>14} | {:>14} | {note} |",
-            cells[0], cells[1], cells[2]
-        );
+    let mut runs: Vec<Vec<Summary>> = vec![Vec::new(); variants.len()];
+    for _ in 0..args.rounds {
+        for ((name, command), runs) in variants.iter_mut().zip(&mut runs) {
+            runs.push(run_child(name, command)?);
+        }
+    }
+    print_table(&names, &runs, args.rounds);
+    Ok(())
+}
+
+/// The training flags of this command line, to hand to the children: every argument but the
+/// subcommand's name and `compare`'s own flags (with their values).
+fn training_flags(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    let mut kept = Vec::new();
+    let mut skip_value = false;
+    for arg in args {
+        let text = arg.to_string_lossy();
+        if skip_value {
+            skip_value = false;
+        } else if text == "compare" && kept.is_empty() {
+        } else if text == "--rounds" || text == "--torch" {
+            skip_value = true;
+        } else if !(text.starts_with("--rounds=") || text.starts_with("--torch=")) {
+            kept.push(arg);
+        }
+    }
+    kept
+}
+
+/// The PyTorch run of the same recipe.
+fn torch_command(python: &Path, train: &Args) -> Command {
+    let mut command = Command::new(python);
+    command.arg(TORCH_SCRIPT);
+    for (flag, value) in [
+        ("--steps", train.steps.to_string()),
+        ("--batch", train.batch.to_string()),
+        ("--hidden", train.hidden.to_string()),
+        ("--layers", train.layers.to_string()),
+        ("--checkpoint-every", train.checkpoint_every.to_string()),
+        ("--threads", train.threads().to_string()),
+        ("--lr", train.lr.to_string()),
+        ("--seed", train.seed.to_string()),
+    ] {
+        command.args([flag, &value]);
+    }
+    command
+}
+
+/// Runs one child and reads its JSON line.
+fn run_child(name: &str, command: &mut Command) -> Result<Summary, String> {
+    let output = command
+        .output()
+        .map_err(|e| format!("starting the {name} run: {e}"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    match Summary::parse(&text) {
+        Some(summary) if output.status.success() => Ok(summary),
+        _ => Err(format!(
+            "the {name} run failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+                .trim()
+                .trim_start_matches("error: ")
+        )),
+    }
+}
+
+/// The median, and the range, of `values`.
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    };
+    (median, values[0], values[n - 1])
+}
+
+/// The table: one column per variant, medians over the rounds (and the range when there are
+/// several), ratios of the pool against each of the others.
+fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
+    let column = |name: &str| match name {
+        "pool" => "ferropool".to_string(),
+        "pytorch" => "PyTorch".to_string(),
+        other => format!("Vec<f32> {other}"),
+    };
+    let median =
+        |runs: &[Summary], f: &dyn Fn(&Summary) -> f64| spread(runs.iter().map(f).collect());
+    let cell = |runs: &[Summary], f: &dyn Fn(&Summary) -> f64, show: &dyn Fn(f64) -> String| {
+        let (m, lo, hi) = median(runs, f);
+        if rounds > 1 {
+            format!("{} ({}-{})", show(m), show(lo), show(hi))
+        } else {
+            show(m)
+        }
+    };
+    let ratios = |f: &dyn Fn(&Summary) -> f64| {
+        let pool = median(&runs[0], f).0;
+        names[1..]
+            .iter()
+            .zip(&runs[1..])
+            .map(|(name, runs)| format!("{:.2}x {name}", pool / median(runs, f).0))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     println!();
-    println!(
-        "| {:<30} | {:>14} | {:>14} | {:>14} | ferropool vs glibc, mimalloc |",
-        "", "ferropool", "Vec<f32> glibc", "Vec<f32> mimalloc"
-    );
-    println!("|{:-<32}|{:->16}|{:->16}|{:->16}|------|", "", "", "", "");
-    let each = |f: &dyn Fn(&Summary) -> String| [f(pool), f(glibc), f(mimalloc)];
-    row(
-        "steps/s",
-        each(&|s| format!("{:.2}", s.steps_per_s)),
-        format!(
-            "{:.2}x, {:.2}x",
-            pool.steps_per_s / glibc.steps_per_s,
-            pool.steps_per_s / mimalloc.steps_per_s
-        ),
-    );
+    let header: Vec<String> = names.iter().map(|n| column(n)).collect();
+    println!("| | {} | ferropool vs |", header.join(" | "));
+    println!("|---|{}---|", "---|".repeat(names.len()));
+    let row = |label: &str, f: &dyn Fn(&Summary) -> f64, show: &dyn Fn(f64) -> String, ratio| {
+        let cells: Vec<String> = runs.iter().map(|r| cell(r, f, show)).collect();
+        let ratio = if ratio { ratios(f) } else { String::new() };
+        println!("| {label} | {} | {ratio} |", cells.join(" | "));
+    };
+    let calls = |value: Option<f64>| value.unwrap_or(f64::NAN);
+    row("steps/s", &|s| s.steps_per_s, &|v| format!("{v:.2}"), true);
     row(
         "minor page faults per step",
-        each(&|s| format!("{:.1}", s.faults_per_step)),
-        String::new(),
+        &|s| s.faults_per_step,
+        &|v| format!("{v:.1}"),
+        false,
     );
     row(
-        "allocator calls per step",
-        each(&|s| format!("{:.1}", s.allocs_per_step)),
-        String::new(),
+        "calls to glibc per step",
+        &|s| calls(s.glibc_calls_per_step),
+        &|v| {
+            if v.is_nan() {
+                "-".into()
+            } else {
+                format!("{v:.1}")
+            }
+        },
+        false,
     );
     row(
-        "peak RSS",
-        each(&|s| mib(s.peak_rss)),
-        format!(
-            "{:.2}x, {:.2}x",
-            pool.peak_rss as f64 / glibc.peak_rss as f64,
-            pool.peak_rss as f64 / mimalloc.peak_rss as f64
-        ),
+        "calls to mimalloc per step",
+        &|s| calls(s.mimalloc_calls_per_step),
+        &|v| {
+            if v.is_nan() {
+                "-".into()
+            } else {
+                format!("{v:.1}")
+            }
+        },
+        false,
     );
-    row(
-        "loss, first -> last",
-        each(&|s| format!("{:.3} -> {:.3}", s.first_loss, s.last_loss)),
-        String::new(),
-    );
+    row("peak RSS", &|s| s.peak_rss as f64, &|v| mib(v as u64), true);
+    let losses: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{:.3} -> {:.3}", r[0].first_loss, r[0].last_loss))
+        .collect();
+    println!("| loss, first -> last | {} | |", losses.join(" | "));
     println!(
-        "(steady state: the second half of the steps. Allocator calls: calls that reach glibc or mimalloc; for ferropool, those below its front end's 4 KiB threshold plus the pool's own calls to the system.)"
+        "(steady state: the second half of the steps; {rounds} round(s), medians (min-max). Calls: those that reach glibc or mimalloc; ferropool's front end sends requests under 4 KiB to mimalloc. PyTorch's calls are not counted.)"
     );
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::training_flags;
+
+    #[test]
+    fn the_children_get_the_training_flags_and_not_compares_own() {
+        let args = [
+            "compare",
+            "--steps",
+            "4",
+            "--rounds",
+            "3",
+            "--torch=/x/python",
+            "--batch",
+            "8",
+            "--torch",
+            "py",
+            "--rounds=2",
+        ];
+        let kept = training_flags(args.iter().map(Into::into));
+        assert_eq!(kept, ["--steps", "4", "--batch", "8"]);
+    }
 }

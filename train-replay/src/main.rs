@@ -1,21 +1,21 @@
 //! `cargo run --release -p train-replay [-- --help]`: trains an MLP with checkpoint replay,
-//! every allocation in ferropool; `--compare` runs it on glibc and mimalloc too.
+//! every allocation in ferropool; `compare` runs it on glibc and mimalloc (and PyTorch) too.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use train_replay::allocator::Selected;
-use train_replay::args::Args;
+use train_replay::args::{Cli, Command};
 
 #[global_allocator]
 static ALLOCATOR: Selected = Selected;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let result = if args.compare {
-        train_replay::compare::compare(&args)
-    } else {
-        train_replay::report::run(&args)
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Some(Command::Compare(args)) => train_replay::compare::compare(args),
+        Some(Command::Train(args)) => train_replay::report::run(args),
+        None => train_replay::report::run(&cli.train),
     };
     // Exit code 2 is clap's, for a command line it refused; a run that fails is 1.
     match result {

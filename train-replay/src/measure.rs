@@ -2,6 +2,8 @@
 
 use std::time::Instant;
 
+use serde::{Deserialize, Serialize};
+
 use crate::allocator;
 use crate::args::Args;
 use crate::backend::Backend;
@@ -11,9 +13,12 @@ use crate::model::Trainer;
 mod procfs;
 pub use procfs::{minor_faults, peak_rss};
 
-/// What one run measured, in steady state (the second half of the steps).
-#[derive(Debug, Default, Clone)]
+/// What one run measured, in steady state (the second half of the steps); `--json` prints
+/// it as one line, which `compare` reads back.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct Summary {
+    /// What ran: `pool`, `glibc`, `mimalloc` or `pytorch`.
+    pub allocator: String,
     /// Loss of the first step.
     pub first_loss: f32,
     /// Loss of the last step.
@@ -22,39 +27,28 @@ pub struct Summary {
     pub steps_per_s: f64,
     /// Minor page faults per steady-state step.
     pub faults_per_step: f64,
-    /// Calls to a general-purpose allocator (or, for the pool, to the system) per
-    /// steady-state step.
-    pub allocs_per_step: f64,
-    /// Peak resident memory of the process.
+    /// Calls that reached glibc per steady-state step (`None`: not counted).
+    pub glibc_calls_per_step: Option<f64>,
+    /// Calls that reached mimalloc per steady-state step (`None`: not counted).
+    pub mimalloc_calls_per_step: Option<f64>,
+    /// The pool's own calls to the system (reservations, and requests past its budget) per
+    /// steady-state step (`None`: no pool).
+    pub pool_system_calls_per_step: Option<f64>,
+    /// Peak resident memory of the process, bytes.
     pub peak_rss: u64,
 }
 
 impl Summary {
-    /// One machine-readable line.
+    /// One JSON line.
     pub fn line(&self) -> String {
-        format!(
-            "SUMMARY first_loss={} last_loss={} steps_per_s={} faults_per_step={} allocs_per_step={} peak_rss={}",
-            self.first_loss, self.last_loss, self.steps_per_s, self.faults_per_step, self.allocs_per_step, self.peak_rss
-        )
+        serde_json::to_string(self).expect("a summary is plain data")
     }
 
-    /// Reads the line back.
+    /// Reads the line back from a child's output.
     pub fn parse(text: &str) -> Option<Self> {
-        let line = text.lines().find(|l| l.starts_with("SUMMARY "))?;
-        let field = |name: &str| -> Option<f64> {
-            line.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))?
-                .parse()
-                .ok()
-        };
-        Some(Self {
-            first_loss: field("first_loss")? as f32,
-            last_loss: field("last_loss")? as f32,
-            steps_per_s: field("steps_per_s")?,
-            faults_per_step: field("faults_per_step")?,
-            allocs_per_step: field("allocs_per_step")?,
-            peak_rss: field("peak_rss")? as u64,
-        })
+        text.lines()
+            .rev()
+            .find_map(|line| serde_json::from_str(line.trim()).ok())
     }
 }
 
@@ -68,14 +62,23 @@ pub fn train<B: Backend>(
     mut on_step: impl FnMut(usize, f32),
 ) -> Result<Summary, String> {
     let mut trainer = Trainer::new(backend, args)?;
-    let calls = || allocator::general_calls() + system_calls();
+    let calls = || {
+        (
+            allocator::glibc_calls(),
+            allocator::mimalloc_calls(),
+            system_calls(),
+        )
+    };
     let warmup = (args.steps / 2).min(args.steps.saturating_sub(1));
-    let mut summary = Summary::default();
-    let (mut faults, mut allocs, mut started) = (0, 0, Instant::now());
+    let mut summary = Summary {
+        allocator: allocator::choice().name().into(),
+        ..Summary::default()
+    };
+    let (mut faults, mut before, mut started) = (0, (0, 0, 0), Instant::now());
     for step in 0..args.steps {
         if step == warmup {
             faults = minor_faults();
-            allocs = calls();
+            before = calls();
             started = Instant::now();
         }
         let loss = trainer.step(args.batch)?;
@@ -88,7 +91,12 @@ pub fn train<B: Backend>(
     let measured = (args.steps - warmup).max(1) as f64;
     summary.steps_per_s = measured / started.elapsed().as_secs_f64();
     summary.faults_per_step = (minor_faults() - faults) as f64 / measured;
-    summary.allocs_per_step = (calls() - allocs) as f64 / measured;
+    let after = calls();
+    let per_step = |a: u64, b: u64| (a - b) as f64 / measured;
+    summary.glibc_calls_per_step = Some(per_step(after.0, before.0));
+    summary.mimalloc_calls_per_step = Some(per_step(after.1, before.1));
+    summary.pool_system_calls_per_step =
+        (allocator::choice() == allocator::Choice::Pool).then(|| per_step(after.2, before.2));
     summary.peak_rss = peak_rss();
     Ok(summary)
 }

@@ -3,6 +3,10 @@
 //! checkpointing: only the input of every `checkpoint_every`-th layer is kept through the
 //! forward pass; the backward pass recomputes the rest, segment by segment.
 
+use std::cell::RefCell;
+use std::sync::Mutex;
+
+use bumpalo::Bump;
 use rayon::prelude::*;
 
 use crate::args::Args;
@@ -81,12 +85,49 @@ pub struct Trainer<'a, B: Backend> {
     /// The forward pass's and the replay's threads, kept for the whole run (as a training
     /// runtime keeps its threads).
     workers: rayon::ThreadPool,
+    /// One per thread, kept from step to step (empty between steps): that thread's share of
+    /// the backward pass.
+    partials: Vec<Mutex<Partial<B>>>,
 }
 
-/// One thread's share of the backward pass: weight and bias gradients for its rows.
+/// One thread's share of the backward pass: weight and bias gradients for its rows, one per
+/// layer (`None` between steps). The lists are kept for the run, so a step allocates none.
 struct Partial<B: Backend> {
-    weight_grads: Vec<B::Buf>,
-    bias_grads: Vec<B::Buf>,
+    weight_grads: Vec<Option<B::Buf>>,
+    bias_grads: Vec<Option<B::Buf>>,
+}
+
+impl<B: Backend> std::fmt::Debug for Partial<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partial")
+            .field("layers", &self.weight_grads.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Partial<B> {
+    fn new(layers: usize) -> Self {
+        Self {
+            weight_grads: (0..layers).map(|_| None).collect(),
+            bias_grads: (0..layers).map(|_| None).collect(),
+        }
+    }
+
+    /// Layer `l`'s gradients, which the replay left for every layer.
+    fn layer(&mut self, l: usize) -> Result<(&mut B::Buf, &mut B::Buf), String> {
+        let missing = || format!("no gradient of layer {l} from the backward pass");
+        Ok((
+            self.weight_grads[l].as_mut().ok_or_else(missing)?,
+            self.bias_grads[l].as_mut().ok_or_else(missing)?,
+        ))
+    }
+}
+
+thread_local! {
+    /// Each thread's per-step scratch arena: the replay's short lists (the recomputed inputs
+    /// of a segment) are bump-allocated here and the arena is reset when the thread starts
+    /// its next step's share, so after the first step they cost no allocator call.
+    static SCRATCH: RefCell<Bump> = RefCell::new(Bump::new());
 }
 
 impl<'a, B: Backend> Trainer<'a, B> {
@@ -116,6 +157,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
             step: 0,
             lr: args.lr,
             labels: Vec::with_capacity(args.batch),
+            partials: (0..threads)
+                .map(|_| Mutex::new(Partial::new(dims.len() - 1)))
+                .collect(),
             workers,
         })
     }
@@ -217,53 +261,59 @@ impl<'a, B: Backend> Trainer<'a, B> {
         // Backward: each thread replays every segment for its rows, newest segment first,
         // reading the retained checkpoints concurrently.
         let shards = self.threads.clamp(1, batch);
-        let partials: Vec<Result<Partial<B>, String>> = {
+        let replayed = {
             let (chain, grad, this) = (&chain, B::slice(&grad), &*self);
             self.workers.install(|| {
-                (0..shards)
-                    .into_par_iter()
-                    .map(|t| {
+                this.partials[..shards]
+                    .par_iter()
+                    .enumerate()
+                    .try_for_each(|(t, partial)| {
                         let (r0, r1) = (t * batch / shards, (t + 1) * batch / shards);
-                        this.replay(chain, &grad[r0 * CLASSES..r1 * CLASSES], r0, r1)
+                        let mut partial = partial.lock().map_err(|_| "a replay thread panicked")?;
+                        this.replay(
+                            chain,
+                            &grad[r0 * CLASSES..r1 * CLASSES],
+                            r0,
+                            r1,
+                            &mut partial,
+                        )
                     })
-                    .collect()
             })
         };
         drop(chain); // the end of the step's retention: the checkpoints go back
         drop(current);
-        let mut partials = partials.into_iter().collect::<Result<Vec<_>, _>>()?;
+        replayed?;
 
         // Sum the threads' gradients into the first thread's and take an Adam step, both
-        // split over the threads.
+        // split over the threads; then the gradients go back.
         let (t, lr) = (self.step as i32, self.lr);
+        let (layers, workers, partials) = (&mut self.layers, &self.workers, &mut self.partials);
+        let partials = &mut partials[..shards];
         let (sum, rest) = partials
             .split_first_mut()
             .ok_or("a backward pass without threads")?;
-        let (layers, workers) = (&mut self.layers, &self.workers);
-        workers.install(|| {
+        let sum = sum.get_mut().map_err(|_| "a replay thread panicked")?;
+        workers.install(|| -> Result<(), String> {
             for (l, layer) in layers.iter_mut().enumerate() {
-                for p in rest.iter() {
-                    par_add_into(
-                        B::slice_mut(&mut sum.weight_grads[l]),
-                        B::slice(&p.weight_grads[l]),
-                    );
-                    add_into(
-                        B::slice_mut(&mut sum.bias_grads[l]),
-                        B::slice(&p.bias_grads[l]),
-                    );
+                let (weight_grad, bias_grad) = sum.layer(l)?;
+                for p in rest.iter_mut() {
+                    let p = p.get_mut().map_err(|_| "a replay thread panicked")?;
+                    let (w, b) = p.layer(l)?;
+                    par_add_into(B::slice_mut(weight_grad), B::slice(w));
+                    add_into(B::slice_mut(bias_grad), B::slice(b));
                 }
                 let [mw, vw, mb, vb] = &mut layer.moments;
-                adam(
-                    &mut layer.weight,
-                    B::slice(&sum.weight_grads[l]),
-                    mw,
-                    vw,
-                    lr,
-                    t,
-                );
-                adam(&mut layer.bias, B::slice(&sum.bias_grads[l]), mb, vb, lr, t);
+                adam(&mut layer.weight, B::slice(weight_grad), mw, vw, lr, t);
+                adam(&mut layer.bias, B::slice(bias_grad), mb, vb, lr, t);
             }
-        });
+            Ok(())
+        })?;
+        for partial in partials {
+            if let Ok(partial) = partial.get_mut() {
+                partial.weight_grads.iter_mut().for_each(|g| *g = None);
+                partial.bias_grads.iter_mut().for_each(|g| *g = None);
+            }
+        }
         Ok(loss / batch as f32)
     }
 
@@ -308,18 +358,34 @@ impl<'a, B: Backend> Trainer<'a, B> {
         logits_grad: &[f32],
         r0: usize,
         r1: usize,
-    ) -> Result<Partial<B>, String> {
+        partial: &mut Partial<B>,
+    ) -> Result<(), String> {
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.reset(); // a new step: last step's lists are gone
+            self.replay_in(chain, logits_grad, r0, r1, partial, scratch)
+        })
+    }
+
+    /// [`replay`](Self::replay) with its short lists in `scratch`.
+    fn replay_in(
+        &self,
+        chain: &B::Chain,
+        logits_grad: &[f32],
+        r0: usize,
+        r1: usize,
+        partial: &mut Partial<B>,
+        scratch: &Bump,
+    ) -> Result<(), String> {
         let rows = r1 - r0;
         let count = self.layers.len();
-        let mut weight_grads: Vec<Option<B::Buf>> = (0..count).map(|_| None).collect();
-        let mut bias_grads: Vec<Option<B::Buf>> = (0..count).map(|_| None).collect();
+        let (weight_grads, bias_grads) = (&mut partial.weight_grads, &mut partial.bias_grads);
         let mut upstream = self.backend.zeros(rows, CLASSES)?;
         B::slice_mut(&mut upstream).copy_from_slice(logits_grad);
-        let starts: Vec<usize> = (0..count).step_by(self.checkpoint_every).collect();
         // The recomputed inputs of a segment's layers after its first.
-        let mut inputs: Vec<B::Buf> = Vec::with_capacity(self.checkpoint_every);
-        for (s, &start) in starts.iter().enumerate().rev() {
-            let end = starts.get(s + 1).copied().unwrap_or(count);
+        let mut inputs =
+            bumpalo::collections::Vec::with_capacity_in(self.checkpoint_every, scratch);
+        for start in (0..count).step_by(self.checkpoint_every).rev() {
+            let end = (start + self.checkpoint_every).min(count);
             let width = self.layers[start].inputs;
             // The segment's first input is our rows of its checkpoint, read in place through
             // the retained handle (concurrently with the other threads) for the whole segment.
@@ -384,12 +450,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 Ok(())
             })?;
         }
-        let every = |grads: Vec<Option<B::Buf>>| {
-            grads.into_iter().map(|g| g.expect("every layer")).collect()
-        };
-        Ok(Partial {
-            weight_grads: every(weight_grads),
-            bias_grads: every(bias_grads),
-        })
+        Ok(())
     }
 }

@@ -73,7 +73,7 @@ fn a_budget_that_holds_the_run_trains() {
 
 #[test]
 fn the_comparison_reports_the_pool_run_over_budget() {
-    let out = train_replay(&["--compare", "--budget", "10MiB", "--steps", "2"]);
+    let out = train_replay(&["compare", "--budget", "10MiB", "--steps", "2"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{:?}\n{stderr}", out.status);
     assert!(

@@ -4,12 +4,13 @@
 
 use std::process::Command;
 
+/// Runs the main job with `args` (a subcommand first, if any) and a small model.
 fn run(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_train-replay"))
+        .args(args)
         .args([
             "--steps", "6", "--batch", "32", "--hidden", "64", "--layers", "4",
         ])
-        .args(args)
         .output()
         .expect("the main job runs");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -43,7 +44,7 @@ fn trains_on_the_pool_and_writes_the_trace_and_the_plot() {
 
 #[test]
 fn compares_the_pool_with_glibc_and_mimalloc() {
-    let text = run(&["--compare"]);
+    let text = run(&["compare", "--rounds", "2"]);
     for column in [
         "ferropool",
         "Vec<f32> glibc",
@@ -53,4 +54,18 @@ fn compares_the_pool_with_glibc_and_mimalloc() {
     ] {
         assert!(text.contains(column), "no {column:?} in:\n{text}");
     }
+}
+
+#[test]
+fn a_pool_run_prints_its_figures_as_one_json_line_and_calls_glibc_never() {
+    let text = run(&["train", "--json"]);
+    let line: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
+    assert_eq!(line["allocator"], "pool", "{text}");
+    assert!(line["steps_per_s"].as_f64().unwrap() > 0.0, "{text}");
+    // Small requests go to mimalloc under the pool's front end, large ones to the pool.
+    assert_eq!(line["glibc_calls_per_step"].as_f64(), Some(0.0), "{text}");
+    assert!(
+        line["mimalloc_calls_per_step"].as_f64().unwrap() > 0.0,
+        "{text}"
+    );
 }
