@@ -259,7 +259,7 @@ impl<G, K: Eq + Hash + Clone, A: Clone> CheckpointNode<G, K, A> {
     ///
     /// Where the lhs spine is owned only by the caller, it is relinked in place, with no
     /// allocation; from the first node shared with someone else, the rest of the lhs is
-    /// copied node by node (as the runtime's reference implementation does for all of it).
+    /// copied node by node (a plain persistent list copies all of it).
     ///
     /// ```
     /// use std::sync::Arc;

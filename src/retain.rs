@@ -29,8 +29,8 @@ use crate::tensor::{DType, Layout, Tensor, TensorRead};
 /// ```
 #[derive(Clone)]
 pub struct RetainedValue {
-    /// The container and the shape together, so that a clone is one atomic increment (the
-    /// runtime's reference implementation kept the shape beside the `Arc`, and cloned a boxed slice with every handle).
+    /// The container and the shape together, so that a clone is one atomic increment (a
+    /// shape kept beside the `Arc` would clone a boxed slice with every handle).
     inner: Arc<Retained>,
     dtype: DType,
 }

@@ -32,8 +32,8 @@ pub struct ArenaConfig {
     ///
     /// A thread whose shard runs dry (its removals are still in their grace period) could
     /// take vacant slots from another shard, but then two threads write slots that share
-    /// cache lines, and each insert that runs dry pays a refill: two threads churning their
-    /// own keys ran at 0.7x their speed on separate arenas. Claiming a fresh chunk instead
+    /// cache lines, and each insert that runs dry pays a refill (benches/README.md has the
+    /// figures). Claiming a fresh chunk instead
     /// keeps every thread on its own slots. The bound keeps the arena from growing without
     /// end when one thread only inserts while another frees: past it, a dry shard takes
     /// other shards' slots as it would with 0. A claim counts the memory it takes: a chunk,
