@@ -3,12 +3,7 @@
 #![cfg(all(target_os = "linux", not(miri), not(ferropool_sanitizer)))]
 
 use ferropool::{BufferPool, PoolConfig};
-
-fn minor_faults() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let rest = stat.rsplit_once(')').unwrap().1;
-    rest.split_whitespace().nth(7).unwrap().parse().unwrap()
-}
+use ferropool_figures::minor_faults;
 
 /// Faults taken while writing one byte per page of a fresh 32 MiB block.
 fn first_touch_faults(config: PoolConfig, zeroed: bool) -> u64 {

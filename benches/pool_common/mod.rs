@@ -14,9 +14,7 @@ pub const PAGE: usize = 4096;
 
 #[path = "../common/mod.rs"]
 mod common;
-#[path = "../../support/procfs.rs"]
-mod procfs;
-pub use procfs::minor_faults;
+pub use ferropool_figures::minor_faults;
 
 /// Writes one byte per 4 KiB page.
 #[inline]

@@ -9,9 +9,7 @@ use crate::args::Args;
 use crate::backend::Backend;
 use crate::model::Trainer;
 
-#[path = "../../support/procfs.rs"]
-mod procfs;
-pub use procfs::{minor_faults, peak_rss};
+pub use ferropool_figures::{minor_faults, peak_rss};
 
 /// What one run measured, in steady state (the second half of the steps); `--json` prints
 /// it as one line, which `compare` reads back.
