@@ -2,6 +2,7 @@
 //! chain ([`PoolBackend`]), or plain `Vec<f32>` in a map ([`VecBackend`]), the baseline a user
 //! would write.
 
+use anyhow::anyhow;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ pub trait Backend: Sync {
     type Chain: Default + Send + Sync;
 
     /// A buffer of zeros.
-    fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Buf, String>;
+    fn zeros(&self, rows: usize, cols: usize) -> anyhow::Result<Self::Buf>;
     /// A buffer whose elements `init` writes (a kernel's output: no zeroing first).
     ///
     /// # Safety
@@ -35,22 +36,22 @@ pub trait Backend: Sync {
         rows: usize,
         cols: usize,
         init: impl FnOnce(&mut [MaybeUninit<f32>]),
-    ) -> Result<Self::Buf, String>;
+    ) -> anyhow::Result<Self::Buf>;
     /// The elements.
     fn slice(buf: &Self::Buf) -> &[f32];
     /// The elements, for writing.
     fn slice_mut(buf: &mut Self::Buf) -> &mut [f32];
     /// Keeps a buffer for the backward pass.
-    fn save(&self, buf: Self::Buf) -> Result<Self::Saved, String>;
+    fn save(&self, buf: Self::Buf) -> anyhow::Result<Self::Saved>;
     /// Reads a kept buffer.
     fn with_saved<R>(
         saved: &Self::Saved,
-        f: impl FnOnce(&[f32]) -> Result<R, String>,
-    ) -> Result<R, String>;
+        f: impl FnOnce(&[f32]) -> anyhow::Result<R>,
+    ) -> anyhow::Result<R>;
     /// Puts a kept layer input on the chain.
     fn push_checkpoint(&self, chain: &mut Self::Chain, layer: usize, saved: Self::Saved);
     /// The kept input of `layer`.
-    fn checkpoint(chain: &Self::Chain, layer: usize) -> Result<Self::Saved, String>;
+    fn checkpoint(chain: &Self::Chain, layer: usize) -> anyhow::Result<Self::Saved>;
 }
 
 /// Tensors from a pool (every one f32); checkpoints are `RetainedValue`s on a
@@ -62,13 +63,14 @@ pub struct PoolBackend {
 }
 
 impl PoolBackend {
-    /// The message of a `rows x cols` tensor the pool refused.
-    fn refused(&self, error: TensorError, rows: usize, cols: usize) -> String {
+    /// The error of a `rows x cols` tensor the pool refused.
+    fn refused(&self, error: TensorError, rows: usize, cols: usize) -> anyhow::Error {
         match &error {
             TensorError::Pool(PoolError::BudgetExceeded(oom)) => {
-                over_budget(oom, self.pool.budget(), rows, cols)
+                anyhow!(over_budget(oom, self.pool.budget(), rows, cols))
             }
-            _ => format!("a {rows} x {cols} f32 tensor from the pool: {error}"),
+            _ => anyhow::Error::new(error)
+                .context(format!("a {rows} x {cols} f32 tensor from the pool")),
         }
     }
 }
@@ -88,7 +90,7 @@ impl Backend for PoolBackend {
     type Saved = Arc<RetainedValue>;
     type Chain = Chain;
 
-    fn zeros(&self, rows: usize, cols: usize) -> Result<Tensor, String> {
+    fn zeros(&self, rows: usize, cols: usize) -> anyhow::Result<Tensor> {
         Tensor::zeros_in(self.pool, DType::F32, &[rows, cols])
             .map_err(|error| self.refused(error, rows, cols))
     }
@@ -97,7 +99,7 @@ impl Backend for PoolBackend {
         rows: usize,
         cols: usize,
         init: impl FnOnce(&mut [MaybeUninit<f32>]),
-    ) -> Result<Tensor, String> {
+    ) -> anyhow::Result<Tensor> {
         let mut tensor = Tensor::uninit_in::<f32>(self.pool, &[rows, cols])
             .map_err(|error| self.refused(error, rows, cols))?;
         init(tensor.as_uninit_mut());
@@ -111,21 +113,21 @@ impl Backend for PoolBackend {
     fn slice_mut(buf: &mut Tensor) -> &mut [f32] {
         buf.as_mut_slice().expect("f32 tensor")
     }
-    fn save(&self, buf: Tensor) -> Result<Arc<RetainedValue>, String> {
+    fn save(&self, buf: Tensor) -> anyhow::Result<Arc<RetainedValue>> {
         RetainedValue::from_tensor_value(TensorValue::from_tensor(buf))
             .map(Arc::new)
-            .map_err(|e| format!("retaining a checkpoint: {e}"))
+            .map_err(|e| anyhow!("retaining a checkpoint: {e}"))
     }
     fn with_saved<R>(
         saved: &Arc<RetainedValue>,
-        f: impl FnOnce(&[f32]) -> Result<R, String>,
-    ) -> Result<R, String> {
+        f: impl FnOnce(&[f32]) -> anyhow::Result<R>,
+    ) -> anyhow::Result<R> {
         let read = saved
             .tensor_read()
-            .map_err(|e| format!("reading a checkpoint: {e}"))?;
+            .map_err(|e| anyhow!("reading a checkpoint: {e}"))?;
         f(read
             .as_slice()
-            .map_err(|e| format!("reading a checkpoint: {e}"))?)
+            .map_err(|e| anyhow!("reading a checkpoint: {e}"))?)
     }
     fn push_checkpoint(&self, chain: &mut Chain, layer: usize, saved: Arc<RetainedValue>) {
         let mut inputs = RetainedInputMap::new();
@@ -138,8 +140,8 @@ impl Backend for PoolBackend {
             Arc::new(inputs),
         ));
     }
-    fn checkpoint(chain: &Chain, layer: usize) -> Result<Arc<RetainedValue>, String> {
-        let missing = || format!("no checkpoint of layer {layer} on the step's chain");
+    fn checkpoint(chain: &Chain, layer: usize) -> anyhow::Result<Arc<RetainedValue>> {
+        let missing = || anyhow!("no checkpoint of layer {layer} on the step's chain");
         let head = chain.as_ref().ok_or_else(missing)?;
         debug_assert!(head.iter().any(|node| node.graph.first_layer == layer));
         head.lookup_input(&layer).cloned().ok_or_else(missing)
@@ -171,7 +173,7 @@ impl Backend for VecBackend {
     type Saved = Arc<Vec<f32>>;
     type Chain = HashMap<usize, Arc<Vec<f32>>>;
 
-    fn zeros(&self, rows: usize, cols: usize) -> Result<Vec<f32>, String> {
+    fn zeros(&self, rows: usize, cols: usize) -> anyhow::Result<Vec<f32>> {
         Ok(vec![0.0; rows * cols])
     }
     unsafe fn written(
@@ -179,10 +181,10 @@ impl Backend for VecBackend {
         rows: usize,
         cols: usize,
         init: impl FnOnce(&mut [MaybeUninit<f32>]),
-    ) -> Result<Vec<f32>, String> {
+    ) -> anyhow::Result<Vec<f32>> {
         let len = rows
             .checked_mul(cols)
-            .ok_or_else(|| format!("a {rows} x {cols} buffer overflows"))?;
+            .ok_or_else(|| anyhow!("a {rows} x {cols} buffer overflows"))?;
         let mut values = Vec::with_capacity(len);
         init(&mut values.spare_capacity_mut()[..len]);
         // SAFETY: the caller's contract: `init` wrote the first `len` elements.
@@ -195,22 +197,22 @@ impl Backend for VecBackend {
     fn slice_mut(buf: &mut Vec<f32>) -> &mut [f32] {
         buf
     }
-    fn save(&self, buf: Vec<f32>) -> Result<Arc<Vec<f32>>, String> {
+    fn save(&self, buf: Vec<f32>) -> anyhow::Result<Arc<Vec<f32>>> {
         Ok(Arc::new(buf))
     }
     fn with_saved<R>(
         saved: &Arc<Vec<f32>>,
-        f: impl FnOnce(&[f32]) -> Result<R, String>,
-    ) -> Result<R, String> {
+        f: impl FnOnce(&[f32]) -> anyhow::Result<R>,
+    ) -> anyhow::Result<R> {
         f(saved)
     }
     fn push_checkpoint(&self, chain: &mut Self::Chain, layer: usize, saved: Arc<Vec<f32>>) {
         chain.insert(layer, saved);
     }
-    fn checkpoint(chain: &Self::Chain, layer: usize) -> Result<Arc<Vec<f32>>, String> {
+    fn checkpoint(chain: &Self::Chain, layer: usize) -> anyhow::Result<Arc<Vec<f32>>> {
         chain
             .get(&layer)
             .cloned()
-            .ok_or_else(|| format!("no checkpoint of layer {layer} on the step's chain"))
+            .ok_or_else(|| anyhow!("no checkpoint of layer {layer} on the step's chain"))
     }
 }

@@ -2,6 +2,7 @@
 //! on `Vec<f32>` with mimalloc and, with `--torch`, in PyTorch; alternated round by round,
 //! medians side by side.
 
+use anyhow::{anyhow, Context};
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
@@ -14,12 +15,14 @@ use crate::measure::{mib, Summary};
 const TORCH_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_mlp.py");
 
 /// Runs the rounds and prints the table.
-pub fn compare(args: &CompareArgs) -> Result<(), String> {
+pub fn compare(args: &CompareArgs) -> anyhow::Result<()> {
     let train = &args.train;
     if train.trace.is_some() || train.plot.is_some() || train.json {
-        return Err("compare writes no trace, plot or JSON: run `train` for those".into());
+        return Err(anyhow!(
+            "compare writes no trace, plot or JSON: run `train` for those"
+        ));
     }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().context("locating this program to run its children")?;
     let forwarded = training_flags(std::env::args_os().skip(1));
     let mut variants: Vec<(&str, Command)> = [Choice::Pool, Choice::Glibc, Choice::Mimalloc]
         .into_iter()
@@ -92,14 +95,14 @@ fn torch_command(python: &Path, train: &Args) -> Command {
 }
 
 /// Runs one child and reads its JSON line.
-fn run_child(name: &str, command: &mut Command) -> Result<Summary, String> {
+fn run_child(name: &str, command: &mut Command) -> anyhow::Result<Summary> {
     let output = command
         .output()
-        .map_err(|e| format!("starting the {name} run: {e}"))?;
+        .map_err(|e| anyhow!("starting the {name} run: {e}"))?;
     let text = String::from_utf8_lossy(&output.stdout);
     match Summary::parse(&text) {
         Some(summary) if output.status.success() => Ok(summary),
-        _ => Err(format!(
+        _ => Err(anyhow!(
             "the {name} run failed: {}",
             String::from_utf8_lossy(&output.stderr)
                 .trim()

@@ -21,7 +21,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("error: {message}");
+            eprintln!("error: {message:#}");
             ExitCode::FAILURE
         }
     }

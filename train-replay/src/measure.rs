@@ -58,7 +58,7 @@ pub fn train<B: Backend>(
     args: &Args,
     system_calls: impl Fn() -> u64,
     mut on_step: impl FnMut(usize, f32),
-) -> Result<Summary, String> {
+) -> anyhow::Result<Summary> {
     let mut trainer = Trainer::new(backend, args)?;
     let calls = || {
         (

@@ -3,6 +3,7 @@
 //! checkpointing: only the input of every `checkpoint_every`-th layer is kept through the
 //! forward pass; the backward pass recomputes the rest, segment by segment.
 
+use anyhow::anyhow;
 use std::cell::RefCell;
 use std::sync::Mutex;
 
@@ -114,8 +115,8 @@ impl<B: Backend> Partial<B> {
     }
 
     /// Layer `l`'s gradients, which the replay left for every layer.
-    fn layer(&mut self, l: usize) -> Result<(&mut B::Buf, &mut B::Buf), String> {
-        let missing = || format!("no gradient of layer {l} from the backward pass");
+    fn layer(&mut self, l: usize) -> anyhow::Result<(&mut B::Buf, &mut B::Buf)> {
+        let missing = || anyhow!("no gradient of layer {l} from the backward pass");
         Ok((
             self.weight_grads[l].as_mut().ok_or_else(missing)?,
             self.bias_grads[l].as_mut().ok_or_else(missing)?,
@@ -132,7 +133,7 @@ thread_local! {
 
 impl<'a, B: Backend> Trainer<'a, B> {
     /// A fresh model; an error if its worker threads cannot start.
-    pub fn new(backend: &'a B, args: &Args) -> Result<Self, String> {
+    pub fn new(backend: &'a B, args: &Args) -> anyhow::Result<Self> {
         let mut rng = Rng(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let teacher = (0..INPUT * CLASSES).map(|_| rng.normal()).collect();
         let mut dims = vec![INPUT];
@@ -146,7 +147,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let workers = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
-            .map_err(|e| format!("starting {threads} worker thread(s): {e}"))?;
+            .map_err(|e| anyhow!("starting {threads} worker thread(s): {e}"))?;
         Ok(Self {
             backend,
             layers,
@@ -172,7 +173,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         rows: usize,
         relu: bool,
         threads: usize,
-    ) -> Result<B::Buf, String> {
+    ) -> anyhow::Result<B::Buf> {
         let layer = &self.layers[l];
         let (k, n) = (layer.inputs, layer.outputs);
         // SAFETY: `kernels::linear` writes every element of its output.
@@ -201,7 +202,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         n: usize,
         a: Mat<'_>,
         b: Mat<'_>,
-    ) -> Result<B::Buf, String> {
+    ) -> anyhow::Result<B::Buf> {
         // SAFETY: a GEMM that does not accumulate writes every element of its output.
         unsafe {
             self.backend
@@ -210,7 +211,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     /// One training step; returns the mean loss.
-    pub fn step(&mut self, batch: usize) -> Result<f32, String> {
+    pub fn step(&mut self, batch: usize) -> anyhow::Result<f32> {
         self.step += 1;
         let count = self.layers.len();
         // The batch: inputs from the backend, labels from the teacher.
@@ -269,7 +270,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
                     .enumerate()
                     .try_for_each(|(t, partial)| {
                         let (r0, r1) = (t * batch / shards, (t + 1) * batch / shards);
-                        let mut partial = partial.lock().map_err(|_| "a replay thread panicked")?;
+                        let mut partial = partial
+                            .lock()
+                            .map_err(|_| anyhow!("a replay thread panicked"))?;
                         this.replay(
                             chain,
                             &grad[r0 * CLASSES..r1 * CLASSES],
@@ -291,13 +294,17 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let partials = &mut partials[..shards];
         let (sum, rest) = partials
             .split_first_mut()
-            .ok_or("a backward pass without threads")?;
-        let sum = sum.get_mut().map_err(|_| "a replay thread panicked")?;
-        workers.install(|| -> Result<(), String> {
+            .ok_or_else(|| anyhow!("a backward pass without threads"))?;
+        let sum = sum
+            .get_mut()
+            .map_err(|_| anyhow!("a replay thread panicked"))?;
+        workers.install(|| -> anyhow::Result<()> {
             for (l, layer) in layers.iter_mut().enumerate() {
                 let (weight_grad, bias_grad) = sum.layer(l)?;
                 for p in rest.iter_mut() {
-                    let p = p.get_mut().map_err(|_| "a replay thread panicked")?;
+                    let p = p
+                        .get_mut()
+                        .map_err(|_| anyhow!("a replay thread panicked"))?;
                     let (w, b) = p.layer(l)?;
                     par_add_into(B::slice_mut(weight_grad), B::slice(w));
                     add_into(B::slice_mut(bias_grad), B::slice(b));
@@ -324,7 +331,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         x: B::Buf,
         batch: usize,
         count: usize,
-    ) -> Result<(B::Buf, B::Chain, B::Saved), String> {
+    ) -> anyhow::Result<(B::Buf, B::Chain, B::Saved)> {
         let mut chain = B::Chain::default();
         let mut current = self.backend.save(x)?;
         self.backend.push_checkpoint(&mut chain, 0, current.clone());
@@ -359,7 +366,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         r0: usize,
         r1: usize,
         partial: &mut Partial<B>,
-    ) -> Result<(), String> {
+    ) -> anyhow::Result<()> {
         SCRATCH.with_borrow_mut(|scratch| {
             scratch.reset(); // a new step: last step's lists are gone
             self.replay_in(chain, logits_grad, r0, r1, partial, scratch)
@@ -375,7 +382,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         r1: usize,
         partial: &mut Partial<B>,
         scratch: &Bump,
-    ) -> Result<(), String> {
+    ) -> anyhow::Result<()> {
         let rows = r1 - r0;
         let count = self.layers.len();
         let (weight_grads, bias_grads) = (&mut partial.weight_grads, &mut partial.bias_grads);

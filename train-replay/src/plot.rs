@@ -5,7 +5,7 @@ use std::path::Path;
 use ferropool::{BufferPool, PoolEventKind};
 
 /// Draws bytes in use, cached and reserved over time from the pool's trace.
-pub fn plot(pool: &BufferPool, boundaries: &[u64], path: &Path) -> Result<(), String> {
+pub fn plot(pool: &BufferPool, boundaries: &[u64], path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let events = pool.trace_events();
     // Each event carries the trace's running totals of bytes in use and reserved.
@@ -23,7 +23,7 @@ pub fn plot(pool: &BufferPool, boundaries: &[u64], path: &Path) -> Result<(), St
     let end_ms = points.last().map_or(1.0, |p| p.0).max(1.0);
     let top = points.iter().map(|p| p.2).fold(1.0, f64::max) * 1.1;
     let root = SVGBackend::new(path, (1200, 500)).into_drawing_area();
-    let error = |e: &dyn std::fmt::Display| e.to_string();
+    let error = |e: &dyn std::fmt::Display| anyhow::anyhow!("drawing the timeline: {e}");
     root.fill(&WHITE).map_err(|e| error(&e))?;
     let mut chart = ChartBuilder::on(&root)
         .caption(

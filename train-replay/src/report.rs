@@ -1,6 +1,7 @@
 //! A run on the pool, as a user sees it: a progress bar, the falling loss, the pool's
 //! statistics, and on request the trace and the memory timeline.
 
+use anyhow::anyhow;
 use std::io::IsTerminal;
 use std::time::Instant;
 
@@ -15,7 +16,7 @@ use crate::plot::plot;
 
 /// Runs the training on this process's allocator (see [`allocator`]); prints the summary
 /// line only if `--json`.
-pub fn run(args: &Args) -> Result<(), String> {
+pub fn run(args: &Args) -> anyhow::Result<()> {
     if allocator::choice() != Choice::Pool {
         // The baselines: plain vectors from glibc or mimalloc.
         let summary = train(&VecBackend, args, || 0, |_, _| {})?;
@@ -159,7 +160,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: its reservations and the requests past its budget)");
     // The exports come after every figure above was read (and from outside the pool).
     if let Some(path) = &args.trace {
-        std::fs::write(path, pool.trace_json()).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(path, pool.trace_json()).map_err(|e| anyhow!("{}: {e}", path.display()))?;
         println!(
             "trace: {} events -> {} (open it in https://ui.perfetto.dev)",
             pool.trace_events().len(),
