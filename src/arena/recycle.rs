@@ -15,13 +15,12 @@
 //!   ([`recycling`]): its inserts take vacant or fresh slots, so recursion is at most one
 //!   level deep.
 
-use std::any::Any;
-use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
 
 use crossbeam_utils::CachePadded;
 
 use super::lane::{Added, Lane};
+use super::panics::Panics;
 use super::shard::SharedBatch;
 use super::ArenaError;
 use crate::stack::Link;
@@ -170,41 +169,6 @@ impl Drop for ReadyLists {
     fn drop(&mut self) {
         for shard in 0..self.lists.len() {
             drop(self.take(shard)); // frees the nodes; their slots died with the arena
-        }
-    }
-}
-
-/// Panics caught from values' destructors: the first one is resumed once the arena is
-/// consistent, the later ones are dropped.
-#[derive(Default)]
-pub(super) struct Panics(Option<Box<dyn Any + Send>>);
-
-impl Panics {
-    /// Runs `drop_value`, keeping its panic if it panics.
-    #[inline]
-    pub(super) fn catch(&mut self, drop_value: impl FnOnce()) {
-        if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(drop_value)) {
-            self.0.get_or_insert(payload);
-        }
-    }
-
-    /// Whether a panic was caught.
-    pub(super) fn caught(&self) -> bool {
-        self.0.is_some()
-    }
-
-    /// Resumes the first caught panic, if any.
-    pub(super) fn resume(&mut self) {
-        if let Some(payload) = self.0.take() {
-            panic::resume_unwind(payload);
-        }
-    }
-
-    /// As [`resume`](Self::resume), unless this thread is already unwinding (a second
-    /// panic would abort the process); then the payload is dropped.
-    pub(super) fn resume_unless_unwinding(&mut self) {
-        if !std::thread::panicking() {
-            self.resume();
         }
     }
 }
