@@ -28,7 +28,7 @@ use std::ptr::{addr_of_mut, NonNull};
 use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
-use super::ops::SlotlessCounters;
+use super::counters::OpCounters;
 use super::stats::PoolCounters;
 use super::trace::Trace;
 use super::{class, PoolConfig, PoolInner};
@@ -88,7 +88,7 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
         addr_of_mut!((*p).slots).write(Roster::new(4));
         addr_of_mut!((*p).drain_tokens).write(AtomicU32::new(1));
         addr_of_mut!((*p).slotless_busy).write(AtomicUsize::new(0));
-        addr_of_mut!((*p).slotless).write(SlotlessCounters::default());
+        addr_of_mut!((*p).slotless).write(OpCounters::default());
         addr_of_mut!((*p).counters).write(PoolCounters::default());
         addr_of_mut!((*p).budget).write(budget);
         addr_of_mut!((*p).trace).write(trace);
@@ -153,13 +153,8 @@ pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
         while inner.slotless_busy.load(Ordering::Acquire) != 0 {
             crate::sync::yield_now();
         }
-        let slotless = &inner.slotless;
-        let mut allocations = slotless.allocations.load(Ordering::Acquire);
-        let mut frees = slotless.frees.load(Ordering::Acquire);
-        inner.for_each_slot(|slot| {
-            allocations += slot.counters.allocations(Ordering::Acquire);
-            frees += slot.counters.frees.load(Ordering::Acquire);
-        });
+        let totals = inner.op_totals(Ordering::Acquire);
+        let (allocations, frees) = (totals.allocations(), totals.frees);
         // Every owner is out and sees the pool closed: no second heavy fence is needed.
         inner.release_cached_fenced(false);
         let live = allocations.wrapping_sub(frees) as i64;

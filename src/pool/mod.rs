@@ -45,6 +45,7 @@ mod blocks;
 mod buffer;
 mod class;
 mod config;
+mod counters;
 mod error;
 mod front;
 mod lifetime;
@@ -136,7 +137,7 @@ pub(crate) struct PoolInner {
     /// destroyed) and so have no slot: they count here, with read-modify-writes, and the
     /// close waits for `slotless_busy` to fall to zero as it waits for each slot's owner.
     slotless_busy: AtomicUsize,
-    slotless: ops::SlotlessCounters,
+    slotless: counters::OpCounters,
     counters: PoolCounters,
     /// The byte budget (`u64::MAX` for none): the configuration's, until `set_budget`.
     budget: AtomicU64,

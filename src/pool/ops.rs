@@ -8,9 +8,10 @@ use std::ptr::NonNull;
 use crossbeam_utils::CachePadded;
 
 use super::blocks::Record;
-use super::slot::{bump, Entry, Slot};
+use super::counters::{Writers, SLOTLESS};
+use super::slot::{Entry, Slot};
 use super::{class, lifetime, tag, PoolBuffer, PoolError, PoolEventKind, PoolInner};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::Ordering;
 use crate::thread;
 
 /// A block just taken for a buffer.
@@ -164,10 +165,8 @@ impl PoolInner {
     /// Counts an allocation in the calling thread's slot (inside an operation).
     #[inline(always)]
     pub(super) fn count_alloc(&self, slot: &Slot, class_bytes: usize, requested: usize, hit: bool) {
-        let c = &slot.counters;
-        bump(if hit { &c.hits } else { &c.misses }, 1);
-        bump(&c.allocated_bytes, class_bytes as u64);
-        bump(&c.allocated_requested, requested as u64);
+        slot.counters
+            .count_alloc(hit, class_bytes, requested, Writers::Owner);
         self.counters
             .exact_alloc(&self.config, class_bytes as u64, requested as u64);
     }
@@ -180,10 +179,7 @@ impl PoolInner {
         record.set_requested(new);
         let Some((slot, _)) = self.my_slot() else {
             if self.enter_slotless() {
-                let o = &self.slotless;
-                o.allocated_requested
-                    .fetch_add(new as u64, Ordering::Relaxed);
-                o.freed_requested.fetch_add(old as u64, Ordering::Relaxed);
+                self.slotless.count_resize(old, new, Writers::Shared);
                 self.counters
                     .exact_resize(&self.config, old as u64, new as u64);
                 self.slotless_busy.fetch_sub(1, Ordering::Release);
@@ -191,9 +187,7 @@ impl PoolInner {
             return;
         };
         if let Entry::Open { .. } = slot.enter(&self.closed) {
-            let c = &slot.counters;
-            bump(&c.allocated_requested, new as u64);
-            bump(&c.freed_requested, old as u64);
+            slot.counters.count_resize(old, new, Writers::Owner);
             self.counters
                 .exact_resize(&self.config, old as u64, new as u64);
             slot.leave();
@@ -231,10 +225,8 @@ impl PoolInner {
                 if !cached {
                     self.push_list(class, record);
                 }
-                let c = &slot.counters;
-                bump(&c.frees, 1);
-                bump(&c.freed_bytes, class_bytes as u64);
-                bump(&c.freed_requested, requested as u64);
+                slot.counters
+                    .count_free(class_bytes, requested, Writers::Owner);
                 self.counters
                     .exact_free(config, class_bytes as u64, requested as u64);
                 // Inside the operation: after `leave`, a closing thread may free the pool.
@@ -287,7 +279,13 @@ impl PoolInner {
     /// Counts an operation of a thread without a slot, in the shared counters and (with
     /// the configuration) the exact ones, as a slot's operation is counted.
     fn count_slotless(&self, class_bytes: usize, requested: usize, allocation: bool) {
-        self.slotless.count(class_bytes, requested, allocation);
+        if allocation {
+            self.slotless
+                .count_alloc(false, class_bytes, requested, Writers::Shared);
+        } else {
+            self.slotless
+                .count_free(class_bytes, requested, Writers::Shared);
+        }
         let (bytes, requested) = (class_bytes as u64, requested as u64);
         if allocation {
             self.counters.exact_alloc(&self.config, bytes, requested);
@@ -328,37 +326,5 @@ impl PoolInner {
     #[inline]
     pub(super) fn push_list(&self, class: usize, record: &Record) {
         self.lists[class].push_chain(record.index + 1, &record.next);
-    }
-}
-
-/// The thread of operations made by a thread without a slot (it matches no slot; one less
-/// than `u32::MAX`, so that a record's `holder`, the thread plus one, does not wrap).
-pub(super) const SLOTLESS: u32 = u32::MAX - 1;
-
-/// The counters of operations made by threads without a slot (shared: read-modify-writes).
-#[derive(Default)]
-pub(super) struct SlotlessCounters {
-    pub(super) allocations: AtomicU64,
-    pub(super) allocated_bytes: AtomicU64,
-    pub(super) allocated_requested: AtomicU64,
-    pub(super) frees: AtomicU64,
-    pub(super) freed_bytes: AtomicU64,
-    pub(super) freed_requested: AtomicU64,
-}
-
-impl SlotlessCounters {
-    pub(super) fn count(&self, class_bytes: usize, requested: usize, allocation: bool) {
-        let (count, bytes, asked) = if allocation {
-            (
-                &self.allocations,
-                &self.allocated_bytes,
-                &self.allocated_requested,
-            )
-        } else {
-            (&self.frees, &self.freed_bytes, &self.freed_requested)
-        };
-        count.fetch_add(1, Ordering::Relaxed);
-        bytes.fetch_add(class_bytes as u64, Ordering::Relaxed);
-        asked.fetch_add(requested as u64, Ordering::Relaxed);
     }
 }

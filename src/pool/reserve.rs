@@ -316,14 +316,14 @@ impl PoolInner {
         released += self.drain_slots(
             true,
             |slot| {
-                let c = &slot.counters;
                 let operations = slot.operations();
-                let idle = if c.seen_operations.swap(operations, Ordering::Relaxed) == operations {
-                    c.idle_rounds.load(Ordering::Relaxed).saturating_add(1)
+                let seen = slot.seen_operations.swap(operations, Ordering::Relaxed);
+                let idle = if seen == operations {
+                    slot.idle_rounds.load(Ordering::Relaxed).saturating_add(1)
                 } else {
                     0
                 };
-                c.idle_rounds.store(idle, Ordering::Relaxed);
+                slot.idle_rounds.store(idle, Ordering::Relaxed);
                 idle >= idle_rounds
             },
             |class, record| self.release(record.index, class),

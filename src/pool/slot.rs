@@ -23,6 +23,7 @@
 
 use super::blocks::Record;
 use super::config::BIN_CLASSES;
+use super::counters::{bump, OpCounters};
 use crate::handshake::Handshake;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -41,8 +42,14 @@ pub(super) struct Slot {
     bins: [Bin; BIN_CLASSES],
     /// Bytes in the bins (same rule as `bins`).
     binned: AtomicU64,
-    /// The owner's counters.
-    pub(super) counters: SlotCounters,
+    /// The owner's counts of its operations (written by the owner alone).
+    pub(super) counters: OpCounters,
+    /// The slot's operation count when the idle policy (`trim_idle`, on any thread) last
+    /// looked; written by that policy only.
+    pub(super) seen_operations: AtomicU64,
+    /// Consecutive idle rounds (`trim_idle` calls that found `seen_operations` unchanged);
+    /// written by the idle policy only.
+    pub(super) idle_rounds: AtomicU32,
 }
 
 /// One class's stack of cached blocks.
@@ -51,45 +58,6 @@ struct Bin {
     head: AtomicPtr<Record>,
     /// Records on the stack.
     count: AtomicU32,
-}
-
-/// What one thread counted in one pool: each written by the slot's owner only, except
-/// `seen_operations` and `idle_rounds`, which the idle policy (`trim_idle`, on any thread)
-/// writes.
-#[derive(Default)]
-pub(super) struct SlotCounters {
-    /// Blocks handed out by this thread from the shared lists or the system (the rest came
-    /// from its bins: `allocations = misses + hits`).
-    pub(super) misses: AtomicU64,
-    /// Blocks handed out by this thread from its bins.
-    pub(super) hits: AtomicU64,
-    /// Bytes (class sizes) and requested bytes of the blocks this thread handed out.
-    pub(super) allocated_bytes: AtomicU64,
-    pub(super) allocated_requested: AtomicU64,
-    /// Blocks this thread gave back (whoever allocated them), and their bytes.
-    pub(super) frees: AtomicU64,
-    pub(super) freed_bytes: AtomicU64,
-    pub(super) freed_requested: AtomicU64,
-    /// The slot's operation count when the idle policy last looked.
-    pub(super) seen_operations: AtomicU64,
-    /// Consecutive idle rounds (`trim_idle` calls that found `seen_operations` unchanged).
-    pub(super) idle_rounds: AtomicU32,
-}
-
-impl SlotCounters {
-    /// Blocks handed out by this thread.
-    pub(super) fn allocations(&self, order: Ordering) -> u64 {
-        self.misses.load(order).wrapping_add(self.hits.load(order))
-    }
-}
-
-/// Adds `delta` to a counter only the calling thread writes.
-#[inline(always)]
-pub(super) fn bump(counter: &AtomicU64, delta: u64) {
-    counter.store(
-        counter.load(Ordering::Relaxed).wrapping_add(delta),
-        Ordering::Relaxed,
-    );
 }
 
 /// The outcome of [`Slot::enter`].
@@ -110,7 +78,9 @@ impl Slot {
                 count: AtomicU32::new(0),
             }),
             binned: AtomicU64::new(0),
-            counters: SlotCounters::default(),
+            counters: OpCounters::default(),
+            seen_operations: AtomicU64::new(0),
+            idle_rounds: AtomicU32::new(0),
         }
     }
 

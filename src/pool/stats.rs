@@ -5,6 +5,7 @@ use std::fmt;
 
 use crossbeam_utils::CachePadded;
 
+use super::counters::OpTotals;
 use super::tag::MemoryTag;
 use super::PoolConfig;
 use crate::sync::{AtomicU64, Ordering};
@@ -407,23 +408,26 @@ mod tests {
 }
 
 impl super::PoolInner {
-    /// Bytes in use and requested, summed over the slots: exact when no other thread is
-    /// using the pool (see [`PoolStats`] for what it is otherwise).
+    /// Every thread's counts of its operations added up: the frees of every set first, then
+    /// the allocations (a block is freed after it was allocated, so no sum counts more frees
+    /// or freed bytes than allocations).
+    pub(super) fn op_totals(&self, order: Ordering) -> OpTotals {
+        let mut totals = OpTotals::default();
+        self.for_each_slot(|slot| slot.counters.add_frees_to(&mut totals, order));
+        self.slotless.add_frees_to(&mut totals, order);
+        self.for_each_slot(|slot| slot.counters.add_allocations_to(&mut totals, order));
+        self.slotless.add_allocations_to(&mut totals, order);
+        totals
+    }
+
+    /// Bytes in use and requested, summed over the threads' counters: exact when no other
+    /// thread is using the pool (see [`PoolStats`] for what it is otherwise).
     pub(super) fn sum_in_use(&self) -> (u64, u64) {
-        let (mut allocated, mut freed, mut asked, mut given) = (0u64, 0u64, 0u64, 0u64);
-        self.for_each_slot(|slot| {
-            let c = &slot.counters;
-            allocated = allocated.wrapping_add(c.allocated_bytes.load(Ordering::Relaxed));
-            freed = freed.wrapping_add(c.freed_bytes.load(Ordering::Relaxed));
-            asked = asked.wrapping_add(c.allocated_requested.load(Ordering::Relaxed));
-            given = given.wrapping_add(c.freed_requested.load(Ordering::Relaxed));
-        });
-        let o = &self.slotless;
-        allocated = allocated.wrapping_add(o.allocated_bytes.load(Ordering::Relaxed));
-        freed = freed.wrapping_add(o.freed_bytes.load(Ordering::Relaxed));
-        asked = asked.wrapping_add(o.allocated_requested.load(Ordering::Relaxed));
-        given = given.wrapping_add(o.freed_requested.load(Ordering::Relaxed));
-        (allocated.saturating_sub(freed), asked.saturating_sub(given))
+        let t = self.op_totals(Ordering::Relaxed);
+        (
+            t.allocated_bytes.saturating_sub(t.freed_bytes),
+            t.allocated_requested.saturating_sub(t.freed_requested),
+        )
     }
 
     /// Bytes in use and requested now: the exact counters the configuration keeps, else
@@ -446,35 +450,15 @@ impl super::PoolInner {
 
     pub(super) fn stats(&self) -> PoolStats {
         let mut s = PoolStats::default();
-        let mut freed_requested = 0u64;
-        let mut allocated_requested = 0u64;
-        let mut misses = 0u64;
-        // Frees first, every thread's, then allocations: a block is freed after it was
-        // allocated, so no read counts more frees (or freed bytes) than allocations.
-        let o = &self.slotless;
-        self.for_each_slot(|slot| {
-            let c = &slot.counters;
-            s.frees += c.frees.load(Ordering::Relaxed);
-            s.freed_bytes_total += c.freed_bytes.load(Ordering::Relaxed);
-            freed_requested += c.freed_requested.load(Ordering::Relaxed);
-        });
-        s.frees += o.frees.load(Ordering::Relaxed);
-        s.freed_bytes_total += o.freed_bytes.load(Ordering::Relaxed);
-        freed_requested += o.freed_requested.load(Ordering::Relaxed);
-        self.for_each_slot(|slot| {
-            let c = &slot.counters;
-            // Each counter read once, so that hits and misses add up to the allocations
-            // however the owner moves on meanwhile.
-            misses += c.misses.load(Ordering::Relaxed);
-            s.cache_hits += c.hits.load(Ordering::Relaxed);
-            s.allocated_bytes_total += c.allocated_bytes.load(Ordering::Relaxed);
-            allocated_requested += c.allocated_requested.load(Ordering::Relaxed);
-            s.cached_in_threads_bytes += slot.binned();
-        });
-        s.cache_misses = misses + o.allocations.load(Ordering::Relaxed);
-        s.allocations = s.cache_hits + s.cache_misses;
-        s.allocated_bytes_total += o.allocated_bytes.load(Ordering::Relaxed);
-        allocated_requested += o.allocated_requested.load(Ordering::Relaxed);
+        let t = self.op_totals(Ordering::Relaxed);
+        s.frees = t.frees;
+        s.freed_bytes_total = t.freed_bytes;
+        s.cache_hits = t.hits;
+        s.cache_misses = t.misses;
+        s.allocations = t.allocations();
+        s.allocated_bytes_total = t.allocated_bytes;
+        let (allocated_requested, freed_requested) = (t.allocated_requested, t.freed_requested);
+        self.for_each_slot(|slot| s.cached_in_threads_bytes += slot.binned());
         let c = &self.counters;
         // An exact counter is one load: the figure at one instant, and its peak is raised
         // with it, so no later read reports a peak below a figure reported before. Sums of

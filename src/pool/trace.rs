@@ -291,7 +291,7 @@ impl super::PoolInner {
     #[inline(always)]
     pub(super) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
         if let Some(trace) = self.trace.get() {
-            let thread = crate::thread::index().map_or(super::ops::SLOTLESS, |t| t as u32);
+            let thread = crate::thread::index().map_or(super::counters::SLOTLESS, |t| t as u32);
             trace.record(kind, bytes, class, thread);
         }
     }

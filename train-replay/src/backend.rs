@@ -12,7 +12,7 @@ use ferropool::{
     Tensor, TensorError, TensorValue,
 };
 
-use crate::measure::human_bytes;
+use crate::units::human_bytes;
 
 /// Storage for one training step. Whatever can fail (an allocation, a read of a kept
 /// buffer) returns an error for the step to pass up, never a panic.

@@ -9,7 +9,8 @@ use std::process::Command;
 
 use crate::allocator::{Choice, VARIABLE};
 use crate::args::{Args, CompareArgs};
-use crate::measure::{mib, Summary};
+use crate::measure::Summary;
+use crate::units::mib;
 
 /// The PyTorch recipe, next to this package's sources.
 const TORCH_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_mlp.py");

@@ -10,9 +10,10 @@ use ferropool::{BufferPool, PoolAllocator, PoolConfig, PoolEvent};
 use crate::allocator::{self, Choice};
 use crate::args::Args;
 use crate::backend::{PoolBackend, VecBackend};
-use crate::measure::{human_bytes, mib, train};
+use crate::measure::train;
 use crate::model::{CLASSES, INPUT};
 use crate::plot::plot;
+use crate::units::{human_bytes, mib};
 
 /// Runs the training on this process's allocator (see [`allocator`]); prints the summary
 /// line only if `--json`.
