@@ -5,7 +5,8 @@ use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
 use super::blocks::Record;
-use super::{class, lifetime, PoolError, PoolInner};
+use super::inner::PoolInner;
+use super::{class, lifetime, PoolError};
 
 /// An aligned byte buffer from a [`BufferPool`](super::BufferPool); it returns itself to the
 /// pool when dropped, from any thread.

@@ -29,9 +29,10 @@ use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
 use super::counters::OpCounters;
+use super::inner::PoolInner;
 use super::stats::PoolCounters;
 use super::trace::Trace;
-use super::{class, PoolConfig, PoolInner};
+use super::{class, PoolConfig};
 use crate::identity::next_identity;
 use crate::roster::Roster;
 use crate::stack::TaggedStack;

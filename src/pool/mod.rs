@@ -48,6 +48,7 @@ mod config;
 mod counters;
 mod error;
 mod front;
+mod inner;
 mod lifetime;
 mod ops;
 mod raw;
@@ -69,15 +70,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ptr::NonNull;
 
-use crossbeam_utils::CachePadded;
-
-use crate::roster::Roster;
-use crate::stack::TaggedStack;
-use crate::sync::{asymmetric, AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{asymmetric, Ordering};
 use crate::thread;
-use blocks::BlockTable;
-use slot::Slot;
-use stats::PoolCounters;
+use inner::PoolInner;
 use trace::Trace;
 
 /// A size-classed pool of aligned byte buffers. Cloning is cheap: clones share one pool,
@@ -104,46 +99,6 @@ pub struct BufferPool {
 unsafe impl Send for BufferPool {}
 // SAFETY: as above.
 unsafe impl Sync for BufferPool {}
-
-/// The shared state of one pool.
-pub(crate) struct PoolInner {
-    id: u64,
-    config: PoolConfig,
-    /// Whether blocks come from `System` directly rather than from the global allocator (for
-    /// the pool behind ferropool's own global allocator, which must not call itself).
-    system_blocks: bool,
-    /// `BufferPool` handles alive; the last one to drop closes the pool.
-    handles: AtomicUsize,
-    /// Set once, when the last handle drops.
-    closed: AtomicBool,
-    /// Live blocks after the close, less the frees since: see `lifetime`.
-    remaining: AtomicI64,
-    blocks: BlockTable,
-    /// One list of blocks per size class. Invariant: every block on list `c` holds
-    /// `class_size(c)` bytes and is owned by the list.
-    lists: [CachePadded<TaggedStack>; class::CLASSES],
-    /// Per class, the `idle_round` in which an allocation last drew on its list or the
-    /// system: a heuristic for `trim_idle`, never a safety matter.
-    last_drawn: [AtomicU64; class::CLASSES],
-    /// Calls of `trim_idle` so far.
-    idle_round: AtomicU64,
-    /// Classes below this one go through the thread caches (from the configuration).
-    cached_classes: usize,
-    /// Slots, one per thread index that used the pool (see `slot` and `crate::roster`).
-    slots: Roster<CachePadded<Slot>>,
-    /// Tokens of drains (see `reserve::drain_token`).
-    drain_tokens: AtomicU32,
-    /// Operations of threads that hold no thread index (their thread-locals are being
-    /// destroyed) and so have no slot: they count here, with read-modify-writes, and the
-    /// close waits for `slotless_busy` to fall to zero as it waits for each slot's owner.
-    slotless_busy: AtomicUsize,
-    slotless: counters::OpCounters,
-    counters: PoolCounters,
-    /// The byte budget (`u64::MAX` for none): the configuration's, until `set_budget`.
-    budget: AtomicU64,
-    /// The event trace, once enabled (by the configuration or `enable_trace`).
-    trace: std::sync::OnceLock<Trace>,
-}
 
 impl BufferPool {
     /// A pool with the default configuration.
@@ -631,13 +586,5 @@ impl fmt::Debug for BufferPool {
             .field("config", &self.inner().config)
             .field("stats", &self.stats())
             .finish()
-    }
-}
-
-impl fmt::Debug for PoolInner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolInner")
-            .field("id", &self.id)
-            .finish_non_exhaustive()
     }
 }

@@ -9,8 +9,9 @@ use crossbeam_utils::CachePadded;
 
 use super::blocks::Record;
 use super::counters::{Writers, SLOTLESS};
+use super::inner::PoolInner;
 use super::slot::{Entry, Slot};
-use super::{class, lifetime, tag, PoolBuffer, PoolError, PoolEventKind, PoolInner};
+use super::{class, lifetime, tag, PoolBuffer, PoolError, PoolEventKind};
 use crate::sync::Ordering;
 use crate::thread;
 

@@ -15,7 +15,8 @@ use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 use super::buffer::PoolBuffer;
-use super::{PoolError, PoolInner};
+use super::inner::PoolInner;
+use super::PoolError;
 
 /// What a raw block's header records: where the block came from, and what giving it back
 /// needs.

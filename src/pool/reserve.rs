@@ -5,10 +5,11 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use super::blocks::Record;
+use super::inner::PoolInner;
 use super::ops::Taken;
 use super::slot::Slot;
 use super::stats::raise;
-use super::{advise, class, OutOfMemory, PoolError, PoolEventKind, PoolInner};
+use super::{advise, class, OutOfMemory, PoolError, PoolEventKind};
 use crate::stack::NIL;
 use crate::sync::{asymmetric, global, system, Ordering};
 

@@ -407,7 +407,7 @@ mod tests {
     }
 }
 
-impl super::PoolInner {
+impl super::inner::PoolInner {
     /// Every thread's counts of its operations added up: the frees of every set first, then
     /// the allocations (a block is freed after it was allocated, so no sum counts more frees
     /// or freed bytes than allocations).

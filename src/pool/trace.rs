@@ -286,7 +286,7 @@ fn json_string(text: &str) -> String {
     out
 }
 
-impl super::PoolInner {
+impl super::inner::PoolInner {
     /// Records an event if tracing is on.
     #[inline(always)]
     pub(super) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {

@@ -1,0 +1,66 @@
+//! The shared state of one pool, [`PoolInner`]: what every handle, buffer and thread cache
+//! of the pool points to. Its methods live with their concern: `ops` (alloc and free),
+//! `raw` (the front ends' blocks), `reserve` (memory from the system, the budget, drains),
+//! `stats`, `trace` and `lifetime` (the close).
+
+use std::fmt;
+
+use crossbeam_utils::CachePadded;
+
+use super::blocks::BlockTable;
+use super::counters::OpCounters;
+use super::slot::Slot;
+use super::stats::PoolCounters;
+use super::trace::Trace;
+use super::{class, PoolConfig};
+use crate::roster::Roster;
+use crate::stack::TaggedStack;
+use crate::sync::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize};
+
+/// The shared state of one pool.
+pub(crate) struct PoolInner {
+    pub(super) id: u64,
+    pub(super) config: PoolConfig,
+    /// Whether blocks come from `System` directly rather than from the global allocator (for
+    /// the pool behind ferropool's own global allocator, which must not call itself).
+    pub(super) system_blocks: bool,
+    /// `BufferPool` handles alive; the last one to drop closes the pool.
+    pub(super) handles: AtomicUsize,
+    /// Set once, when the last handle drops.
+    pub(super) closed: AtomicBool,
+    /// Live blocks after the close, less the frees since: see `lifetime`.
+    pub(super) remaining: AtomicI64,
+    pub(super) blocks: BlockTable,
+    /// One list of blocks per size class. Invariant: every block on list `c` holds
+    /// `class_size(c)` bytes and is owned by the list.
+    pub(super) lists: [CachePadded<TaggedStack>; class::CLASSES],
+    /// Per class, the `idle_round` in which an allocation last drew on its list or the
+    /// system: a heuristic for `trim_idle`, never a safety matter.
+    pub(super) last_drawn: [AtomicU64; class::CLASSES],
+    /// Calls of `trim_idle` so far.
+    pub(super) idle_round: AtomicU64,
+    /// Classes below this one go through the thread caches (from the configuration).
+    pub(super) cached_classes: usize,
+    /// Slots, one per thread index that used the pool (see `slot` and `crate::roster`).
+    pub(super) slots: Roster<CachePadded<Slot>>,
+    /// Tokens of drains (see `reserve::drain_token`).
+    pub(super) drain_tokens: AtomicU32,
+    /// Operations of threads that hold no thread index (their thread-locals are being
+    /// destroyed) and so have no slot: they count here, with read-modify-writes, and the
+    /// close waits for `slotless_busy` to fall to zero as it waits for each slot's owner.
+    pub(super) slotless_busy: AtomicUsize,
+    pub(super) slotless: OpCounters,
+    pub(super) counters: PoolCounters,
+    /// The byte budget (`u64::MAX` for none): the configuration's, until `set_budget`.
+    pub(super) budget: AtomicU64,
+    /// The event trace, once enabled (by the configuration or `enable_trace`).
+    pub(super) trace: std::sync::OnceLock<Trace>,
+}
+
+impl fmt::Debug for PoolInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolInner")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
