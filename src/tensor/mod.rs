@@ -515,7 +515,10 @@ impl Tensor {
     /// This always copies: an ndarray array owns its elements in its own `Vec` (or borrows
     /// them), and pool memory is the pool's, so the elements can only become a pooled
     /// tensor by being copied into a pool buffer. To skip the copy, build the tensor in the
-    /// pool first and fill it through [`to_ndarray_mut`](Self::to_ndarray_mut).
+    /// pool first and fill it through [`to_ndarray_mut`](Self::to_ndarray_mut). (An array
+    /// can be retained as is, with no copy, only as a caller-owned payload: a type of yours
+    /// implementing [`ExternalPayload`] that holds it, given to [`external`](Self::external).
+    /// Its memory stays ndarray's; such a tensor has no typed reads and cannot join a group.)
     ///
     /// ```
     /// use ferropool::{BufferPool, Tensor};
