@@ -51,7 +51,10 @@
 //! ## Features
 //!
 //! - `allocator-api2`: `Allocator` for [`BufferPool`], for collections under a pool's budget.
-//! - `ndarray`: [`TensorRead::to_ndarray`], a zero-copy `ArrayViewD` of any view.
+//! - `ndarray`: [`TensorRead::to_ndarray`] and `Tensor::to_ndarray`, zero-copy `ArrayViewD`s
+//!   of any view; `TensorWrite::to_ndarray_mut` and `Tensor::to_ndarray_mut`, zero-copy
+//!   `ArrayViewMutD`s of views whose indices reach distinct elements
+//!   ([`Layout::check_unaliased`]); `Tensor::from_ndarray_in`, one copy into a pool buffer.
 //! - `serde`: `Serialize`/`Deserialize` for the pool's configuration, statistics, snapshots,
 //!   trace events, memory tags and [`MemoryByTag`] (an object from tag name to bytes).
 //!

@@ -70,6 +70,20 @@ pub enum TensorError {
         /// The operation.
         operation: &'static str,
     },
+    /// A mutable view needs every index to reach an element of its own, and the layout's
+    /// strides do not prove it: a zero stride, or axes whose steps overlap (see
+    /// [`Layout::check_unaliased`](super::Layout::check_unaliased)).
+    #[error(
+        "a mutable view needs one element per index, but strides {strides:?} over shape \
+         {shape:?} may reach an element from two indices (a zero stride, or a stride shorter \
+         than the span of the smaller-strided axes); write it element by element with set"
+    )]
+    AliasedElements {
+        /// The shape.
+        shape: Vec<usize>,
+        /// The strides.
+        strides: Vec<usize>,
+    },
     /// The operation needs pooled elements, and got a caller-owned external payload.
     #[error("{operation} needs pooled elements, but the tensor holds an {dtype} payload")]
     ExternalDType {

@@ -400,6 +400,62 @@ impl Layout {
                 reason: format!("the offset of index {index:?} overflows usize"),
             })
     }
+
+    /// Checks that no two indices reach the same element, as a mutable view needs (the
+    /// array of `TensorWrite::to_ndarray_mut`, feature `ndarray`, for one).
+    ///
+    /// The proof: with the axes of length 1 left out (they take no step) and the others
+    /// sorted by stride, each stride is at least the span of the axes before it (one past
+    /// their farthest step, counting from the first element). A zero stride, or two axes
+    /// whose steps interleave, fail it: a few interleaved layouts whose elements happen to
+    /// be distinct fail it too. A layout of no element passes.
+    ///
+    /// ```
+    /// use ferropool::{Layout, TensorError};
+    /// let rows = Layout::contiguous(&[2, 3])?;
+    /// assert!(rows.check_unaliased().is_ok());
+    /// assert!(rows.permute(&[1, 0])?.check_unaliased().is_ok()); // transposed: distinct
+    /// let broadcast = Layout::new(&[4, 3], &[0, 1], 0)?; // every row is the same row
+    /// assert!(matches!(broadcast.check_unaliased(), Err(TensorError::AliasedElements { .. })));
+    /// let overlapping = Layout::new(&[3, 3], &[2, 1], 0)?; // [0, 2] and [1, 0]: element 2
+    /// assert!(overlapping.check_unaliased().is_err());
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::AliasedElements`] when the strides do not prove the elements
+    /// distinct; [`TensorError::InvalidLayout`] if a span overflows `usize` (construction
+    /// checked the extent, so it does not).
+    pub fn check_unaliased(&self) -> Result<(), TensorError> {
+        if self.numel == 0 {
+            return Ok(());
+        }
+        let mut axes: Vec<(usize, usize)> = self
+            .strides
+            .iter()
+            .zip(&*self.shape)
+            .filter(|&(_, &dim)| dim > 1)
+            .map(|(&stride, &dim)| (stride, dim))
+            .collect();
+        axes.sort_unstable();
+        let overflow = || TensorError::InvalidLayout {
+            reason: "the span of the layout's axes overflows usize".into(),
+        };
+        // Elements from the first element to one past the farthest the axes so far reach.
+        let mut span = 1usize;
+        for (stride, dim) in axes {
+            if stride < span {
+                return Err(TensorError::AliasedElements {
+                    shape: self.shape.to_vec(),
+                    strides: self.strides.to_vec(),
+                });
+            }
+            let reach = (dim - 1).checked_mul(stride).ok_or_else(overflow)?;
+            span = span.checked_add(reach).ok_or_else(overflow)?;
+        }
+        Ok(())
+    }
 }
 
 /// The element count of `shape`, checked for overflow.

@@ -449,6 +449,110 @@ impl Tensor {
         }
     }
 
+    /// The tensor as an [`ndarray::ArrayViewD`], without copying (the same as
+    /// `TensorRead::from_tensor(&t).to_ndarray()`). Feature `ndarray`.
+    ///
+    /// ```
+    /// use ferropool::Tensor;
+    /// let t = Tensor::from_slice(&[1i32, 2, 3, 4, 5, 6], &[2, 3])?;
+    /// let array = t.to_ndarray::<i32>()?;
+    /// assert_eq!(array.shape(), &[2, 3]);
+    /// assert_eq!(array[[1, 0]], 4);
+    /// assert_eq!(array.t()[[2, 1]], 6); // ndarray's own views on top
+    /// assert!(t.to_ndarray::<f32>().is_err()); // the dtype is i32
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::DTypeMismatch`] unless `T` is the tensor's element type;
+    /// [`TensorError::ExternalDType`] for a caller-owned payload.
+    #[cfg(feature = "ndarray")]
+    pub fn to_ndarray<T: Element>(&self) -> Result<ndarray::ArrayViewD<'_, T>, TensorError> {
+        self.read().to_ndarray()
+    }
+
+    /// The tensor as an [`ndarray::ArrayViewMutD`], without copying: writes through the
+    /// array land in the tensor's pooled buffer. A tensor is compact (row-major), so its
+    /// elements never alias. Feature `ndarray`.
+    ///
+    /// ```
+    /// use ferropool::{DType, Tensor};
+    /// use ndarray::Axis;
+    /// let mut t = Tensor::zeros(DType::F32, &[2, 3])?;
+    /// let mut array = t.to_ndarray_mut::<f32>()?;
+    /// array.index_axis_mut(Axis(0), 1).fill(2.0); // row 1
+    /// array.index_axis_mut(Axis(1), 0).fill(-1.0); // column 0
+    /// assert_eq!(t.as_slice::<f32>()?, &[-1.0, 0.0, 0.0, -1.0, 2.0, 2.0]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::DTypeMismatch`] unless `T` is the tensor's element type;
+    /// [`TensorError::ExternalDType`] for a caller-owned payload.
+    #[cfg(feature = "ndarray")]
+    pub fn to_ndarray_mut<T: Element>(
+        &mut self,
+    ) -> Result<ndarray::ArrayViewMutD<'_, T>, TensorError> {
+        let layout = match &self.repr {
+            Repr::Pooled { layout, .. } => layout.clone(),
+            Repr::External { payload, .. } => {
+                return Err(TensorError::ExternalDType {
+                    operation: "Tensor::to_ndarray_mut",
+                    dtype: DType::External(payload.tag()),
+                })
+            }
+        };
+        ndarray_view_mut(self.as_mut_slice::<T>()?, &layout)
+    }
+
+    /// A tensor in `pool` holding a copy of `array`'s elements in logical (row-major) order,
+    /// whatever the array's layout: one contiguous copy when the array is in standard
+    /// layout, an element-by-element walk otherwise (transposed, sliced, broadcast arrays).
+    /// Feature `ndarray`.
+    ///
+    /// This always copies: an ndarray array owns its elements in its own `Vec` (or borrows
+    /// them), and pool memory is the pool's, so the elements can only become a pooled
+    /// tensor by being copied into a pool buffer. To skip the copy, build the tensor in the
+    /// pool first and fill it through [`to_ndarray_mut`](Self::to_ndarray_mut). (An array
+    /// can be retained as is, with no copy, only as a caller-owned payload: a type of yours
+    /// implementing [`ExternalPayload`] that holds it, given to [`external`](Self::external).
+    /// Its memory stays ndarray's; such a tensor has no typed reads and cannot join a group.)
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, Tensor};
+    /// use ndarray::{array, Axis};
+    /// let pool = BufferPool::new();
+    /// let a = array![[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]];
+    /// let t = Tensor::from_ndarray_in(&pool, &a)?; // standard layout: one memcpy
+    /// assert_eq!((t.shape(), t.as_slice::<f32>()?), (&[2, 3][..], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0][..]));
+    /// let transposed = Tensor::from_ndarray_in(&pool, &a.t())?; // strided: walked in order
+    /// assert_eq!(transposed.as_slice::<f32>()?, &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    /// let column = Tensor::from_ndarray_in(&pool, &a.index_axis(Axis(1), 2))?;
+    /// assert_eq!(column.as_slice::<f32>()?, &[3.0, 6.0]);
+    /// # Ok::<(), ferropool::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Pool`] if the pool refuses the buffer.
+    #[cfg(feature = "ndarray")]
+    pub fn from_ndarray_in<T, S, D>(
+        pool: &BufferPool,
+        array: &ndarray::ArrayBase<S, D>,
+    ) -> Result<Self, TensorError>
+    where
+        T: Element,
+        S: ndarray::Data<Elem = T>,
+        D: ndarray::Dimension,
+    {
+        match array.as_slice() {
+            Some(elements) => Self::from_slice_in(pool, elements, array.shape()),
+            None => Self::from_iter_in(pool, array.iter().copied(), array.shape()),
+        }
+    }
+
     /// The caller-owned payload, if it is a `P`.
     ///
     /// ```
@@ -660,6 +764,28 @@ pub(crate) fn compact_copy(
         dtype,
         Layout::contiguous(layout.shape())?,
     ))
+}
+
+/// `elements` (every element a buffer holds) seen through `layout` as a mutable ndarray
+/// view, once the layout is proven free of aliasing.
+#[cfg(feature = "ndarray")]
+pub(crate) fn ndarray_view_mut<'b, T: Element>(
+    elements: &'b mut [T],
+    layout: &Layout,
+) -> Result<ndarray::ArrayViewMutD<'b, T>, TensorError> {
+    use ndarray::{IxDyn, ShapeBuilder};
+    layout.check_unaliased()?;
+    let refused = |e: ndarray::ShapeError| TensorError::InvalidLayout {
+        reason: format!("ndarray refused the view: {e}"),
+    };
+    if layout.numel() == 0 {
+        // No element to point at: an empty array of the view's shape.
+        return ndarray::ArrayViewMut::from_shape(IxDyn(layout.shape()), &mut elements[..0])
+            .map_err(refused);
+    }
+    let shape = IxDyn(layout.shape()).strides(IxDyn(layout.strides()));
+    // ndarray checks again that the strides stay within the slice and do not overlap.
+    ndarray::ArrayViewMut::from_shape(shape, &mut elements[layout.offset()..]).map_err(refused)
 }
 
 /// The initialised bytes of a buffer that backs a tensor.
