@@ -8,6 +8,9 @@ use std::cell::RefCell;
 use std::sync::Mutex;
 
 use bumpalo::Bump;
+use rand::{Rng as _, SeedableRng};
+use rand_distr::StandardNormal;
+use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 
 use crate::args::Args;
@@ -19,24 +22,13 @@ pub const INPUT: usize = 128;
 /// Output classes.
 pub const CLASSES: usize = 10;
 
-/// xorshift64*: deterministic, so every allocator trains the same model on the same data.
-#[derive(Debug)]
-struct Rng(u64);
+/// The data's and the weights' random numbers: a seeded xoshiro256++, so every allocator
+/// trains the same model on the same data.
+type Rng = Xoshiro256PlusPlus;
 
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    fn normal(&mut self) -> f32 {
-        let (u, v) = (self.uniform().max(1e-7), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
-    }
+/// A standard normal sample.
+fn normal(rng: &mut Rng) -> f32 {
+    rng.sample(StandardNormal)
 }
 
 /// One linear layer's parameters and Adam state (allocated once, for the whole run).
@@ -57,7 +49,7 @@ impl Linear {
             inputs,
             outputs,
             weight: (0..inputs * outputs)
-                .map(|_| rng.normal() * scale)
+                .map(|_| normal(rng) * scale)
                 .collect(),
             bias: vec![0.0; outputs],
             moments: [
@@ -134,8 +126,8 @@ thread_local! {
 impl<'a, B: Backend> Trainer<'a, B> {
     /// A fresh model; an error if its worker threads cannot start.
     pub fn new(backend: &'a B, args: &Args) -> anyhow::Result<Self> {
-        let mut rng = Rng(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-        let teacher = (0..INPUT * CLASSES).map(|_| rng.normal()).collect();
+        let mut rng = Rng::seed_from_u64(args.seed);
+        let teacher = (0..INPUT * CLASSES).map(|_| normal(&mut rng)).collect();
         let mut dims = vec![INPUT];
         dims.extend(std::iter::repeat_n(args.hidden, args.layers));
         dims.push(CLASSES);
@@ -220,7 +212,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let x = unsafe {
             self.backend.written(batch, INPUT, |x| {
                 x.iter_mut().for_each(|v| {
-                    v.write(rng.normal());
+                    v.write(normal(rng));
                 })
             })?
         };
