@@ -58,7 +58,11 @@
 //! - `serde`: `Serialize`/`Deserialize` for the pool's configuration, statistics, snapshots,
 //!   trace events, memory tags and [`MemoryByTag`] (an object from tag name to bytes).
 //!
+//! On docs.rs every item behind a feature carries the feature's label.
+//!
 //! The design, its layers, protocols and invariants: [`design`].
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod arena;
 mod checkpoint;
