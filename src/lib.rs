@@ -88,7 +88,7 @@ pub use group::{AllocationGroup, DescriptorSlot, GroupError, TensorValue, Tensor
 pub use half;
 pub use pool::{
     BlockInfo, BufferPool, ClassStats, MemoryByTag, MemoryTag, OutOfMemory, PoolAllocator,
-    PoolBuffer, PoolConfig, PoolError, PoolEvent, PoolEventKind, PoolStats, TagScope,
+    PoolBuffer, PoolConfig, PoolError, PoolEvent, PoolEventKind, PoolStats, SpanGuard, TagScope,
 };
 pub use retain::{RetainedInputMap, RetainedValue, RetentionContainer};
 pub use tensor::{

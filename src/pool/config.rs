@@ -90,7 +90,7 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
-    /// The most events a pool's trace ring keeps (about 48 MiB of events).
+    /// The most events a pool's trace ring keeps (about 72 MiB of events).
     pub const MAX_TRACE_EVENTS: usize = 1 << 20;
 
     /// Checks every field.

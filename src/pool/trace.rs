@@ -1,6 +1,9 @@
 //! The pool's event trace: a bounded ring of events, off unless configured, exported in the
-//! Chrome Trace Event format that Perfetto and `chrome://tracing` open.
+//! Chrome Trace Event format that Perfetto and `chrome://tracing` open: instant events,
+//! duration spans (`B`/`E`), counter tracks, and a `thread_name` per thread, on the OS
+//! thread ids.
 
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -35,6 +38,11 @@ pub enum PoolEventKind {
     Trim,
     /// A caller's own moment (see [`BufferPool::trace_mark`](super::BufferPool::trace_mark)).
     Mark,
+    /// A span began on the thread (see [`BufferPool::trace_span`](super::BufferPool::trace_span));
+    /// the event's `name` is the span's.
+    SpanBegin,
+    /// The span the thread began last ended; the event's `name` is the span's.
+    SpanEnd,
 }
 
 impl PoolEventKind {
@@ -46,6 +54,8 @@ impl PoolEventKind {
             Self::SystemFree => "system_free",
             Self::Trim => "trim",
             Self::Mark => "mark",
+            Self::SpanBegin => "span_begin",
+            Self::SpanEnd => "span_end",
         }
     }
 }
@@ -78,8 +88,15 @@ pub struct PoolEvent {
     /// The thread index of the thread that caused the event (`u32::MAX - 1` for a thread
     /// without one: its thread-locals were being destroyed).
     pub thread: u32,
+    /// The operating system's id of that thread (`gettid` on Linux, the thread index
+    /// elsewhere): the `tid` of the exported trace, so its tracks are the threads `perf`
+    /// and `top -H` show.
+    pub os_tid: u32,
     /// The memory tag current on that thread.
     pub tag: Option<MemoryTag>,
+    /// For `SpanBegin` and `SpanEnd`, the span's name; empty for the other kinds.
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "deserialize_name"))]
+    pub name: &'static str,
     /// After the event: bytes handed out, and bytes held from the system, as the trace
     /// counts them (from its own events, so they start at zero when tracing starts).
     pub in_use_after: u64,
@@ -122,7 +139,9 @@ impl Events {
             bytes: 0,
             class: 0,
             thread: 0,
+            os_tid: 0,
             tag: None,
+            name: "",
             in_use_after: 0,
             reserved_after: 0,
         };
@@ -187,8 +206,16 @@ impl Trace {
         self.started.elapsed().as_nanos() as u64
     }
 
-    pub(super) fn record(&self, kind: PoolEventKind, bytes: u64, class: usize, thread: u32) {
+    pub(super) fn record(
+        &self,
+        kind: PoolEventKind,
+        bytes: u64,
+        class: usize,
+        thread: u32,
+        name: &'static str,
+    ) {
         let tag = MemoryTag::from_raw(super::tag::current());
+        let os_tid = os_tid();
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         // The time is read under the lock, so the ring is in time order (`events` is oldest
         // first): read before it, a thread preempted between the clock and the lock would
@@ -199,7 +226,10 @@ impl Trace {
             PoolEventKind::Free => ring.in_use = ring.in_use.saturating_sub(bytes),
             PoolEventKind::SystemAlloc => ring.reserved += bytes,
             PoolEventKind::SystemFree => ring.reserved = ring.reserved.saturating_sub(bytes),
-            PoolEventKind::Trim | PoolEventKind::Mark => {}
+            PoolEventKind::Trim
+            | PoolEventKind::Mark
+            | PoolEventKind::SpanBegin
+            | PoolEventKind::SpanEnd => {}
         }
         let event = PoolEvent {
             at_ns,
@@ -207,7 +237,9 @@ impl Trace {
             bytes,
             class: class as u32,
             thread,
+            os_tid,
             tag,
+            name,
             in_use_after: ring.in_use,
             reserved_after: ring.reserved,
         };
@@ -234,9 +266,12 @@ impl std::fmt::Debug for Trace {
 }
 
 /// Renders events in the Chrome Trace Event format (`{"traceEvents":[...]}`): an instant
-/// event per allocation, free, system call, trim and mark, on the track of the thread that
-/// made it, and a counter track `"pool <id> memory"` with the bytes in use, cached and
-/// reserved after each event. Timestamps are microseconds since the pool was created.
+/// event per allocation, free, system call, trim and mark, and a `B`/`E` pair per span, on
+/// the track of the OS thread that made it; a `thread_name` metadata event per thread seen
+/// (its Rust name, or `thread <index>`); and a counter track `"pool <id> memory"` with the
+/// bytes in use, cached and reserved after each event. Timestamps are microseconds since
+/// the pool was created. Every string is escaped ([`json_string`]): the output is JSON
+/// whatever the span, tag and thread names.
 pub(super) fn to_chrome_json(pool: u64, events: &[PoolEvent]) -> String {
     let mut out = String::with_capacity(64 + events.len() * 240);
     out.push_str("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[");
@@ -244,18 +279,54 @@ pub(super) fn to_chrome_json(pool: u64, events: &[PoolEvent]) -> String {
         out,
         "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pool},\"tid\":0,\"args\":{{\"name\":\"ferropool pool {pool}\"}}}}"
     );
+    // Each thread's name, once, in the order the threads first appear.
+    let mut threads: Vec<(u32, u32)> = Vec::new();
+    for e in events {
+        if !threads.iter().any(|&(tid, _)| tid == e.os_tid) {
+            threads.push((e.os_tid, e.thread));
+        }
+    }
+    {
+        let names = thread_names();
+        for &(tid, index) in &threads {
+            let named = names
+                .iter()
+                .find(|(t, _)| *t == tid)
+                .and_then(|(_, thread)| thread.name());
+            let name = named.map_or_else(|| format!("thread {index}"), str::to_owned);
+            let _ = write!(
+                out,
+                ",{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pool},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
+                json_string(&name)
+            );
+        }
+    }
     for e in events {
         let ts = e.at_ns as f64 / 1000.0;
+        let tid = e.os_tid;
+        if let PoolEventKind::SpanBegin | PoolEventKind::SpanEnd = e.kind {
+            let ph = if e.kind == PoolEventKind::SpanBegin {
+                "B"
+            } else {
+                "E"
+            };
+            let _ = write!(
+                out,
+                ",{{\"name\":{},\"cat\":\"span\",\"ph\":\"{ph}\",\"ts\":{ts:.3},\"pid\":{pool},\"tid\":{tid}}}",
+                json_string(e.name),
+            );
+            continue;
+        }
         let tag = e
             .tag
             .map_or(String::from("null"), |t| json_string(t.name()));
         let _ = write!(
             out,
-            ",{{\"name\":\"{}\",\"cat\":\"pool\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts:.3},\"pid\":{pool},\"tid\":{},\"args\":{{\"bytes\":{},\"class\":{},\"tag\":{tag}}}}}",
+            ",{{\"name\":\"{}\",\"cat\":\"pool\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts:.3},\"pid\":{pool},\"tid\":{tid},\"args\":{{\"bytes\":{},\"class\":{},\"thread\":{},\"tag\":{tag}}}}}",
             e.kind.name(),
-            e.thread,
             e.bytes,
             e.class,
+            e.thread,
         );
         let cached = e.reserved_after.saturating_sub(e.in_use_after);
         let _ = write!(
@@ -266,6 +337,92 @@ pub(super) fn to_chrome_json(pool: u64, events: &[PoolEvent]) -> String {
     }
     out.push_str("]}");
     out
+}
+
+/// The OS id of the calling thread, read once per thread (an allocation-free thread-local
+/// afterwards, and a system call while the thread's thread-locals are being destroyed).
+pub(super) fn os_tid() -> u32 {
+    thread_local! {
+        static TID: Cell<u32> = const { Cell::new(0) };
+    }
+    TID.try_with(|cached| match cached.get() {
+        0 => {
+            let tid = system_tid();
+            cached.set(tid);
+            tid
+        }
+        tid => tid,
+    })
+    .unwrap_or_else(|_| system_tid())
+}
+
+#[cfg(all(target_os = "linux", not(miri)))]
+fn system_tid() -> u32 {
+    // SAFETY: `gettid` has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    tid as u32
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+fn system_tid() -> u32 {
+    // Thread indices start at 0; a tid of 0 means "not read yet" above.
+    crate::thread::index_or_zero() as u32 + 1
+}
+
+/// The threads that began a span or made a mark, by OS tid, for their `thread_name` (one
+/// entry per tid: a thread that reuses an ended thread's tid replaces its entry). Process
+/// wide, as the OS tids are; bookkeeping outside any pool operation.
+static THREAD_NAMES: std::sync::Mutex<Vec<(u32, std::thread::Thread)>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn thread_names() -> std::sync::MutexGuard<'static, Vec<(u32, std::thread::Thread)>> {
+    // A push or an overwrite leaves the table whole: a poisoned lock's table is used as is.
+    THREAD_NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Puts the calling thread in [`THREAD_NAMES`], once per thread: from a span or a mark (the
+/// caller's code, never a pool operation, which may run inside the global allocator).
+pub(super) fn name_this_thread() {
+    thread_local! {
+        static NAMED: Cell<bool> = const { Cell::new(false) };
+    }
+    if NAMED.try_with(|named| named.replace(true)).unwrap_or(true) {
+        return;
+    }
+    // The table and the thread's handle are bookkeeping: never in a pool.
+    let _bookkeeping = crate::thread::Bookkeeping::open();
+    let (tid, thread) = (os_tid(), std::thread::current());
+    let mut names = thread_names();
+    match names.iter_mut().find(|(t, _)| *t == tid) {
+        Some(entry) => entry.1 = thread,
+        None => names.push((tid, thread)),
+    }
+}
+
+/// A span name read back from a serialized event: interned, stored once per name for the
+/// whole process (as a [`MemoryTag`]'s name is).
+#[cfg(feature = "serde")]
+fn deserialize_name<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<&'static str, D::Error> {
+    use serde::Deserialize as _;
+    static NAMES: std::sync::Mutex<std::collections::BTreeSet<&'static str>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+    if name.is_empty() {
+        return Ok("");
+    }
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&known) = names.get(&*name) {
+        return Ok(known);
+    }
+    let name: &'static str = Box::leak(Box::from(&*name));
+    names.insert(name);
+    Ok(name)
 }
 
 /// `text` as a JSON string literal.
@@ -292,7 +449,149 @@ impl super::inner::PoolInner {
     pub(super) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
         if let Some(trace) = self.trace.get() {
             let thread = crate::thread::index().map_or(super::counters::SLOTLESS, |t| t as u32);
-            trace.record(kind, bytes, class, thread);
+            trace.record(kind, bytes, class, thread, "");
+        }
+    }
+
+    /// Records a span's begin or end if tracing is on (`trace` is the pool's, read by the
+    /// caller).
+    pub(super) fn trace_span_event(trace: &Trace, kind: PoolEventKind, name: &'static str) {
+        let thread = crate::thread::index().map_or(super::counters::SLOTLESS, |t| t as u32);
+        trace.record(kind, 0, 0, thread, name);
+    }
+}
+
+/// An open span of the trace (see [`BufferPool::trace_span`](super::BufferPool::trace_span)):
+/// it began when it was made, on this thread, and ends when it drops. It stays on the
+/// thread that began it (the span is on that thread's track):
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// let pool = ferropool::BufferPool::new();
+/// send(pool.trace_span("step"));
+/// ```
+///
+/// ```
+/// use ferropool::{BufferPool, PoolEventKind};
+/// let pool = BufferPool::new();
+/// pool.enable_trace(16);
+/// {
+///     let _step = pool.trace_span("step");
+///     let _forward = pool.trace_span("forward"); // spans nest
+/// }
+/// let kinds: Vec<_> = pool.trace_events().iter().map(|e| (e.kind, e.name)).collect();
+/// assert_eq!(kinds, [
+///     (PoolEventKind::SpanBegin, "step"),
+///     (PoolEventKind::SpanBegin, "forward"),
+///     (PoolEventKind::SpanEnd, "forward"),
+///     (PoolEventKind::SpanEnd, "step"),
+/// ]);
+/// ```
+#[must_use = "the span ends when the guard drops"]
+pub struct SpanGuard<'a> {
+    /// The trace the span began in (`None`: tracing was off, and the span records nothing).
+    trace: Option<&'a Trace>,
+    name: &'static str,
+    /// Not `Send`: the span ends on the thread that began it.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl<'a> SpanGuard<'a> {
+    pub(super) fn begin(inner: &'a super::inner::PoolInner, name: &'static str) -> Self {
+        let trace = inner.trace.get();
+        if let Some(trace) = trace {
+            name_this_thread();
+            super::inner::PoolInner::trace_span_event(trace, PoolEventKind::SpanBegin, name);
+        }
+        Self {
+            trace,
+            name,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for SpanGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(trace) = self.trace {
+            super::inner::PoolInner::trace_span_event(trace, PoolEventKind::SpanEnd, self.name);
+        }
+    }
+}
+
+impl std::fmt::Debug for SpanGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpanGuard")
+            .field("name", &self.name)
+            .field("recording", &self.trace.is_some())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::BufferPool;
+    use serde_json::Value;
+
+    /// The OS tid of the calling thread, read here without the trace's cache.
+    fn gettid() -> u64 {
+        #[cfg(all(target_os = "linux", not(miri)))]
+        // SAFETY: `gettid` has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() } as u64;
+        #[cfg(not(all(target_os = "linux", not(miri))))]
+        let tid = super::os_tid() as u64;
+        tid
+    }
+
+    /// Spans on two threads come out of `trace_json` as `B`/`E` pairs on each thread's OS
+    /// tid, each thread with its `thread_name`, and the whole parses as JSON.
+    #[test]
+    fn trace_spans_export_on_os_tids_with_thread_names() {
+        let pool = BufferPool::new();
+        assert!(pool.enable_trace(1024));
+        let tids: Vec<(String, &str, u64)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = [
+                ("worker \"a\"\n", "forward"),
+                ("worker-b", "backward (replay)"),
+            ]
+            .into_iter()
+            .map(|(thread, span)| {
+                let pool = &pool;
+                std::thread::Builder::new()
+                    .name(thread.into())
+                    .spawn_scoped(scope, move || {
+                        let _span = pool.trace_span(span);
+                        drop(pool.alloc(4096).unwrap());
+                        (thread.to_owned(), span, gettid())
+                    })
+                    .unwrap()
+            })
+            .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let json: Value = serde_json::from_str(&pool.trace_json()).expect("the trace is JSON");
+        let events = json["traceEvents"].as_array().unwrap();
+        for (thread, span, tid) in tids {
+            let on = |ph: &str| {
+                events
+                    .iter()
+                    .filter(|e| e["ph"] == ph && e["tid"] == tid)
+                    .collect::<Vec<_>>()
+            };
+            let (begins, ends) = (on("B"), on("E"));
+            assert_eq!(begins.len(), 1, "one span began on {thread:?} (tid {tid})");
+            assert_eq!(ends.len(), 1, "and ended");
+            assert_eq!(begins[0]["name"], span);
+            let dur = ends[0]["ts"].as_f64().unwrap() - begins[0]["ts"].as_f64().unwrap();
+            assert!(dur >= 0.0, "{span}: {dur} us");
+            assert!(
+                on("i").iter().any(|e| e["name"] == "alloc"),
+                "the thread's allocation is on its track too"
+            );
+            let names = on("M");
+            assert_eq!(names.len(), 1, "one thread_name for tid {tid}: {names:?}");
+            assert_eq!(names[0]["name"], "thread_name");
+            assert_eq!(names[0]["args"]["name"], thread.as_str());
         }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ferropool::{
     BufferPool, CheckpointNode, DType, OutOfMemory, PoolError, RetainedInputMap, RetainedValue,
-    Tensor, TensorError, TensorValue,
+    SpanGuard, Tensor, TensorError, TensorValue,
 };
 
 use crate::units::human_bytes;
@@ -52,6 +52,11 @@ pub trait Backend: Sync {
     fn push_checkpoint(&self, chain: &mut Self::Chain, layer: usize, saved: Self::Saved);
     /// The kept input of `layer`.
     fn checkpoint(chain: &Self::Chain, layer: usize) -> anyhow::Result<Self::Saved>;
+    /// A span of the step named `name` in the pool's trace, until the guard drops (`None`:
+    /// a backend without a pool traces nothing).
+    fn span(&self, _name: &'static str) -> Option<SpanGuard<'_>> {
+        None
+    }
 }
 
 /// Tensors from a pool (every one f32); checkpoints are `RetainedValue`s on a
@@ -89,6 +94,10 @@ impl Backend for PoolBackend {
     type Buf = Tensor;
     type Saved = Arc<RetainedValue>;
     type Chain = Chain;
+
+    fn span(&self, name: &'static str) -> Option<SpanGuard<'_>> {
+        Some(self.pool.trace_span(name))
+    }
 
     fn zeros(&self, rows: usize, cols: usize) -> anyhow::Result<Tensor> {
         Tensor::zeros_in(self.pool, DType::F32, &[rows, cols])

@@ -138,6 +138,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let threads = args.threads();
         let workers = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
+            .thread_name(|i| format!("worker {i}")) // the trace's track names
             .build()
             .map_err(|e| anyhow!("starting {threads} worker thread(s): {e}"))?;
         Ok(Self {
@@ -204,6 +205,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// One training step; returns the mean loss.
     pub fn step(&mut self, batch: usize) -> anyhow::Result<f32> {
+        // The step's and its phases' spans in the trace (`--trace`), on this thread's track.
+        let backend = self.backend;
+        let _step = backend.span("step");
         self.step += 1;
         let count = self.layers.len();
         // The batch: inputs from the backend, labels from the teacher.
@@ -231,9 +235,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
         }
 
         // Forward, on every thread: keep only the inputs of every checkpoint_every-th layer.
+        let forward = backend.span("forward");
         let (logits, chain, current) = self.workers.install(|| self.forward(x, batch, count))?;
+        drop(forward);
 
         // Loss and its gradient (softmax cross-entropy, mean over the batch).
+        let loss_span = backend.span("loss");
         let mut grad = self.backend.zeros(batch, CLASSES)?;
         let mut loss = 0.0f32;
         for ((row, g), &label) in B::slice(&logits)
@@ -250,10 +257,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
             loss -= ((row[label] - max).exp() / sum).ln();
         }
         drop(logits);
+        drop(loss_span);
 
         // Backward: each thread replays every segment for its rows, newest segment first,
         // reading the retained checkpoints concurrently.
         let shards = self.threads.clamp(1, batch);
+        let backward = backend.span("backward");
         let replayed = {
             let (chain, grad, this) = (&chain, B::slice(&grad), &*self);
             self.workers.install(|| {
@@ -265,6 +274,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                         let mut partial = partial
                             .lock()
                             .map_err(|_| anyhow!("a replay thread panicked"))?;
+                        let _replay = this.backend.span("backward (replay)"); // on each worker
                         this.replay(
                             chain,
                             &grad[r0 * CLASSES..r1 * CLASSES],
@@ -277,10 +287,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
         };
         drop(chain); // the end of the step's retention: the checkpoints go back
         drop(current);
+        drop(backward);
         replayed?;
 
         // Sum the threads' gradients into the first thread's and take an Adam step, both
         // split over the threads; then the gradients go back.
+        let _optimizer = backend.span("optimizer");
         let (t, lr) = (self.step as i32, self.lr);
         let (layers, workers, partials) = (&mut self.layers, &self.workers, &mut self.partials);
         let partials = &mut partials[..shards];

@@ -36,7 +36,39 @@ fn trains_on_the_pool_and_writes_the_trace_and_the_plot() {
     assert!(text.contains("peak live bytes"), "{text}");
     assert!(text.contains("(falling)"), "the loss falls: {text}");
     let json = std::fs::read_to_string(&trace).unwrap();
-    assert!(json.starts_with('{') && json.contains("traceEvents"));
+    let json: serde_json::Value = serde_json::from_str(&json).expect("the trace is JSON");
+    let events = json["traceEvents"].as_array().expect("traceEvents");
+    // Each step, and its phases, is a span (a `B`/`E` pair) on a named thread's track.
+    let begins = |name: &str| {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "B" && e["name"] == name)
+            .count()
+    };
+    for span in ["step", "forward", "loss", "backward", "optimizer"] {
+        assert_eq!(begins(span), 6, "a {span:?} span per step");
+    }
+    assert!(
+        begins("backward (replay)") >= 6,
+        "a replay span per step and thread"
+    );
+    let ends = events.iter().filter(|e| e["ph"] == "E").count();
+    assert_eq!(
+        ends,
+        5 * 6 + begins("backward (replay)"),
+        "every span ended"
+    );
+    let step = events
+        .iter()
+        .find(|e| e["ph"] == "B" && e["name"] == "step")
+        .unwrap();
+    assert!(
+        events.iter().any(|e| e["ph"] == "M"
+            && e["name"] == "thread_name"
+            && e["tid"] == step["tid"]
+            && e["args"]["name"] == "main"),
+        "the steps run on the main thread, named"
+    );
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.contains("<svg"));
     std::fs::remove_dir_all(&dir).unwrap();
