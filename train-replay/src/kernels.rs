@@ -104,7 +104,7 @@ pub fn gemm(
     }
 }
 
-/// Views initialised elements as possibly uninitialised ones, for [`gemm`]'s output.
+/// Views initialised elements as possibly uninitialised ones, for [`gemm()`]'s output.
 pub fn as_uninit(values: &mut [f32]) -> &mut [MaybeUninit<f32>] {
     // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and every value the slice can be given
     // through it ([`gemm`] writes only finished floats) is a valid `f32`.
