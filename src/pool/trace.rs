@@ -95,8 +95,10 @@ pub struct PoolEvent {
     /// The memory tag current on that thread.
     pub tag: Option<MemoryTag>,
     /// For `SpanBegin` and `SpanEnd`, the span's name; empty for the other kinds.
+    // (`str` by its full path: serde's derive would borrow a plain `&str` from the input,
+    // which then had to live for `'static`; the name is interned instead.)
     #[cfg_attr(feature = "serde", serde(deserialize_with = "deserialize_name"))]
-    pub name: &'static str,
+    pub name: &'static std::primitive::str,
     /// After the event: bytes handed out, and bytes held from the system, as the trace
     /// counts them (from its own events, so they start at zero when tracing starts).
     pub in_use_after: u64,
@@ -593,5 +595,23 @@ mod tests {
             assert_eq!(names[0]["name"], "thread_name");
             assert_eq!(names[0]["args"]["name"], thread.as_str());
         }
+    }
+
+    /// A span event read back with serde has its name (interned, once per name).
+    #[cfg(feature = "serde")]
+    #[test]
+    fn trace_span_events_round_trip_through_serde() {
+        let pool = BufferPool::new();
+        pool.enable_trace(16);
+        drop(pool.trace_span("optimizer"));
+        let events = pool.trace_events();
+        let json = serde_json::to_string(&events).unwrap();
+        let back: Vec<super::PoolEvent> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, events);
+        let again: Vec<super::PoolEvent> = serde_json::from_str(&json).unwrap();
+        assert!(
+            std::ptr::eq(back[0].name, again[0].name),
+            "one copy per name"
+        );
     }
 }
