@@ -48,9 +48,7 @@ impl Linear {
         Self {
             inputs,
             outputs,
-            weight: (0..inputs * outputs)
-                .map(|_| normal(rng) * scale)
-                .collect(),
+            weight: (0..inputs * outputs).map(|_| normal(rng) * scale).collect(),
             bias: vec![0.0; outputs],
             moments: [
                 vec![0.0; inputs * outputs],

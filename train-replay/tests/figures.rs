@@ -54,13 +54,15 @@ fn the_trace_and_the_plot_leave_the_figures_unchanged() {
             .unwrap_or_else(|| panic!("no {name:?} row"))
             .1
     };
-    // The pool's peaks are exact: within 1%. The peak RSS moves by a page or two from run
-    // to run, which the table's 0.1 MiB can show as 0.1-0.2 MiB: within 1% or 0.2 MiB.
+    // The pool's peaks are exact: within 1%. The peak RSS moves from run to run with what
+    // mimalloc (the small requests under the pool) and the GEMM's per-thread buffers touch,
+    // by up to about 2 MiB seen: within 3 MiB (the ring or its export in the pool, the bug
+    // this guards against, added about 48 MiB).
     for (name, slack) in [
         ("peak live bytes", 0.0),
         ("peak reserved bytes", 0.0),
         ("reserved / live at the peak", 0.0),
-        ("peak RSS", 0.2),
+        ("peak RSS", 3.0),
     ] {
         let (before, after) = (get(&plain, name), get(&traced, name));
         assert!(
