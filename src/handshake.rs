@@ -1,5 +1,5 @@
 //! The owner/drainer handshake behind per-thread state that other threads must be able to
-//! take back: a pool slot's bins of cached blocks, an arena lane's hand of vacant slots and
+//! take back: a pool thread cache's bins of cached blocks, an arena thread cache's hand of vacant slots and
 //! its removal batch.
 //!
 //! The *owner* (the thread whose thread index names the state) reads and writes its state

@@ -1,5 +1,5 @@
-//! `Roster<T>`: the per-thread records of one owner (a pool's thread caches, an arena's
-//! lanes), numbered densely in the order threads first use that owner and found from a
+//! `Roster<T>`: the per-thread records of one owner (the thread caches of a
+//! pool or an arena), numbered densely in the order threads first use that owner and found from a
 //! thread's index through a sparse map.
 //!
 //! Thread indices (`crate::thread`) are small numbers, but not small for every process: after

@@ -9,7 +9,7 @@
 //!
 //! So do the system allocator calls of the crate's internals (loom's versions track every
 //! block, so a model that strands one fails) and the asymmetric fences of the pool's
-//! per-thread slots.
+//! thread caches.
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
@@ -133,8 +133,8 @@ pub(crate) mod global {
 }
 
 /// Asymmetric fences: a pair of fences for a Dekker-style handshake between a *frequent* side
-/// (a thread's own operations on its pool slot) and a *rare* side (a thread draining another
-/// thread's slot, or closing the pool).
+/// (a thread's own operations on its thread cache) and a *rare* side (a thread draining another
+/// thread's cache, or closing the pool).
 ///
 /// Each side stores its flag, fences, then loads the other's: afterwards at least one of the
 /// two sees the other's store. With plain `SeqCst` fences on both sides that is the usual

@@ -1,5 +1,5 @@
 //! Per-thread state, in one thread-local: the thread's *index* (a small number, reused after
-//! the thread exits, held by one live thread at a time), the pool slot and the arena lane it
+//! the thread exits, held by one live thread at a time), the pool's and the arena's thread caches it
 //! used last (so an operation on the same pool or arena finds its record with this one
 //! thread-local read), and the memory tag current on the thread.
 //!
@@ -38,9 +38,9 @@ mod std_state {
         /// The thread's index, or `usize::MAX` (before it claims one, and after it gave it
         /// back).
         index: Cell<usize>,
-        /// The slot of the pool this thread used last.
+        /// The thread cache of the pool this thread used last.
         pool: Cached,
-        /// The lane of the arena this thread used last.
+        /// The thread cache of the arena this thread used last.
         arena: Cached,
         /// The current memory tag (0: none).
         tag: Cell<u32>,
@@ -48,7 +48,7 @@ mod std_state {
         bookkeeping: Cell<u32>,
     }
 
-    /// One owner's per-thread record (a pool's slot, an arena's lane) for the thread's
+    /// One owner's per-thread record (a pool's thread cache, an arena's thread cache) for the thread's
     /// current index, remembered so that the next operation on the same owner finds it with
     /// this one thread-local read.
     struct Cached {
@@ -87,7 +87,7 @@ mod std_state {
 
     impl Drop for Owner {
         fn drop(&mut self) {
-            // From now on this thread has no index (and no cached slot).
+            // From now on this thread has no index (and no remembered thread cache).
             let _ = STATE.try_with(|state| {
                 state.index.set(usize::MAX);
                 state.pool.owner.set(0);
@@ -168,28 +168,28 @@ mod std_state {
         });
     }
 
-    /// The slot cached for pool `pool`, with the thread's index.
+    /// The thread cache remembered for pool `pool`, with the thread's index.
     #[inline(always)]
-    pub(crate) fn cached_slot(pool: u64) -> Option<(*const (), u32)> {
-        cached(|state| &state.pool, pool).map(|(slot, index)| (slot, index as u32))
+    pub(crate) fn remembered_pool_cache(pool: u64) -> Option<(*const (), u32)> {
+        cached(|state| &state.pool, pool).map(|(record, index)| (record, index as u32))
     }
 
-    /// Caches `slot` as this thread's slot of pool `pool`.
+    /// Remembers `record` as this thread's cache of pool `pool`.
     #[inline]
-    pub(crate) fn cache_slot(pool: u64, slot: *const ()) {
-        cache(|state| &state.pool, pool, slot);
+    pub(crate) fn remember_pool_cache(pool: u64, record: *const ()) {
+        cache(|state| &state.pool, pool, record);
     }
 
-    /// The lane cached for arena `arena`, with the thread's index.
+    /// The thread cache remembered for arena `arena`, with the thread's index.
     #[inline(always)]
-    pub(crate) fn cached_lane(arena: u64) -> Option<(*const (), usize)> {
+    pub(crate) fn remembered_arena_cache(arena: u64) -> Option<(*const (), usize)> {
         cached(|state| &state.arena, arena)
     }
 
-    /// Caches `lane` as this thread's lane in arena `arena`.
+    /// Remembers `cache` as this thread's cache in arena `arena`.
     #[inline]
-    pub(crate) fn cache_lane(arena: u64, lane: *const ()) {
-        cache(|state| &state.arena, arena, lane);
+    pub(crate) fn remember_arena_cache(arena: u64, record: *const ()) {
+        cache(|state| &state.arena, arena, record);
     }
 
     /// Whether a [`Bookkeeping`] scope is open on this thread.
@@ -246,8 +246,8 @@ mod std_state {
 }
 
 /// Under loom the numbering restarts with every execution (a per-execution `lazy_static`),
-/// so that replaying a schedule replays the shards and slots. Indices are not reused; no
-/// slot is cached.
+/// so that replaying a schedule replays the shards and thread caches. Indices are not reused; no
+/// thread cache is remembered.
 #[cfg(loom)]
 pub(crate) fn index() -> Option<usize> {
     use std::cell::Cell;
@@ -268,20 +268,20 @@ pub(crate) fn index() -> Option<usize> {
 }
 
 #[cfg(loom)]
-pub(crate) fn cached_slot(_pool: u64) -> Option<(*const (), u32)> {
+pub(crate) fn remembered_pool_cache(_pool: u64) -> Option<(*const (), u32)> {
     None
 }
 
 #[cfg(loom)]
-pub(crate) fn cache_slot(_pool: u64, _slot: *const ()) {}
+pub(crate) fn remember_pool_cache(_pool: u64, _record: *const ()) {}
 
 #[cfg(loom)]
-pub(crate) fn cached_lane(_arena: u64) -> Option<(*const (), usize)> {
+pub(crate) fn remembered_arena_cache(_arena: u64) -> Option<(*const (), usize)> {
     None
 }
 
 #[cfg(loom)]
-pub(crate) fn cache_lane(_arena: u64, _lane: *const ()) {}
+pub(crate) fn remember_arena_cache(_arena: u64, _record: *const ()) {}
 
 /// Under loom there is no global allocator front end: bookkeeping scopes do nothing.
 #[cfg(loom)]
@@ -331,19 +331,22 @@ mod tests {
     }
 
     #[test]
-    fn cached_slots_and_lanes_answer_only_for_their_pool_or_arena() {
+    fn remembered_caches_answer_only_for_their_pool_or_arena() {
         let marker = 7u8;
         let here = claimed();
-        cache_slot(u64::MAX - 1, std::ptr::from_ref(&marker).cast());
-        assert!(cached_slot(u64::MAX - 1).is_some());
-        assert!(cached_slot(u64::MAX - 2).is_none());
-        cache_lane(u64::MAX - 3, std::ptr::from_ref(&marker).cast());
+        remember_pool_cache(u64::MAX - 1, std::ptr::from_ref(&marker).cast());
+        assert!(remembered_pool_cache(u64::MAX - 1).is_some());
+        assert!(remembered_pool_cache(u64::MAX - 2).is_none());
+        remember_arena_cache(u64::MAX - 3, std::ptr::from_ref(&marker).cast());
         assert_eq!(
-            cached_lane(u64::MAX - 3),
+            remembered_arena_cache(u64::MAX - 3),
             Some((std::ptr::from_ref(&marker).cast(), here))
         );
-        assert!(cached_lane(u64::MAX - 4).is_none());
-        assert!(cached_slot(u64::MAX - 1).is_some(), "one cache each");
+        assert!(remembered_arena_cache(u64::MAX - 4).is_none());
+        assert!(
+            remembered_pool_cache(u64::MAX - 1).is_some(),
+            "one cache each"
+        );
         assert_eq!(set_tag(5), 0);
         assert_eq!(tag(), 5);
         assert_eq!(set_tag(0), 5);

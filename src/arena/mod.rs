@@ -29,10 +29,10 @@
 //! Dropping the arena drops every value it still holds, removed or not: no reader can hold
 //! one then, since readers borrow the arena.
 
+mod cache;
 mod config;
 mod error;
 mod key;
-mod lane;
 mod panics;
 mod pin;
 mod recycle;
@@ -195,7 +195,7 @@ impl<T: Send + 'static> SlotArena<T> {
             }
             None => (epoch::default_collector().clone(), true),
         };
-        // Lanes use the asymmetric fences; decide their implementation first.
+        // ThreadCaches use the asymmetric fences; decide their implementation first.
         crate::sync::asymmetric::init();
         let slots = PagedTable::new(config.first_page_len);
         Ok(Self {
@@ -212,7 +212,7 @@ impl<T: Send + 'static> SlotArena<T> {
                 slots,
                 frontier: CachePadded::new(AtomicU64::new(0)),
                 shards: (0..shards).map(|_| Shard::new()).collect(),
-                lanes: Roster::new(lane::FIRST_LANES),
+                caches: Roster::new(cache::FIRST_CACHES),
             },
             ready: Arc::new(ReadyLists::new(shards)),
             collector,
@@ -313,16 +313,16 @@ impl<T: Send + 'static> SlotArena<T> {
     #[inline]
     pub fn try_insert(&self, value: T) -> Result<Key, (ArenaError, T)> {
         let arena = &self.arena;
-        let lane = arena.my_lane();
-        let index = match lane.and_then(|(lane, _)| arena.pop_hand(lane)) {
+        let cache = arena.my_cache();
+        let index = match cache.and_then(|(cache, _)| arena.pop_hand(cache)) {
             Some(index) => index,
             None => {
-                let (lane, shard) = match lane {
-                    Some((lane, shard)) => (Some(lane), shard),
+                let (cache, shard) = match cache {
+                    Some((cache, shard)) => (Some(cache), shard),
                     None => (None, arena.my_shard()),
                 };
                 let mut panics = Panics::default();
-                let refilled = self.refill(lane, shard, &mut panics);
+                let refilled = self.refill(cache, shard, &mut panics);
                 if panics.caught() {
                     // A recycled value's drop panicked. Give the slot back, drop `value` (in
                     // a catch: its own drop may panic too, and a second panic while unwinding
@@ -513,9 +513,9 @@ impl<T: Send + 'static> SlotArena<T> {
         if slot.vacate(key.generation().wrapping_add(1)) {
             // On top of the shard's free list, where any thread may take it; the hand goes
             // there first, so that this thread's next insert takes this slot.
-            let shard = match arena.my_lane() {
-                Some((lane, shard)) => {
-                    let hand = arena.take_hand(lane);
+            let shard = match arena.my_cache() {
+                Some((cache, shard)) => {
+                    let hand = arena.take_hand(cache);
                     if hand != NIL {
                         arena.push_chain(shard, hand);
                     }
@@ -534,8 +534,8 @@ impl<T: Send + 'static> SlotArena<T> {
     ///
     /// Every thread's batch is taken, whatever that thread is doing (idle or exited threads'
     /// included), together with the vacant slots it holds for its next inserts: a thread
-    /// keeps both in its *lane*, which it works on without read-modify-writes, and a flush
-    /// takes the lanes back with one heavy fence (`membarrier` on Linux) when any holds
+    /// keeps both in its *cache*, which it works on without read-modify-writes, and a flush
+    /// takes the caches back with one heavy fence (`membarrier` on Linux) when any holds
     /// something.
     ///
     /// ```
@@ -561,8 +561,8 @@ impl<T: Send + 'static> SlotArena<T> {
     /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)).
     pub fn flush(&self, guard: &Guard) -> Result<(), ArenaError> {
         self.check_guard(guard)?;
-        let lanes = self.arena.drain_lanes();
-        for (shard, head) in lanes.into_iter().chain(self.arena.take_partial_batches()) {
+        let caches = self.arena.drain_caches();
+        for (shard, head) in caches.into_iter().chain(self.arena.take_partial_batches()) {
             self.defer_batch(shard, head, guard);
         }
         guard.flush();
@@ -651,7 +651,7 @@ impl<T: Send + 'static> SlotArena<T> {
         self.len() == 0
     }
 
-    /// Bytes the arena holds for per-thread state: the lanes of the threads that used it,
+    /// Bytes the arena holds for per-thread state: the caches of the threads that used it,
     /// and the map that finds them. It follows how many threads used the arena, not how
     /// high their thread indices are.
     ///
@@ -663,7 +663,7 @@ impl<T: Send + 'static> SlotArena<T> {
     /// # Ok::<(), ferropool::ArenaError>(())
     /// ```
     pub fn thread_state_bytes(&self) -> usize {
-        self.arena.lanes.footprint()
+        self.arena.caches.footprint()
     }
 
     /// Slots in allocated pages.
@@ -741,10 +741,10 @@ impl<T: Send + 'static> SlotArena<T> {
     pub fn shrink(&mut self) -> u64 {
         let mut panics = Panics::default();
         let arena = &self.arena;
-        // Exclusive access: no owner is inside an operation on its lane, so draining waits
+        // Exclusive access: no owner is inside an operation on its cache, so draining waits
         // for nobody.
-        let lanes = arena.drain_lanes();
-        for (shard, head) in lanes.into_iter().chain(arena.take_partial_batches()) {
+        let caches = arena.drain_caches();
+        for (shard, head) in caches.into_iter().chain(arena.take_partial_batches()) {
             arena.recycle_chain(head, shard, &mut panics);
         }
         for shard in 0..arena.shards.len() {

@@ -19,7 +19,7 @@ use std::ptr;
 
 use crossbeam_utils::CachePadded;
 
-use super::lane::{Added, Lane};
+use super::cache::{Added, ThreadCache};
 use super::panics::Panics;
 use super::shard::SharedBatch;
 use super::ArenaError;
@@ -250,16 +250,16 @@ impl<T: Send + 'static> super::SlotArena<T> {
     #[inline(never)]
     pub(super) fn refill(
         &self,
-        lane: Option<&Lane>,
+        cache: Option<&ThreadCache>,
         shard: usize,
         panics: &mut Panics,
     ) -> Result<u32, ArenaError> {
         let arena = &self.arena;
         let shards = arena.shards.len();
         let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
-        // Under loom never: the sweep takes lanes with the same handshake as `flush`, which
+        // Under loom never: the sweep takes caches with the same handshake as `flush`, which
         // the models check.
-        let sweep = !cfg!(loom) && lane.is_some_and(|lane| arena.sweep_due(lane));
+        let sweep = !cfg!(loom) && cache.is_some_and(|cache| arena.sweep_due(cache));
         recycling(|| {
             if sweep {
                 self.sweep(panics);
@@ -282,7 +282,7 @@ impl<T: Send + 'static> super::SlotArena<T> {
             }
         });
         if let Some(index) = arena.pop_chain(shard) {
-            return Ok(arena.first_of_chain(index, lane, shard));
+            return Ok(arena.first_of_chain(index, cache, shard));
         }
         // Other shards' vacant slots are the last resort, up to a bound: a fresh chunk keeps
         // this thread off the cache lines of slots other threads use.
@@ -293,17 +293,17 @@ impl<T: Send + 'static> super::SlotArena<T> {
         if allowance > 0 && others().any(|from| !arena.shards[from].free.is_empty()) {
             if let Ok(Some((index, cost))) = arena.claim_chain_within(shard, allowance) {
                 grown.fetch_add(cost, Ordering::Relaxed);
-                return Ok(arena.first_of_chain(index, lane, shard));
+                return Ok(arena.first_of_chain(index, cache, shard));
             }
         }
         if let Some(index) = others().find_map(|from| arena.pop_chain(from)) {
-            return Ok(arena.first_of_chain(index, lane, shard));
+            return Ok(arena.first_of_chain(index, cache, shard));
         }
-        arena.claim_fresh(lane, shard)
+        arena.claim_fresh(cache, shard)
     }
 
-    /// Takes what waits for a thread that may never come back: the lanes unchanged since the
-    /// previous sweep (see `drain_idle_lanes`; their hands go back to their shards, their
+    /// Takes what waits for a thread that may never come back: the caches unchanged since the
+    /// previous sweep (see `drain_idle_caches`; their hands go back to their shards, their
     /// batches to the collector), the shards' shared batches unchanged since then, and the
     /// ready batches that no thread of their shard recycled since then (a shard whose
     /// threads are gone recycles nothing; recycled onto their own shard). So the values
@@ -317,9 +317,9 @@ impl<T: Send + 'static> super::SlotArena<T> {
                 self.arena.recycle_chain(head, shard, panics);
             }
         }
-        let lanes = self.arena.drain_idle_lanes();
+        let caches = self.arena.drain_idle_caches();
         let guard = self.pin();
-        for (shard, head) in lanes
+        for (shard, head) in caches
             .into_iter()
             .chain(self.arena.take_stale_partial_batches())
         {
@@ -341,13 +341,13 @@ impl<T: Send + 'static> super::SlotArena<T> {
         any
     }
 
-    /// Adds `index`, just removed, to the calling thread's removal batch (in its lane; in its
-    /// shard's shared batch when it has no lane or a drainer holds it); hands the batch to
+    /// Adds `index`, just removed, to the calling thread's removal batch (in its cache; in its
+    /// shard's shared batch when it has no cache or a drainer holds it); hands the batch to
     /// the collector when it is full.
     pub(super) fn add_to_batch(&self, index: u32, guard: &Guard) {
         let arena = &self.arena;
-        let shard = match arena.my_lane() {
-            Some((lane, shard)) => match arena.add_removed(lane, index) {
+        let shard = match arena.my_cache() {
+            Some((cache, shard)) => match arena.add_removed(cache, index) {
                 Added::Kept => return,
                 Added::Full(head) => return self.defer_full_batch(shard, head, guard),
                 Added::Busy => shard,

@@ -1,7 +1,7 @@
 //! Shards: each thread works on the lists of its own shard, so threads on different shards
-//! share no list head. A thread's shard is its lane's number in the arena (see `lane`)
+//! share no list head. A thread's shard is its cache's number in the arena (see `cache`)
 //! modulo the shard count, so threads spread over the shards in the order they first use the
-//! arena; a thread without a lane uses its thread index (see `crate::thread`) instead.
+//! arena; a thread without a cache uses its thread index (see `crate::thread`) instead.
 
 use crossbeam_utils::CachePadded;
 
@@ -19,8 +19,8 @@ pub(super) struct Shard {
     /// shards' slots. A bound on memory, never a safety matter.
     pub(super) grown: AtomicU64,
     /// The removal batch being filled: a [`SharedBatch`] word (`count << 32 | link`) of slots
-    /// removed but not yet handed to the epoch collector (by threads without a lane at
-    /// hand: see `lane`); 0 when empty. Moved by compare-exchange or swap only.
+    /// removed but not yet handed to the epoch collector (by threads without a cache at
+    /// hand: see `cache`); 0 when empty. Moved by compare-exchange or swap only.
     pub(super) removed: CachePadded<AtomicU64>,
     /// `removed` as a sweep last saw it (written by sweepers only).
     pub(super) seen_removed: AtomicU64,

@@ -1,16 +1,16 @@
 //! The slot table: pages of slots and their list links, the shards' lists, the threads'
-//! lanes, and the frontier past which fresh slots are claimed in chunks.
+//! caches, and the frontier past which fresh slots are claimed in chunks.
 //!
 //! Vacant slots travel in *chains* (linked through `links`, ending in `NIL`): a recycled
 //! removal batch, a fresh chunk, a slot `take` freed. A shard's free list is a stack of
 //! chains (linked through `chains`, by each chain's first slot), so a thread takes a whole
-//! chain into its lane's hand with one compare-exchange.
+//! chain into its cache's hand with one compare-exchange.
 
 use std::num::NonZeroU64;
 
 use crossbeam_utils::CachePadded;
 
-use super::lane::{Added, Lane, Lanes, SWEEP_EVERY};
+use super::cache::{Added, ThreadCache, ThreadCaches, SWEEP_EVERY};
 use super::panics::Panics;
 use super::shard::{Shard, SharedBatch};
 use super::slot::{self, Slot, OCCUPIED, REMOVED};
@@ -63,9 +63,9 @@ pub(super) struct Arena<T> {
     pub(super) frontier: CachePadded<AtomicU64>,
     /// The free lists and removal batches, by shard; the length is a power of two.
     pub(super) shards: Box<[Shard]>,
-    /// The threads' lanes, one per thread index that used the arena (a thread's shard is its
-    /// lane's).
-    pub(super) lanes: Lanes,
+    /// The threads' caches, one per thread index that used the arena (a thread's shard is its
+    /// cache's).
+    pub(super) caches: ThreadCaches,
 }
 
 // SAFETY: `Arena` owns `T` values through raw page pointers. Sending it moves or drops them
@@ -104,16 +104,16 @@ impl<T> Arena<T> {
     }
 
     /// Splits the vacant chain starting at `index`: returns `index`, and puts the rest into
-    /// the hand of `lane` (or, when there is no lane or its hand is taken, on the free list
+    /// the hand of `cache` (or, when there is no cache or its hand is taken, on the free list
     /// of `shard`).
     pub(super) fn first_of_chain(
         &self,
         index: u32,
-        lane: Option<&super::lane::Lane>,
+        cache: Option<&super::cache::ThreadCache>,
         shard: usize,
     ) -> u32 {
         let rest = self.links.at(index).load(Ordering::Relaxed);
-        if rest != NIL && !lane.is_some_and(|lane| self.fill_hand(lane, rest)) {
+        if rest != NIL && !cache.is_some_and(|cache| self.fill_hand(cache, rest)) {
             self.push_chain(shard, rest);
         }
         index
@@ -205,15 +205,15 @@ impl<T> Arena<T> {
     }
 
     /// Claims a chunk of never-used slots: returns one, and puts the rest into the hand of
-    /// `lane` (or on the free list of `shard`). Waits while a `trim` has the frontier frozen.
+    /// `cache` (or on the free list of `shard`). Waits while a `trim` has the frontier frozen.
     #[cold]
     pub(super) fn claim_fresh(
         &self,
-        lane: Option<&super::lane::Lane>,
+        cache: Option<&super::cache::ThreadCache>,
         shard: usize,
     ) -> Result<u32, ArenaError> {
         match self.claim_chain_within(shard, u64::MAX)? {
-            Some((index, _)) => Ok(self.first_of_chain(index, lane, shard)),
+            Some((index, _)) => Ok(self.first_of_chain(index, cache, shard)),
             // No claim costs more than `u64::MAX` slots: never reached.
             None => Err(ArenaError::Full {
                 capacity: MAX_SLOTS,
@@ -345,149 +345,149 @@ pub(super) fn stale(key: Key, state: u64) -> ArenaError {
     }
 }
 
-/// The lanes: each thread's hand of vacant slots and batch of removed ones (see `lane`).
+/// The caches: each thread's hand of vacant slots and batch of removed ones (see `cache`).
 impl<T> Arena<T> {
-    /// The calling thread's lane, and its shard; `None` for a thread without an index.
+    /// The calling thread's cache, and its shard; `None` for a thread without an index.
     #[inline]
-    pub(super) fn my_lane(&self) -> Option<(&Lane, usize)> {
-        if let Some((lane, _)) = crate::thread::cached_lane(self.id.get()) {
+    pub(super) fn my_cache(&self) -> Option<(&ThreadCache, usize)> {
+        if let Some((cache, _)) = crate::thread::remembered_arena_cache(self.id.get()) {
             // SAFETY: this thread cached the pointer for this arena's identity (never reused,
             // so this arena, which `&self` keeps alive) and its current index (the cache is
-            // cleared when the index is given back); a lane page stays allocated, at the same
+            // cleared when the index is given back); a cache page stays allocated, at the same
             // address, until the arena drops.
-            let lane = unsafe { &*lane.cast::<Lane>() };
-            return Some((lane, lane.shard));
+            let cache = unsafe { &*cache.cast::<ThreadCache>() };
+            return Some((cache, cache.shard));
         }
-        self.find_my_lane()
+        self.find_my_cache()
     }
 
-    /// [`my_lane`](Self::my_lane) without the thread's cached pointer: finds or makes the
-    /// lane, and caches it.
+    /// [`my_cache`](Self::my_cache) without the thread's cached pointer: finds or makes the
+    /// cache, and caches it.
     #[cold]
-    fn find_my_lane(&self) -> Option<(&Lane, usize)> {
+    fn find_my_cache(&self) -> Option<(&ThreadCache, usize)> {
         let index = u32::try_from(crate::thread::index()?).ok()?;
         let shards = self.shards.len();
-        let lane: &Lane = self.lanes.get_or_claim(index, |number| {
-            CachePadded::new(Lane::new(number as usize & (shards - 1)))
+        let cache: &ThreadCache = self.caches.get_or_claim(index, |number| {
+            CachePadded::new(ThreadCache::new(number as usize & (shards - 1)))
         })?;
-        crate::thread::cache_lane(self.id.get(), std::ptr::from_ref(lane).cast());
-        Some((lane, lane.shard))
+        crate::thread::remember_arena_cache(self.id.get(), std::ptr::from_ref(cache).cast());
+        Some((cache, cache.shard))
     }
 
-    /// Takes a slot from the hand of `lane` (its owner only).
+    /// Takes a slot from the hand of `cache` (its owner only).
     #[inline]
-    pub(super) fn pop_hand(&self, lane: &Lane) -> Option<u32> {
-        lane.handshake.begin();
+    pub(super) fn pop_hand(&self, cache: &ThreadCache) -> Option<u32> {
+        cache.handshake.begin();
         let mut taken = None;
-        if lane.handshake.may_use() {
-            let head = lane.hand.load(Ordering::Relaxed);
+        if cache.handshake.may_use() {
+            let head = cache.hand.load(Ordering::Relaxed);
             if head != NIL {
                 let next = self.links.at(head - 1).load(Ordering::Relaxed);
-                lane.hand.store(next, Ordering::Relaxed);
+                cache.hand.store(next, Ordering::Relaxed);
                 taken = Some(head - 1);
             }
         }
-        lane.handshake.end();
+        cache.handshake.end();
         taken
     }
 
-    /// Puts the vacant chain `head` into the empty hand of `lane` (its owner only); whether it
+    /// Puts the vacant chain `head` into the empty hand of `cache` (its owner only); whether it
     /// did. A full hand (filled by an insert that a value's drop made meanwhile) or a drain
     /// under way leaves the chain to the caller.
-    pub(super) fn fill_hand(&self, lane: &Lane, head: Link) -> bool {
-        lane.handshake.begin();
-        let kept = lane.handshake.may_use() && lane.hand.load(Ordering::Relaxed) == NIL;
+    pub(super) fn fill_hand(&self, cache: &ThreadCache, head: Link) -> bool {
+        cache.handshake.begin();
+        let kept = cache.handshake.may_use() && cache.hand.load(Ordering::Relaxed) == NIL;
         if kept {
-            lane.hand.store(head, Ordering::Relaxed);
+            cache.hand.store(head, Ordering::Relaxed);
         }
-        lane.handshake.end();
+        cache.handshake.end();
         kept
     }
 
-    /// Takes the whole hand of `lane` (its owner only): its vacant chain, or `NIL` (also
+    /// Takes the whole hand of `cache` (its owner only): its vacant chain, or `NIL` (also
     /// while a drain is under way: the drainer takes it).
-    pub(super) fn take_hand(&self, lane: &Lane) -> Link {
-        lane.handshake.begin();
+    pub(super) fn take_hand(&self, cache: &ThreadCache) -> Link {
+        cache.handshake.begin();
         let mut hand = NIL;
-        if lane.handshake.may_use() {
-            hand = lane.hand.load(Ordering::Relaxed);
-            lane.hand.store(NIL, Ordering::Relaxed);
+        if cache.handshake.may_use() {
+            hand = cache.hand.load(Ordering::Relaxed);
+            cache.hand.store(NIL, Ordering::Relaxed);
         }
-        lane.handshake.end();
+        cache.handshake.end();
         hand
     }
 
-    /// Adds the removed slot `index` to the batch of `lane` (its owner only).
+    /// Adds the removed slot `index` to the batch of `cache` (its owner only).
     #[inline]
-    pub(super) fn add_removed(&self, lane: &Lane, index: u32) -> Added {
-        lane.handshake.begin();
-        let added = if lane.handshake.may_use() {
+    pub(super) fn add_removed(&self, cache: &ThreadCache, index: u32) -> Added {
+        cache.handshake.begin();
+        let added = if cache.handshake.may_use() {
             let link = index + 1;
-            let head = lane.removed.load(Ordering::Relaxed);
+            let head = cache.removed.load(Ordering::Relaxed);
             self.links.at(index).store(head, Ordering::Relaxed);
-            let len = lane.removed_len.load(Ordering::Relaxed).wrapping_add(1);
+            let len = cache.removed_len.load(Ordering::Relaxed).wrapping_add(1);
             if len >= self.removal_batch {
-                lane.removed.store(NIL, Ordering::Relaxed);
-                lane.removed_len.store(0, Ordering::Relaxed);
+                cache.removed.store(NIL, Ordering::Relaxed);
+                cache.removed_len.store(0, Ordering::Relaxed);
                 Added::Full(link)
             } else {
-                lane.removed.store(link, Ordering::Relaxed);
-                lane.removed_len.store(len, Ordering::Relaxed);
+                cache.removed.store(link, Ordering::Relaxed);
+                cache.removed_len.store(len, Ordering::Relaxed);
                 Added::Kept
             }
         } else {
             Added::Busy
         };
-        lane.handshake.end();
+        cache.handshake.end();
         added
     }
 
-    /// Takes the hand and batch of every lane that holds something, whatever its owner is
+    /// Takes the hand and batch of every cache that holds something, whatever its owner is
     /// doing: claims each, issues one heavy fence, waits for each owner to be out of the
-    /// operation it was in. A lane another drainer holds is left to that one. The hands go
+    /// operation it was in. A cache another drainer holds is left to that one. The hands go
     /// back on their owners' shards; the batches are returned, as `(shard, head of chain)`.
-    pub(super) fn drain_lanes(&self) -> Vec<(usize, Link)> {
-        self.drain_lanes_where(|_| true)
+    pub(super) fn drain_caches(&self) -> Vec<(usize, Link)> {
+        self.drain_caches_where(|_| true)
     }
 
-    /// As [`drain_lanes`](Self::drain_lanes), for the lanes whose hand or batch has not
+    /// As [`drain_caches`](Self::drain_caches), for the caches whose hand or batch has not
     /// changed since the previous sweep looked: an idle or exited thread's, or the batch of
     /// a thread that inserts without removing (a thread that reuses an exited one's index
-    /// inherits its lane). Parts in use change between sweeps (a hand shrinks with every
+    /// inherits its cache). Parts in use change between sweeps (a hand shrinks with every
     /// insert, a batch grows with every removal), so they are left alone.
-    pub(super) fn drain_idle_lanes(&self) -> Vec<(usize, Link)> {
-        self.drain_lanes_where(|lane| {
-            let hand = lane.hand.load(Ordering::Relaxed);
-            let removed = lane.removed.load(Ordering::Relaxed);
-            let stale = (hand != NIL && lane.seen_hand.load(Ordering::Relaxed) == hand)
-                || (removed != NIL && lane.seen_removed.load(Ordering::Relaxed) == removed);
-            lane.seen_hand.store(hand, Ordering::Relaxed);
-            lane.seen_removed.store(removed, Ordering::Relaxed);
+    pub(super) fn drain_idle_caches(&self) -> Vec<(usize, Link)> {
+        self.drain_caches_where(|cache| {
+            let hand = cache.hand.load(Ordering::Relaxed);
+            let removed = cache.removed.load(Ordering::Relaxed);
+            let stale = (hand != NIL && cache.seen_hand.load(Ordering::Relaxed) == hand)
+                || (removed != NIL && cache.seen_removed.load(Ordering::Relaxed) == removed);
+            cache.seen_hand.store(hand, Ordering::Relaxed);
+            cache.seen_removed.store(removed, Ordering::Relaxed);
             stale
         })
     }
 
-    /// Counts a refill of `lane`'s owner (the owner only); whether it should sweep. Every
-    /// [`SWEEP_EVERY`]th refill of each thread in each arena: a sweep reads every lane of
+    /// Counts a refill of `cache`'s owner (the owner only); whether it should sweep. Every
+    /// [`SWEEP_EVERY`]th refill of each thread in each arena: a sweep reads every cache of
     /// the arena (and issues a `membarrier` when it takes one), while a refill comes once per
     /// chain of inserts.
-    pub(super) fn sweep_due(&self, lane: &Lane) -> bool {
-        let refills = lane.refills.load(Ordering::Relaxed).wrapping_add(1);
-        lane.refills.store(refills, Ordering::Relaxed);
+    pub(super) fn sweep_due(&self, cache: &ThreadCache) -> bool {
+        let refills = cache.refills.load(Ordering::Relaxed).wrapping_add(1);
+        cache.refills.store(refills, Ordering::Relaxed);
         refills.is_multiple_of(SWEEP_EVERY)
     }
 
-    /// Takes the hand and batch of every lane that holds something and that `pick` picks.
-    fn drain_lanes_where(&self, mut pick: impl FnMut(&Lane) -> bool) -> Vec<(usize, Link)> {
+    /// Takes the hand and batch of every cache that holds something and that `pick` picks.
+    fn drain_caches_where(&self, mut pick: impl FnMut(&ThreadCache) -> bool) -> Vec<(usize, Link)> {
         let mut claimed = Vec::new();
-        for lane in self.lanes.iter() {
-            // A racy look: a lane that seems empty is skipped. What its owner did before the
+        for cache in self.caches.iter() {
+            // A racy look: a cache that seems empty is skipped. What its owner did before the
             // caller synchronised with it is visible here, so nothing the caller could know
             // of is missed.
-            let holds = lane.hand.load(Ordering::Relaxed) != NIL
-                || lane.removed.load(Ordering::Relaxed) != NIL;
-            if holds && pick(lane) && lane.handshake.claim() {
-                claimed.push((lane.shard, &**lane));
+            let holds = cache.hand.load(Ordering::Relaxed) != NIL
+                || cache.removed.load(Ordering::Relaxed) != NIL;
+            if holds && pick(cache) && cache.handshake.claim() {
+                claimed.push((cache.shard, &**cache));
             }
         }
         if claimed.is_empty() {
@@ -495,15 +495,15 @@ impl<T> Arena<T> {
         }
         crate::sync::asymmetric::heavy();
         let mut batches = Vec::new();
-        for (shard, lane) in claimed {
-            lane.handshake.wait_out();
+        for (shard, cache) in claimed {
+            cache.handshake.wait_out();
             // The owner is out, and its later operations see the claim: ours.
-            let hand = lane.hand.load(Ordering::Relaxed);
-            let removed = lane.removed.load(Ordering::Relaxed);
-            lane.hand.store(NIL, Ordering::Relaxed);
-            lane.removed.store(NIL, Ordering::Relaxed);
-            lane.removed_len.store(0, Ordering::Relaxed);
-            lane.handshake.release();
+            let hand = cache.hand.load(Ordering::Relaxed);
+            let removed = cache.removed.load(Ordering::Relaxed);
+            cache.hand.store(NIL, Ordering::Relaxed);
+            cache.removed.store(NIL, Ordering::Relaxed);
+            cache.removed_len.store(0, Ordering::Relaxed);
+            cache.handshake.release();
             if hand != NIL {
                 self.push_chain(shard, hand);
             }

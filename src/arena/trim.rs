@@ -1,6 +1,6 @@
 //! Releasing vacant trailing pages while other threads keep using the arena.
 //!
-//! (`SlotArena::trim` first takes back the hands and batches of every thread's lane, so
+//! (`SlotArena::trim` first takes back the hands and batches of every thread's cache, so
 //! that the slots idle threads hold are on the free lists too.)
 //!
 //! `trim` first *freezes* the frontier (sets [`FROZEN`] in it with a compare-exchange), so no

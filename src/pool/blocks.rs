@@ -121,7 +121,7 @@ impl Record {
     }
 
     /// Marks the block back in the pool; returns the thread index of the thread it was handed
-    /// out to (`SLOTLESS` for a thread without one).
+    /// out to (`CACHELESS` for a thread without one).
     #[inline(always)]
     pub(super) fn take_back(&self) -> u32 {
         // The freeing thread owns the buffer (it reached it through whatever synchronised

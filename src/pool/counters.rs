@@ -7,7 +7,7 @@ use crate::sync::{AtomicU64, Ordering};
 
 /// The thread of operations made by a thread without a cache (it matches no cache; one less
 /// than `u32::MAX`, so that a record's `holder`, the thread plus one, does not wrap).
-pub(super) const SLOTLESS: u32 = u32::MAX - 1;
+pub(super) const CACHELESS: u32 = u32::MAX - 1;
 
 /// Who writes an [`OpCounters`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

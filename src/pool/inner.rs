@@ -8,8 +8,8 @@ use std::fmt;
 use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
+use super::cache::ThreadCache;
 use super::counters::OpCounters;
-use super::slot::Slot;
 use super::stats::PoolCounters;
 use super::trace::Trace;
 use super::{class, PoolConfig};
@@ -41,15 +41,15 @@ pub(crate) struct PoolInner {
     pub(super) idle_round: AtomicU64,
     /// Classes below this one go through the thread caches (from the configuration).
     pub(super) cached_classes: usize,
-    /// Slots, one per thread index that used the pool (see `slot` and `crate::roster`).
-    pub(super) slots: Roster<CachePadded<Slot>>,
+    /// Thread caches, one per thread index that used the pool (see `cache` and `crate::roster`).
+    pub(super) caches: Roster<CachePadded<ThreadCache>>,
     /// Tokens of drains (see `reserve::drain_token`).
     pub(super) drain_tokens: AtomicU32,
     /// Operations of threads that hold no thread index (their thread-locals are being
-    /// destroyed) and so have no slot: they count here, with read-modify-writes, and the
-    /// close waits for `slotless_busy` to fall to zero as it waits for each slot's owner.
-    pub(super) slotless_busy: AtomicUsize,
-    pub(super) slotless: OpCounters,
+    /// destroyed) and so have no cache: they count here, with read-modify-writes, and the
+    /// close waits for `cacheless_busy` to fall to zero as it waits for each cache's owner.
+    pub(super) cacheless_busy: AtomicUsize,
+    pub(super) cacheless: OpCounters,
     pub(super) counters: PoolCounters,
     /// The byte budget (`u64::MAX` for none): the configuration's, until `set_budget`.
     pub(super) budget: AtomicU64,

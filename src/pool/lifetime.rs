@@ -4,14 +4,14 @@
 //! # Protocol
 //!
 //! Before the close, nothing counts live buffers in a shared place: each thread counts the
-//! blocks it hands out and gives back in its own slot. The close then:
+//! blocks it hands out and gives back in its own cache. The close then:
 //!
 //! 1. sets `closed` and issues a heavy asymmetric fence, so every operation that starts
-//!    afterwards sees the pool closed (see `slot`);
-//! 2. waits, slot by slot, for the one operation the owner may be running (a few
+//!    afterwards sees the pool closed (see `cache`);
+//! 2. waits, cache by cache, for the one operation the owner may be running (a few
 //!    instructions; it never waits for a thread to come back), so that every operation that
 //!    saw the pool open has ended;
-//! 3. sums the slots' counters: `live` blocks are still out;
+//! 3. sums the caches' counters: `live` blocks are still out;
 //! 4. releases every cached block (bins and lists) to the system, and adds `live` to
 //!    `remaining`.
 //!
@@ -86,10 +86,10 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
             last_drawn.add(class).write(AtomicU64::new(0));
         }
         addr_of_mut!((*p).idle_round).write(AtomicU64::new(0));
-        addr_of_mut!((*p).slots).write(Roster::new(4));
+        addr_of_mut!((*p).caches).write(Roster::new(4));
         addr_of_mut!((*p).drain_tokens).write(AtomicU32::new(1));
-        addr_of_mut!((*p).slotless_busy).write(AtomicUsize::new(0));
-        addr_of_mut!((*p).slotless).write(OpCounters::default());
+        addr_of_mut!((*p).cacheless_busy).write(AtomicUsize::new(0));
+        addr_of_mut!((*p).cacheless).write(OpCounters::default());
         addr_of_mut!((*p).counters).write(PoolCounters::default());
         addr_of_mut!((*p).budget).write(budget);
         addr_of_mut!((*p).trace).write(trace);
@@ -109,10 +109,10 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
             last_drawn: _,
             idle_round: _,
             cached_classes: _,
-            slots: _,
+            caches: _,
             drain_tokens: _,
-            slotless_busy: _,
-            slotless: _,
+            cacheless_busy: _,
+            cacheless: _,
             counters: _,
             budget: _,
             trace: _,
@@ -150,8 +150,8 @@ pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
         inner.closed.store(true, Ordering::SeqCst);
         asymmetric::heavy();
         // Every operation that saw the pool open ends here, so the counts below are final.
-        inner.for_each_slot(|slot| slot.wait_out());
-        while inner.slotless_busy.load(Ordering::Acquire) != 0 {
+        inner.for_each_cache(|cache| cache.wait_out());
+        while inner.cacheless_busy.load(Ordering::Acquire) != 0 {
             crate::sync::yield_now();
         }
         let totals = inner.op_totals(Ordering::Acquire);

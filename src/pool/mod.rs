@@ -5,8 +5,8 @@
 //! Every block the pool holds from the system is, at every moment, in exactly one place:
 //!
 //! - **handed out**, owned by one [`PoolBuffer`];
-//! - **in a thread cache**: the bin of its class in the slot of the thread that allocated
-//!   it and freed it again (see `slot`); only blocks up to
+//! - **in a thread cache**: the bin of its class in the cache of the thread that allocated
+//!   it and freed it again (see `cache`); only blocks up to
 //!   [`PoolConfig::thread_cache_max_block`], within the cache's bounds;
 //! - **on a shared list** of its class, where any thread's allocation finds it: blocks
 //!   freed by another thread than the one that allocated them, blocks too large for the
@@ -27,7 +27,7 @@
 //!   threads that made no pool operation lately; **flush_thread_cache** moves the calling
 //!   thread's cache to the shared lists.
 //!
-//! A thread reaches its slot through its thread index (a small number, reused after the
+//! A thread reaches its cache through its thread index (a small number, reused after the
 //! thread exits: a new thread inherits an exited one's cache, and trim takes it back either
 //! way), so finding it costs one table lookup however many pools the process has made.
 //!
@@ -43,6 +43,7 @@ mod advise;
 mod allocator_api;
 mod blocks;
 mod buffer;
+mod cache;
 mod class;
 mod config;
 mod counters;
@@ -53,7 +54,6 @@ mod lifetime;
 mod ops;
 mod raw;
 mod reserve;
-mod slot;
 mod stats;
 mod tag;
 mod trace;
@@ -248,11 +248,11 @@ impl BufferPool {
     /// ```
     pub fn flush_thread_cache(&self) -> u64 {
         let inner = self.inner();
-        // A thread that never used the pool has no cache in it (and gets no slot now).
-        let Some(slot) = inner.my_existing_slot() else {
+        // A thread that never used the pool has no cache in it (and gets no cache now).
+        let Some(cache) = inner.my_existing_cache() else {
             return 0;
         };
-        slot.drain_own(|class, record| inner.push_list(class, record))
+        cache.drain_own(|class, record| inner.push_list(class, record))
     }
 
     /// A snapshot of the counters.
@@ -540,7 +540,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn thread_state_bytes(&self) -> usize {
-        self.inner().slots.footprint()
+        self.inner().caches.footprint()
     }
 
     /// This pool's identity.

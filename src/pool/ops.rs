@@ -1,4 +1,4 @@
-//! A buffer's way out and back: `alloc` and `free` through the calling thread's slot (its
+//! A buffer's way out and back: `alloc` and `free` through the calling thread's cache (its
 //! bins, then the class's shared list, then the system), and the same through the shared
 //! lists alone for a thread that holds no thread index (its thread-locals are being
 //! destroyed).
@@ -8,9 +8,9 @@ use std::ptr::NonNull;
 use crossbeam_utils::CachePadded;
 
 use super::blocks::Record;
-use super::counters::{Writers, SLOTLESS};
+use super::cache::{Entry, ThreadCache};
+use super::counters::{Writers, CACHELESS};
 use super::inner::PoolInner;
-use super::slot::{Entry, Slot};
 use super::{class, lifetime, tag, PoolBuffer, PoolError, PoolEventKind};
 use crate::sync::Ordering;
 use crate::thread;
@@ -44,39 +44,39 @@ impl Taken<'_> {
 }
 
 impl PoolInner {
-    /// The calling thread's slot and index: one thread-local read when this thread's last
+    /// The calling thread's cache and index: one thread-local read when this thread's last
     /// pool operation was on this pool. `None` if the thread holds no index.
     #[inline(always)]
-    pub(super) fn my_slot(&self) -> Option<(&Slot, u32)> {
-        if let Some((slot, thread)) = thread::cached_slot(self.id) {
-            // SAFETY: `my_slot_slow` cached this pointer from this pool's slot table (pool
+    pub(super) fn my_cache(&self) -> Option<(&ThreadCache, u32)> {
+        if let Some((cache, thread)) = thread::remembered_pool_cache(self.id) {
+            // SAFETY: `my_slot_slow` cached this pointer from this pool's cache table (pool
             // identities are never reused), whose pages never move or free while the pool
             // lives; the caller keeps the pool alive.
-            return Some((unsafe { &*slot.cast::<Slot>() }, thread));
+            return Some((unsafe { &*cache.cast::<ThreadCache>() }, thread));
         }
         self.my_slot_slow()
     }
 
-    /// The calling thread's slot if it has one already (a thread that never used the pool
-    /// gets none, and no slot is made).
-    pub(super) fn my_existing_slot(&self) -> Option<&Slot> {
-        if let Some((slot, _)) = thread::cached_slot(self.id) {
-            // SAFETY: as in `my_slot`.
-            return Some(unsafe { &*slot.cast::<Slot>() });
+    /// The calling thread's cache if it has one already (a thread that never used the pool
+    /// gets none, and no cache is made).
+    pub(super) fn my_existing_cache(&self) -> Option<&ThreadCache> {
+        if let Some((cache, _)) = thread::remembered_pool_cache(self.id) {
+            // SAFETY: as in `my_cache`.
+            return Some(unsafe { &*cache.cast::<ThreadCache>() });
         }
         let thread = u32::try_from(thread::index()?).ok()?;
-        self.slots.get(thread).map(|slot| &**slot)
+        self.caches.get(thread).map(|cache| &**cache)
     }
 
     #[cold]
     #[inline(never)]
-    pub(super) fn my_slot_slow(&self) -> Option<(&Slot, u32)> {
+    pub(super) fn my_slot_slow(&self) -> Option<(&ThreadCache, u32)> {
         let thread = u32::try_from(thread::index()?).ok()?;
-        let slot = self
-            .slots
-            .get_or_claim(thread, |_| CachePadded::new(Slot::new()))?;
-        thread::cache_slot(self.id, std::ptr::from_ref::<Slot>(slot).cast());
-        Some((slot, thread))
+        let cache = self
+            .caches
+            .get_or_claim(thread, |_| CachePadded::new(ThreadCache::new()))?;
+        thread::remember_pool_cache(self.id, std::ptr::from_ref::<ThreadCache>(cache).cast());
+        Some((cache, thread))
     }
 
     /// Allocates a buffer from the pool at `this`.
@@ -94,20 +94,21 @@ impl PoolInner {
         })?;
         let class_bytes = class::class_size(class);
         let tag = tag::current();
-        let Some((slot, thread)) = inner.my_slot() else {
-            return inner.alloc_slotless(this, class, class_bytes, size, zeroed, tag);
+        let Some((cache, thread)) = inner.my_cache() else {
+            return inner.alloc_cacheless(this, class, class_bytes, size, zeroed, tag);
         };
         let mut taken = None;
         if class < inner.cached_classes {
-            match slot.enter(&inner.closed) {
+            match cache.enter(&inner.closed) {
                 Entry::Closed => return Err(PoolError::Closed),
                 Entry::Open { cache_usable } => {
-                    if let Some(record) =
-                        cache_usable.then(|| slot.pop(class, class_bytes)).flatten()
+                    if let Some(record) = cache_usable
+                        .then(|| cache.pop(class, class_bytes))
+                        .flatten()
                     {
                         record.hand_out(thread, tag, class, size);
-                        inner.count_alloc(slot, class_bytes, size, true);
-                        slot.leave();
+                        inner.count_alloc(cache, class_bytes, size, true);
+                        cache.leave();
                         // SAFETY: a record on a bin holds its block's non-null address.
                         let addr = unsafe { record.addr() };
                         taken = Some(Taken {
@@ -116,14 +117,14 @@ impl PoolInner {
                             zeroed: false,
                         });
                     } else {
-                        slot.leave();
+                        cache.leave();
                     }
                 }
             }
         }
         let taken = match taken {
             Some(taken) => taken,
-            None => inner.alloc_slow(slot, class, class_bytes, size, zeroed, thread, tag)?,
+            None => inner.alloc_slow(cache, class, class_bytes, size, zeroed, thread, tag)?,
         };
         inner.trace(PoolEventKind::Alloc, class_bytes as u64, class);
         Ok(taken.into_buffer(this, size, class, zeroed))
@@ -134,7 +135,7 @@ impl PoolInner {
     #[allow(clippy::too_many_arguments)] // the hot path's locals, passed on as they are
     pub(super) fn alloc_slow(
         &self,
-        slot: &Slot,
+        cache: &ThreadCache,
         class: usize,
         class_bytes: usize,
         size: usize,
@@ -147,7 +148,7 @@ impl PoolInner {
             Some(taken) => taken,
             None => self.system_alloc(class, class_bytes, size, zeroed)?,
         };
-        match slot.enter(&self.closed) {
+        match cache.enter(&self.closed) {
             Entry::Closed => {
                 // Only a buffer's `alloc_sibling` allocates without a handle; the pool
                 // closed meanwhile, and its lists are drained for good: release the block.
@@ -156,17 +157,24 @@ impl PoolInner {
             }
             Entry::Open { .. } => {
                 taken.record.hand_out(thread, tag, class, size);
-                self.count_alloc(slot, class_bytes, size, false);
-                slot.leave();
+                self.count_alloc(cache, class_bytes, size, false);
+                cache.leave();
                 Ok(taken)
             }
         }
     }
 
-    /// Counts an allocation in the calling thread's slot (inside an operation).
+    /// Counts an allocation in the calling thread's cache (inside an operation).
     #[inline(always)]
-    pub(super) fn count_alloc(&self, slot: &Slot, class_bytes: usize, requested: usize, hit: bool) {
-        slot.counters
+    pub(super) fn count_alloc(
+        &self,
+        cache: &ThreadCache,
+        class_bytes: usize,
+        requested: usize,
+        hit: bool,
+    ) {
+        cache
+            .counters
             .count_alloc(hit, class_bytes, requested, Writers::Owner);
         self.counters
             .exact_alloc(&self.config, class_bytes as u64, requested as u64);
@@ -178,20 +186,20 @@ impl PoolInner {
     /// counted (its counters are final).
     pub(super) fn count_resize(&self, record: &Record, old: usize, new: usize) {
         record.set_requested(new);
-        let Some((slot, _)) = self.my_slot() else {
-            if self.enter_slotless() {
-                self.slotless.count_resize(old, new, Writers::Shared);
+        let Some((cache, _)) = self.my_cache() else {
+            if self.enter_cacheless() {
+                self.cacheless.count_resize(old, new, Writers::Shared);
                 self.counters
                     .exact_resize(&self.config, old as u64, new as u64);
-                self.slotless_busy.fetch_sub(1, Ordering::Release);
+                self.cacheless_busy.fetch_sub(1, Ordering::Release);
             }
             return;
         };
-        if let Entry::Open { .. } = slot.enter(&self.closed) {
-            slot.counters.count_resize(old, new, Writers::Owner);
+        if let Entry::Open { .. } = cache.enter(&self.closed) {
+            cache.counters.count_resize(old, new, Writers::Owner);
             self.counters
                 .exact_resize(&self.config, old as u64, new as u64);
-            slot.leave();
+            cache.leave();
         }
     }
 
@@ -203,10 +211,10 @@ impl PoolInner {
     pub(super) fn free(&self, record: &Record, class: usize, requested: usize) -> bool {
         let class_bytes = class::class_size(class);
         let allocator = record.take_back();
-        let Some((slot, thread)) = self.my_slot() else {
-            return self.free_slotless(record.index, class, requested);
+        let Some((cache, thread)) = self.my_cache() else {
+            return self.free_cacheless(record.index, class, requested);
         };
-        match slot.enter(&self.closed) {
+        match cache.enter(&self.closed) {
             Entry::Closed => {
                 lifetime::release_after_close(self, record.index, class);
                 true
@@ -216,7 +224,7 @@ impl PoolInner {
                 let cached = cache_usable
                     && allocator == thread
                     && class < self.cached_classes
-                    && slot.push(
+                    && cache.push(
                         class,
                         class_bytes,
                         record,
@@ -226,33 +234,34 @@ impl PoolInner {
                 if !cached {
                     self.push_list(class, record);
                 }
-                slot.counters
+                cache
+                    .counters
                     .count_free(class_bytes, requested, Writers::Owner);
                 self.counters
                     .exact_free(config, class_bytes as u64, requested as u64);
                 // Inside the operation: after `leave`, a closing thread may free the pool.
                 self.trace(PoolEventKind::Free, class_bytes as u64, class);
-                slot.leave();
+                cache.leave();
                 false
             }
         }
     }
 
-    /// Starts an operation of a thread without a slot: the pool's open (and the operation
+    /// Starts an operation of a thread without a cache: the pool's open (and the operation
     /// counted, so the close waits for it), or closed.
-    pub(super) fn enter_slotless(&self) -> bool {
-        self.slotless_busy.fetch_add(1, Ordering::SeqCst);
+    pub(super) fn enter_cacheless(&self) -> bool {
+        self.cacheless_busy.fetch_add(1, Ordering::SeqCst);
         if self.closed.load(Ordering::SeqCst) {
-            self.slotless_busy.fetch_sub(1, Ordering::Release);
+            self.cacheless_busy.fetch_sub(1, Ordering::Release);
             return false;
         }
         true
     }
 
-    /// [`alloc`](Self::alloc) for a thread without a slot: from the shared lists or the
+    /// [`alloc`](Self::alloc) for a thread without a cache: from the shared lists or the
     /// system, counted in the pool's shared counters.
     #[cold]
-    pub(super) fn alloc_slotless(
+    pub(super) fn alloc_cacheless(
         &self,
         this: NonNull<PoolInner>,
         class: usize,
@@ -261,30 +270,30 @@ impl PoolInner {
         zeroed: bool,
         tag: u32,
     ) -> Result<PoolBuffer, PoolError> {
-        if !self.enter_slotless() {
+        if !self.enter_cacheless() {
             return Err(PoolError::Closed);
         }
         let taken = self
             .pop_list(class)
             .map_or_else(|| self.system_alloc(class, class_bytes, size, zeroed), Ok);
         if let Ok(taken) = &taken {
-            taken.record.hand_out(SLOTLESS, tag, class, size);
-            self.count_slotless(class_bytes, size, true);
+            taken.record.hand_out(CACHELESS, tag, class, size);
+            self.count_cacheless(class_bytes, size, true);
         }
-        self.slotless_busy.fetch_sub(1, Ordering::Release);
+        self.cacheless_busy.fetch_sub(1, Ordering::Release);
         let taken = taken?;
         self.trace(PoolEventKind::Alloc, class_bytes as u64, class);
         Ok(taken.into_buffer(this, size, class, zeroed))
     }
 
-    /// Counts an operation of a thread without a slot, in the shared counters and (with
-    /// the configuration) the exact ones, as a slot's operation is counted.
-    fn count_slotless(&self, class_bytes: usize, requested: usize, allocation: bool) {
+    /// Counts an operation of a thread without a cache, in the shared counters and (with
+    /// the configuration) the exact ones, as a cache's operation is counted.
+    fn count_cacheless(&self, class_bytes: usize, requested: usize, allocation: bool) {
         if allocation {
-            self.slotless
+            self.cacheless
                 .count_alloc(false, class_bytes, requested, Writers::Shared);
         } else {
-            self.slotless
+            self.cacheless
                 .count_free(class_bytes, requested, Writers::Shared);
         }
         let (bytes, requested) = (class_bytes as u64, requested as u64);
@@ -295,16 +304,16 @@ impl PoolInner {
         }
     }
 
-    /// [`free`](Self::free) for a thread without a slot: to the shared list.
+    /// [`free`](Self::free) for a thread without a cache: to the shared list.
     #[cold]
-    pub(super) fn free_slotless(&self, record: u32, class: usize, requested: usize) -> bool {
-        if !self.enter_slotless() {
+    pub(super) fn free_cacheless(&self, record: u32, class: usize, requested: usize) -> bool {
+        if !self.enter_cacheless() {
             lifetime::release_after_close(self, record, class);
             return true;
         }
         self.push_list(class, self.blocks.record(record));
-        self.count_slotless(class::class_size(class), requested, false);
-        self.slotless_busy.fetch_sub(1, Ordering::Release);
+        self.count_cacheless(class::class_size(class), requested, false);
+        self.cacheless_busy.fetch_sub(1, Ordering::Release);
         false
     }
 

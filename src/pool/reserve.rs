@@ -5,9 +5,9 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use super::blocks::Record;
+use super::cache::ThreadCache;
 use super::inner::PoolInner;
 use super::ops::Taken;
-use super::slot::Slot;
 use super::stats::raise;
 use super::{advise, class, OutOfMemory, PoolError, PoolEventKind};
 use crate::stack::NIL;
@@ -180,10 +180,10 @@ impl PoolInner {
         released
     }
 
-    /// Calls `f` with every slot: one per thread index that used the pool (see
+    /// Calls `f` with every cache: one per thread index that used the pool (see
     /// `crate::roster`), whatever the indices.
-    pub(super) fn for_each_slot(&self, f: impl FnMut(&Slot)) {
-        self.slots.iter().map(|slot| &**slot).for_each(f);
+    pub(super) fn for_each_cache(&self, f: impl FnMut(&ThreadCache)) {
+        self.caches.iter().map(|cache| &**cache).for_each(f);
     }
 
     /// A token no other drain of this pool holds now (odd: never 0, the free flag, nor the
@@ -192,21 +192,21 @@ impl PoolInner {
         self.drain_tokens.fetch_add(2, Ordering::Relaxed) | 1
     }
 
-    /// Takes the cached blocks of every slot that caches any and that `pick` picks, whatever
+    /// Takes the cached blocks of every cache that caches any and that `pick` picks, whatever
     /// their owners are doing: claims each, issues one heavy fence (`fence`: false only for
     /// the close, which fenced and waited every owner out already), then takes each claimed
-    /// slot's blocks and calls `each(class, record)` for them. Returns the bytes taken.
-    /// `pick` sees every slot, empty ones included.
-    pub(super) fn drain_slots(
+    /// cache's blocks and calls `each(class, record)` for them. Returns the bytes taken.
+    /// `pick` sees every cache, empty ones included.
+    pub(super) fn drain_caches(
         &self,
         fence: bool,
-        mut pick: impl FnMut(&Slot) -> bool,
+        mut pick: impl FnMut(&ThreadCache) -> bool,
         mut each: impl FnMut(usize, &Record),
     ) -> u64 {
         let token = self.drain_token();
         let mut claimed = false;
-        self.for_each_slot(|slot| {
-            claimed |= pick(slot) && slot.claim_if_holding(token);
+        self.for_each_cache(|cache| {
+            claimed |= pick(cache) && cache.claim_if_holding(token);
         });
         if !claimed {
             return 0;
@@ -215,9 +215,9 @@ impl PoolInner {
             asymmetric::heavy();
         }
         let mut taken = 0;
-        self.for_each_slot(|slot| {
-            if slot.claimed_by(token) {
-                taken += slot.take_claimed(&mut each);
+        self.for_each_cache(|cache| {
+            if cache.claimed_by(token) {
+                taken += cache.take_claimed(&mut each);
             }
         });
         taken
@@ -231,7 +231,7 @@ impl PoolInner {
 
     /// [`release_cached`](Self::release_cached), with the heavy fence only if `fence`.
     pub(super) fn release_cached_fenced(&self, fence: bool) -> u64 {
-        let released = self.drain_slots(
+        let released = self.drain_caches(
             fence,
             |_| true,
             |class, record| self.release(record.index, class),
@@ -253,7 +253,7 @@ impl PoolInner {
     /// Where cached memory is, for an out-of-memory report.
     pub(super) fn cache_snapshot(&self) -> CacheSnapshot {
         let mut in_threads = 0;
-        self.for_each_slot(|slot| in_threads += slot.binned());
+        self.for_each_cache(|cache| in_threads += cache.binned());
         let mut largest = 0;
         self.blocks.for_each(|record| {
             if let Some((class, false)) = record.picture() {
@@ -314,17 +314,17 @@ impl PoolInner {
         // rounds in a row (a heuristic: racing calls may count a round twice or not at all).
         // (At least one: a thread that worked since the last round is never idle.)
         let idle_rounds = self.config.idle_rounds.max(1);
-        released += self.drain_slots(
+        released += self.drain_caches(
             true,
-            |slot| {
-                let operations = slot.operations();
-                let seen = slot.seen_operations.swap(operations, Ordering::Relaxed);
+            |cache| {
+                let operations = cache.operations();
+                let seen = cache.seen_operations.swap(operations, Ordering::Relaxed);
                 let idle = if seen == operations {
-                    slot.idle_rounds.load(Ordering::Relaxed).saturating_add(1)
+                    cache.idle_rounds.load(Ordering::Relaxed).saturating_add(1)
                 } else {
                     0
                 };
-                slot.idle_rounds.store(idle, Ordering::Relaxed);
+                cache.idle_rounds.store(idle, Ordering::Relaxed);
                 idle >= idle_rounds
             },
             |class, record| self.release(record.index, class),
@@ -410,7 +410,7 @@ mod tests {
             let key = arena.insert(1u64).unwrap();
             assert!(
                 arena.thread_state_bytes() <= 64 << 10,
-                "{} bytes of lanes for one thread",
+                "{} bytes of thread caches for one thread",
                 arena.thread_state_bytes()
             );
             let guard = arena.pin();

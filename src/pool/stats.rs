@@ -1,4 +1,4 @@
-//! Pool statistics: what each thread counted in its slot (single writer, no read-modify-
+//! Pool statistics: what each thread counted in its cache (single writer, no read-modify-
 //! write on the hot path), summed on read with the pool-wide counters of the slow paths.
 
 use std::fmt;
@@ -311,7 +311,7 @@ impl PoolCounters {
     #[inline]
     pub(super) fn exact_alloc(&self, config: &PoolConfig, bytes: u64, requested: u64) {
         // Wrapping: inside a pool operation nothing may panic (a panic there would leave
-        // the thread's slot busy for good); the counts never exceed the bytes held.
+        // the thread's cache busy for good); the counts never exceed the bytes held.
         let live = &self.live;
         if config.exact_peaks {
             let in_use = (live.in_use.fetch_add(bytes, Ordering::Relaxed)).wrapping_add(bytes);
@@ -413,10 +413,10 @@ impl super::inner::PoolInner {
     /// or freed bytes than allocations).
     pub(super) fn op_totals(&self, order: Ordering) -> OpTotals {
         let mut totals = OpTotals::default();
-        self.for_each_slot(|slot| slot.counters.add_frees_to(&mut totals, order));
-        self.slotless.add_frees_to(&mut totals, order);
-        self.for_each_slot(|slot| slot.counters.add_allocations_to(&mut totals, order));
-        self.slotless.add_allocations_to(&mut totals, order);
+        self.for_each_cache(|cache| cache.counters.add_frees_to(&mut totals, order));
+        self.cacheless.add_frees_to(&mut totals, order);
+        self.for_each_cache(|cache| cache.counters.add_allocations_to(&mut totals, order));
+        self.cacheless.add_allocations_to(&mut totals, order);
         totals
     }
 
@@ -458,7 +458,7 @@ impl super::inner::PoolInner {
         s.allocations = t.allocations();
         s.allocated_bytes_total = t.allocated_bytes;
         let (allocated_requested, freed_requested) = (t.allocated_requested, t.freed_requested);
-        self.for_each_slot(|slot| s.cached_in_threads_bytes += slot.binned());
+        self.for_each_cache(|cache| s.cached_in_threads_bytes += cache.binned());
         let c = &self.counters;
         // An exact counter is one load: the figure at one instant, and its peak is raised
         // with it, so no later read reports a peak below a figure reported before. Sums of

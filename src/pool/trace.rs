@@ -450,7 +450,7 @@ impl super::inner::PoolInner {
     #[inline(always)]
     pub(super) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
         if let Some(trace) = self.trace.get() {
-            let thread = crate::thread::index().map_or(super::counters::SLOTLESS, |t| t as u32);
+            let thread = crate::thread::index().map_or(super::counters::CACHELESS, |t| t as u32);
             trace.record(kind, bytes, class, thread, "");
         }
     }
@@ -458,7 +458,7 @@ impl super::inner::PoolInner {
     /// Records a span's begin or end if tracing is on (`trace` is the pool's, read by the
     /// caller).
     pub(super) fn trace_span_event(trace: &Trace, kind: PoolEventKind, name: &'static str) {
-        let thread = crate::thread::index().map_or(super::counters::SLOTLESS, |t| t as u32);
+        let thread = crate::thread::index().map_or(super::counters::CACHELESS, |t| t as u32);
         trace.record(kind, 0, 0, thread, name);
     }
 }

@@ -1,20 +1,20 @@
-//! Lanes: each thread's private front of an arena, named by its thread index (see
+//! ThreadCaches: each thread's private front of an arena, named by its thread index (see
 //! `crate::thread`: a small number held by one live thread at a time, reused after the thread
-//! exits). A lane holds the thread's *hand* (vacant slots its next inserts take) and its
+//! exits). A cache holds the thread's *hand* (vacant slots its next inserts take) and its
 //! *removal batch* (slots it removed, not yet handed to the epoch collector). Its owner works
-//! on them with plain loads and stores, no read-modify-write, inside operations of the lane's
+//! on them with plain loads and stores, no read-modify-write, inside operations of the cache's
 //! [`Handshake`]; a `flush`, `trim` or `shrink` takes them back from any thread, idle or
 //! exited ones included, and so does a *sweep*: every 64th refill of a thread in an arena
-//! takes the lanes whose hand or batch did not change since its previous sweep. So nothing
-//! waits in a lane for its owner to come back while other threads use the arena. A hand holds at most a chunk
+//! takes the caches whose hand or batch did not change since its previous sweep. So nothing
+//! waits in a cache for its owner to come back while other threads use the arena. A hand holds at most a chunk
 //! (64 slots): chains are never longer.
 //!
-//! Without lanes every insert popped a shared free list and every removal pushed onto a
+//! Without caches every insert popped a shared free list and every removal pushed onto a
 //! shared batch, each a compare-exchange; with them an insert pays one for a whole chain of
 //! slots (a removal batch recycled, or a fresh chunk), and a removal one per full batch (when
 //! the batch is deferred).
 //!
-//! A thread without an index (its thread-locals are being destroyed), or whose lane a drainer
+//! A thread without an index (its thread-locals are being destroyed), or whose cache a drainer
 //! holds right now, uses the shard's shared lists instead.
 
 use crossbeam_utils::CachePadded;
@@ -24,17 +24,17 @@ use crate::roster::Roster;
 use crate::stack::{Link, NIL};
 use crate::sync::AtomicU32;
 
-/// Lanes in the first page of an arena's roster (later pages double).
-pub(super) const FIRST_LANES: u32 = 4;
+/// ThreadCaches in the first page of an arena's roster (later pages double).
+pub(super) const FIRST_CACHES: u32 = 4;
 
 /// Refills of a thread in an arena between two of its sweeps.
 pub(super) const SWEEP_EVERY: u32 = 64;
 
-/// One thread's lane in one arena.
-pub(super) struct Lane {
-    /// The shard of the lane's threads: its number in the arena's roster modulo the shard
+/// One thread's cache in one arena.
+pub(super) struct ThreadCache {
+    /// The shard of the cache's threads: its number in the arena's roster modulo the shard
     /// count, so threads spread over the shards in the order they first used the arena.
-    /// Fixed when the lane's page is built.
+    /// Fixed when the cache's page is built.
     pub(super) shard: usize,
     /// The owner's operations and the drainers' flag.
     pub(super) handshake: Handshake,
@@ -51,7 +51,7 @@ pub(super) struct Lane {
     /// Slots in `removed`.
     pub(super) removed_len: AtomicU32,
     /// `hand` and `removed` as a sweep last saw them (written by sweepers only; racing
-    /// sweepers at worst take a lane one sweep later, or earlier).
+    /// sweepers at worst take a cache one sweep later, or earlier).
     pub(super) seen_hand: AtomicU32,
     pub(super) seen_removed: AtomicU32,
     /// The owner's refills of this arena, for its sweeps (the owner's alone: a plain load
@@ -61,15 +61,15 @@ pub(super) struct Lane {
 
 /// What `Arena::add_removed` did.
 pub(super) enum Added {
-    /// The slot joined the lane's batch.
+    /// The slot joined the cache's batch.
     Kept,
     /// The batch is full: the chain starting here is the caller's to defer.
     Full(Link),
-    /// A drainer holds the lane: the caller uses the shard's batch.
+    /// A drainer holds the cache: the caller uses the shard's batch.
     Busy,
 }
 
-impl Lane {
+impl ThreadCache {
     pub(super) fn new(shard: usize) -> Self {
         Self {
             shard,
@@ -84,5 +84,5 @@ impl Lane {
     }
 }
 
-/// The lanes of an arena: one per thread index that used it (see `crate::roster`).
-pub(super) type Lanes = Roster<CachePadded<Lane>>;
+/// The caches of an arena: one per thread index that used it (see `crate::roster`).
+pub(super) type ThreadCaches = Roster<CachePadded<ThreadCache>>;

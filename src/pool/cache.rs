@@ -1,14 +1,14 @@
-//! Per-thread slots: in every pool a thread uses, the thread's *thread index* (a small
-//! number, reused after the thread exits) names one slot, found with one table lookup. A slot holds
+//! Per-thread caches: in every pool a thread uses, the thread's *thread index* (a small
+//! number, reused after the thread exits) names one cache, found with one table lookup. A cache holds
 //! the thread's cache of blocks (a *bin* per small class: blocks this thread allocated and
 //! freed again) and its counters.
 //!
-//! # Who touches a slot
+//! # Who touches a cache
 //!
 //! Its *owner* (the thread with its index) reads and writes it, with plain (relaxed) atomic
-//! accesses, inside an operation bracketed by [`Slot::enter`] and [`Slot::leave`]. Other
+//! accesses, inside an operation bracketed by [`ThreadCache::enter`] and [`ThreadCache::leave`]. Other
 //! threads *drain* it (trim, budget pressure, the pool's close) without waiting for the owner
-//! to come back, through the slot's [`Handshake`] (see `crate::handshake`): afterwards either
+//! to come back, through the cache's [`Handshake`] (see `crate::handshake`): afterwards either
 //! the drainer sees the owner busy (and waits for that one operation to end) or the owner sees
 //! the drain (and leaves the bins alone while it lasts). The pool's close pairs its `closed`
 //! flag with the same fences.
@@ -18,7 +18,7 @@
 //! the close would wait for it forever.
 //!
 //! The counters are the owner's alone (single writer: a load and a store, no read-modify-
-//! write); readers sum them across slots. Closing the pool reads them for the last time once
+//! write); readers sum them across caches. Closing the pool reads them for the last time once
 //! every owner is out of its operation (see `lifetime`).
 
 use super::blocks::Record;
@@ -27,12 +27,12 @@ use super::counters::{bump, OpCounters};
 use crate::handshake::Handshake;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-/// The drain token of an owner draining its own slot (drainers' tokens are odd; see
+/// The drain token of an owner draining its own cache (drainers' tokens are odd; see
 /// `PoolInner::drain_token`).
 const OWN_DRAIN: u32 = 2;
 
-/// One thread's slot in one pool.
-pub(super) struct Slot {
+/// One thread's cache in one pool.
+pub(super) struct ThreadCache {
     /// The owner's operations and the drainers' flag; the idle policy reads its operation
     /// count.
     handshake: Handshake,
@@ -44,7 +44,7 @@ pub(super) struct Slot {
     binned: AtomicU64,
     /// The owner's counts of its operations (written by the owner alone).
     pub(super) counters: OpCounters,
-    /// The slot's operation count when the idle policy (`trim_idle`, on any thread) last
+    /// The cache's operation count when the idle policy (`trim_idle`, on any thread) last
     /// looked; written by that policy only.
     pub(super) seen_operations: AtomicU64,
     /// Consecutive idle rounds (`trim_idle` calls that found `seen_operations` unchanged);
@@ -60,16 +60,16 @@ struct Bin {
     count: AtomicU32,
 }
 
-/// The outcome of [`Slot::enter`].
+/// The outcome of [`ThreadCache::enter`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Entry {
     /// The pool is open; `cache_usable` says whether the bins may be used.
     Open { cache_usable: bool },
-    /// The pool is closed: the operation must not touch the slot (the owner is not busy).
+    /// The pool is closed: the operation must not touch the cache (the owner is not busy).
     Closed,
 }
 
-impl Slot {
+impl ThreadCache {
     pub(super) fn new() -> Self {
         Self {
             handshake: Handshake::new(),
@@ -159,24 +159,24 @@ impl Slot {
         true
     }
 
-    /// A drainer's first step (see `crate::handshake`): claims the slot with `token` if it
+    /// A drainer's first step (see `crate::handshake`): claims the cache with `token` if it
     /// caches anything (a racy look: blocks the owner cached before the caller synchronised
-    /// with it are seen). False for an empty slot, or one another drainer holds (that one
+    /// with it are seen). False for an empty cache, or one another drainer holds (that one
     /// takes its blocks). After every claim, one heavy fence, then
-    /// [`take_claimed`](Self::take_claimed) for each slot claimed.
+    /// [`take_claimed`](Self::take_claimed) for each cache claimed.
     pub(super) fn claim_if_holding(&self, token: u32) -> bool {
         self.binned() > 0 && self.handshake.claim_as(token)
     }
 
-    /// Whether the drainer with `token` claimed this slot.
+    /// Whether the drainer with `token` claimed this cache.
     pub(super) fn claimed_by(&self, token: u32) -> bool {
         self.handshake.claimed_by(token)
     }
 
-    /// Takes every cached block of a slot the caller claimed, once a heavy fence followed the
+    /// Takes every cached block of a cache the caller claimed, once a heavy fence followed the
     /// claim (or once the pool's close waited every owner out, after which no owner touches
     /// its bins): waits only for the operation the owner may still be running, calls
-    /// `each(class, record)` for each block, hands the slot back and returns the bytes taken.
+    /// `each(class, record)` for each block, hands the cache back and returns the bytes taken.
     pub(super) fn take_claimed(&self, mut each: impl FnMut(usize, &Record)) -> u64 {
         self.wait_out();
         // The owner is out of the operation it was in, and every later one sees `drain` set
@@ -198,7 +198,7 @@ impl Slot {
 
     /// The owner's own drain, outside an operation (no fence needed: the caller is the
     /// owner, and no operation of it is in flight): the bytes taken, or 0 if a drainer holds
-    /// the slot (that one takes the blocks).
+    /// the cache (that one takes the blocks).
     pub(super) fn drain_own(&self, each: impl FnMut(usize, &Record)) -> u64 {
         if self.claim_if_holding(OWN_DRAIN) {
             self.take_claimed(each)
