@@ -15,86 +15,27 @@
 //! [`AllocationGroup::trim_descriptors`] may release meanwhile), and removing a descriptor,
 //! or counting the other views of a buffer, costs O(1).
 
+mod descriptor;
 mod error;
 mod value;
+mod write;
 
+pub(crate) use descriptor::Descriptor;
+pub use descriptor::DescriptorSlot;
 pub use error::GroupError;
 pub use value::TensorValue;
+pub use write::TensorWrite;
+
+use descriptor::descriptors;
 
 use std::fmt;
 use std::num::NonZeroU64;
 
-use crate::arena::{Key, SlotArena};
+use crate::arena::Key;
 use crate::identity::next_identity;
 use crate::pool::PoolBuffer;
 use crate::sync::Arc;
-#[cfg(feature = "ndarray")]
-use crate::tensor::ndarray_view_mut;
-use crate::tensor::{
-    check_dtype, compact_copy, pooled_bytes, DType, Element, Layout, Tensor, TensorError,
-    TensorRead,
-};
-
-/// A descriptor record in the arena.
-#[derive(Debug)]
-pub(crate) struct Descriptor {
-    buffer: u32,
-    dtype: DType,
-    layout: Layout,
-}
-
-/// The process-wide descriptor arena (per loom execution under loom).
-#[cfg(not(loom))]
-fn descriptors() -> &'static SlotArena<Descriptor> {
-    static ARENA: std::sync::OnceLock<SlotArena<Descriptor>> = std::sync::OnceLock::new();
-    ARENA.get_or_init(SlotArena::new)
-}
-
-/// Under loom the arena gets a private collector: pinning crossbeam-epoch's default
-/// collector from a spawned loom thread makes executions non-deterministic (loom aborts with
-/// "Is the model fully deterministic?"), while a private collector created in the same
-/// per-execution `lazy_static` runs cleanly. The protocol under test is the same.
-#[cfg(loom)]
-fn descriptors() -> &'static SlotArena<Descriptor> {
-    loom::lazy_static! {
-        static ref ARENA: SlotArena<Descriptor> =
-            SlotArena::with_collector(crate::sync::epoch::Collector::new());
-    }
-    &ARENA
-}
-
-/// A descriptor's key: which group, which of its views, which arena record. `Copy` and
-/// opaque.
-///
-/// ```
-/// use ferropool::{AllocationGroup, DType, Tensor};
-/// let t = Tensor::zeros(DType::F32, &[2])?;
-/// let (group, slots) = AllocationGroup::from_tensors([t])?;
-/// let slot = slots[0]; // `Copy`: a key, not a borrow
-/// assert_eq!(group.describe(slot)?, (DType::F32, vec![2]));
-/// assert!(AllocationGroup::new().read_view(slot).is_err()); // another group's slot
-/// # Ok::<(), ferropool::GroupError>(())
-/// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DescriptorSlot {
-    key: Key,
-    group: NonZeroU64,
-    /// Index in the group's table of views.
-    view: u32,
-}
-
-impl fmt::Debug for DescriptorSlot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "DescriptorSlot(group #{}, view {}, record {} generation {})",
-            self.group,
-            self.view,
-            self.key.index(),
-            self.key.generation()
-        )
-    }
-}
+use crate::tensor::{compact_copy, pooled_bytes, DType, Layout, Tensor, TensorError, TensorRead};
 
 /// One owner of pooled buffers and of typed descriptors (views) over them.
 ///
@@ -740,201 +681,6 @@ impl fmt::Debug for AllocationGroup {
             .field("descriptors", &self.len())
             .field("buffers", &self.inner.buffers.iter().flatten().count())
             .field("handles", &self.handles())
-            .finish()
-    }
-}
-
-/// An exclusive writable view of one descriptor.
-///
-/// ```
-/// use ferropool::{AllocationGroup, DType, Tensor, TensorWrite};
-/// let t = Tensor::zeros(DType::I32, &[2, 2])?;
-/// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
-/// let mut write: TensorWrite<'_> = group.write_view(slots[0])?;
-/// write.as_mut_slice::<i32>()?.copy_from_slice(&[1, 2, 3, 4]);
-/// assert_eq!(group.read_view(slots[0])?.get::<i32>(&[1, 1])?, 4);
-/// # Ok::<(), ferropool::GroupError>(())
-/// ```
-pub struct TensorWrite<'a> {
-    bytes: &'a mut [u8],
-    dtype: DType,
-    layout: Layout,
-}
-
-impl<'a> TensorWrite<'a> {
-    /// The element type.
-    ///
-    /// ```
-    /// use ferropool::{AllocationGroup, DType, Tensor};
-    /// let t = Tensor::zeros(DType::F64, &[2])?;
-    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
-    /// assert_eq!(group.write_view(slots[0])?.dtype(), DType::F64);
-    /// # Ok::<(), ferropool::GroupError>(())
-    /// ```
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// The shape.
-    ///
-    /// ```
-    /// use ferropool::{AllocationGroup, DType, Tensor};
-    /// let t = Tensor::zeros(DType::F64, &[2, 3])?;
-    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
-    /// let transposed = group.permute(slots[0], &[1, 0])?;
-    /// assert_eq!(group.write_view(transposed)?.shape(), &[3, 2]);
-    /// # Ok::<(), ferropool::GroupError>(())
-    /// ```
-    pub fn shape(&self) -> &[usize] {
-        self.layout.shape()
-    }
-
-    fn elements<T: Element>(&mut self) -> Result<&mut [T], TensorError> {
-        check_dtype::<T>(self.dtype)?;
-        let len = self.bytes.len() / std::mem::size_of::<T>();
-        // SAFETY: the buffer holds initialised `T`s (dtype checked; invariant on the
-        // group's buffers), aligned to 8, exclusively borrowed.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.bytes.as_mut_ptr().cast(), len) })
-    }
-
-    /// As [`elements`](Self::elements), for the whole borrow `'a`.
-    #[cfg(feature = "ndarray")]
-    fn into_elements<T: Element>(self) -> Result<(&'a mut [T], Layout), TensorError> {
-        check_dtype::<T>(self.dtype)?;
-        let len = self.bytes.len() / std::mem::size_of::<T>();
-        // SAFETY: the buffer holds initialised `T`s (dtype checked; invariant on the
-        // group's buffers), aligned to 8, exclusively borrowed for 'a (`self` is consumed,
-        // so nothing else reaches `bytes`).
-        let elements =
-            unsafe { std::slice::from_raw_parts_mut(self.bytes.as_mut_ptr().cast(), len) };
-        Ok((elements, self.layout))
-    }
-
-    /// The view as an [`ndarray::ArrayViewMutD`], without copying, whatever its layout
-    /// (permuted and narrowed views included), as long as no two of its indices reach the
-    /// same element ([`Layout::check_unaliased`]). Writes through the array land in the
-    /// group's buffer. Feature `ndarray`.
-    ///
-    /// ```
-    /// use ferropool::{AllocationGroup, DType, Tensor};
-    /// use ndarray::Axis;
-    /// let t = Tensor::zeros(DType::F32, &[2, 3])?;
-    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
-    /// let transposed = group.permute(slots[0], &[1, 0])?; // shape [3, 2], strides [1, 3]
-    /// let mut write = group.write_view(transposed)?;
-    /// let mut array = write.to_ndarray_mut::<f32>()?;
-    /// array.index_axis_mut(Axis(0), 2).fill(7.0); // column 2 of `slots[0]`
-    /// array[[0, 1]] = 1.0; // row 1, column 0 of `slots[0]`
-    /// assert_eq!(group.read_view(slots[0])?.to_vec::<f32>()?, vec![0.0, 0.0, 7.0, 1.0, 0.0, 7.0]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// A view whose indices share elements is refused:
-    ///
-    /// ```
-    /// use ferropool::{AllocationGroup, DType, Layout, Tensor, TensorError};
-    /// let t = Tensor::zeros(DType::F32, &[3])?;
-    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
-    /// let broadcast = group.add_view(slots[0], Layout::new(&[2, 3], &[0, 1], 0)?)?;
-    /// assert!(matches!(
-    ///     group.write_view(broadcast)?.to_ndarray_mut::<f32>(),
-    ///     Err(TensorError::AliasedElements { .. })
-    /// ));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`TensorError::DTypeMismatch`] unless `T` is the view's element type;
-    /// [`TensorError::AliasedElements`] for a view whose strides do not prove its
-    /// elements distinct (a zero stride, overlapping axes).
-    #[cfg(feature = "ndarray")]
-    pub fn to_ndarray_mut<T: Element>(
-        &mut self,
-    ) -> Result<ndarray::ArrayViewMutD<'_, T>, TensorError> {
-        let layout = self.layout.clone();
-        ndarray_view_mut(self.elements::<T>()?, &layout)
-    }
-
-    /// As [`to_ndarray_mut`](Self::to_ndarray_mut), consuming the write view: the array
-    /// borrows the group for as long as the view did, so it can outlive the statement
-    /// that made the view. Feature `ndarray`.
-    ///
-    /// ```
-    /// use ferropool::{AllocationGroup, DType, Tensor};
-    /// let t = Tensor::zeros(DType::I32, &[2, 2])?;
-    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
-    /// let mut array = group.write_view(slots[0])?.into_ndarray_mut::<i32>()?;
-    /// array += 3;
-    /// array[[1, 1]] = 9;
-    /// assert_eq!(group.read_view(slots[0])?.to_vec::<i32>()?, vec![3, 3, 3, 9]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`to_ndarray_mut`](Self::to_ndarray_mut).
-    #[cfg(feature = "ndarray")]
-    pub fn into_ndarray_mut<T: Element>(
-        self,
-    ) -> Result<ndarray::ArrayViewMutD<'a, T>, TensorError> {
-        let (elements, layout) = self.into_elements::<T>()?;
-        ndarray_view_mut(elements, &layout)
-    }
-
-    /// The elements as a mutable slice, when the view is contiguous.
-    ///
-    /// ```
-    /// use ferropool::{AllocationGroup, DType, Tensor};
-    /// let t = Tensor::zeros(DType::F32, &[2, 2])?;
-    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
-    /// group.write_view(slots[0])?.as_mut_slice::<f32>()?.fill(1.5);
-    /// assert_eq!(group.read_view(slots[0])?.to_vec::<f32>()?, vec![1.5; 4]);
-    /// let transposed = group.permute(slots[0], &[1, 0])?;
-    /// assert!(group.write_view(transposed)?.as_mut_slice::<f32>().is_err()); // strided
-    /// # Ok::<(), ferropool::GroupError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`TensorError::DTypeMismatch`] or [`TensorError::NotContiguous`].
-    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], TensorError> {
-        if !self.layout.is_contiguous() {
-            return Err(TensorError::NotContiguous {
-                operation: "TensorWrite::as_mut_slice",
-            });
-        }
-        let (offset, numel) = (self.layout.offset(), self.layout.numel());
-        Ok(&mut self.elements::<T>()?[offset..offset + numel])
-    }
-
-    /// Sets one element by multi-index (any layout).
-    ///
-    /// ```
-    /// use ferropool::{AllocationGroup, DType, Tensor};
-    /// let t = Tensor::zeros(DType::I64, &[2, 2])?;
-    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
-    /// let transposed = group.permute(slots[0], &[1, 0])?;
-    /// group.write_view(transposed)?.set(&[0, 1], 9i64)?; // row 1, column 0 of `slots[0]`
-    /// assert_eq!(group.read_view(slots[0])?.to_vec::<i64>()?, vec![0, 0, 9, 0]);
-    /// # Ok::<(), ferropool::GroupError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`TensorError::DTypeMismatch`] or [`TensorError::IndexOutOfRange`].
-    pub fn set<T: Element>(&mut self, index: &[usize], value: T) -> Result<(), TensorError> {
-        let offset = self.layout.element_offset(index)?;
-        self.elements::<T>()?[offset] = value;
-        Ok(())
-    }
-}
-
-impl fmt::Debug for TensorWrite<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TensorWrite")
-            .field("dtype", &self.dtype)
-            .field("layout", &self.layout)
             .finish()
     }
 }
