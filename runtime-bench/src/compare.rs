@@ -1,0 +1,128 @@
+//! `--compare`: the same training under every allocator, each in a child process of this
+//! binary, alternated round by round, then a markdown table of medians (min-max) with ratios
+//! against mimalloc measured in the same run.
+
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::allocator::{self, Choice};
+use crate::train::{Recipe, Summary};
+
+/// Runs `rounds` rounds at each thread count and prints the table.
+pub fn run(recipe: &Recipe, thread_counts: &[usize], rounds: usize) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let mut tables = Vec::new();
+    for &threads in thread_counts {
+        let mut runs: Vec<Vec<Summary>> = vec![Vec::new(); Choice::ALL.len()];
+        for round in 1..=rounds {
+            for (i, choice) in Choice::ALL.into_iter().enumerate() {
+                eprintln!(
+                    "{threads} thread(s), round {round}/{rounds}: {}",
+                    choice.name()
+                );
+                let output = Command::new(&exe)
+                    .env(allocator::VARIABLE, choice.name())
+                    .args(["--threads", &threads.to_string()])
+                    .args(["--steps", &recipe.steps.to_string()])
+                    .args(["--batch", &recipe.batch.to_string()])
+                    .args(["--layers", &recipe.layers.to_string()])
+                    .args(["--hidden", &recipe.hidden.to_string()])
+                    .args(["--lr", &recipe.lr.to_string()])
+                    .output()
+                    .with_context(|| format!("running {}", exe.display()))?;
+                if !output.status.success() {
+                    bail!(
+                        "the {} run failed ({}): {}",
+                        choice.name(),
+                        output.status,
+                        String::from_utf8_lossy(&output.stderr)
+                    );
+                }
+                let stdout = String::from_utf8(output.stdout).context("the child's output")?;
+                let line = stdout.lines().last().context("the child printed nothing")?;
+                let summary: Summary = serde_json::from_str(line)
+                    .with_context(|| format!("reading the child's line {line:?}"))?;
+                runs[i].push(summary);
+            }
+        }
+        tables.push(table(recipe, threads, rounds, &runs));
+    }
+    println!("{}", tables.join("\n"));
+    Ok(())
+}
+
+/// Median, min and max.
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    };
+    (median, values[0], values[n - 1])
+}
+
+fn table(recipe: &Recipe, threads: usize, rounds: usize, runs: &[Vec<Summary>]) -> String {
+    type Figure = fn(&Summary) -> f64;
+    type Show = fn(f64) -> String;
+    let figures: [(Figure, Show); 3] = [
+        (|s| s.steps_per_s, |v| format!("{v:.2}")),
+        (|s| s.faults_per_step, |v| format!("{v:.0}")),
+        (
+            |s| s.peak_rss as f64 / f64::from(1 << 20),
+            |v| format!("{v:.0}"),
+        ),
+    ];
+    let mimalloc = Choice::ALL
+        .iter()
+        .position(|&c| c == Choice::Mimalloc)
+        .expect("mimalloc is a choice");
+    let medians: Vec<[f64; 3]> = runs
+        .iter()
+        .map(|r| figures.map(|(get, _)| spread(r.iter().map(get).collect()).0))
+        .collect();
+    let mut out = format!(
+        "MLP {} -> {} x {} -> {}, batch {}, {} steps (second half timed), {threads} thread(s), {rounds} round(s): medians (min-max)\n\n",
+        crate::train::INPUT,
+        recipe.layers,
+        recipe.hidden,
+        crate::train::CLASSES,
+        recipe.batch,
+        recipe.steps,
+    );
+    out.push_str("| allocator | steps/s | vs mimalloc | faults/step | vs mimalloc | peak RSS (MiB) | vs mimalloc |\n");
+    out.push_str("|---|---|---|---|---|---|---|\n");
+    for (i, choice) in Choice::ALL.into_iter().enumerate() {
+        out.push_str(&format!("| {} ", choice.name()));
+        for (f, (get, show)) in figures.iter().enumerate() {
+            let (median, min, max) = spread(runs[i].iter().map(get).collect());
+            let base = medians[mimalloc][f];
+            let ratio = if base == 0.0 {
+                "-".to_string()
+            } else {
+                format!("{:.2}x", median / base)
+            };
+            out.push_str(&format!(
+                "| {} ({}-{}) | {ratio} ",
+                show(median),
+                show(min),
+                show(max)
+            ));
+        }
+        out.push_str("|\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn spread_takes_the_middle() {
+        assert_eq!(spread(vec![3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
+        assert_eq!(spread(vec![4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
+    }
+}

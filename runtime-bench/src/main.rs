@@ -1,0 +1,83 @@
+//! `runtime-bench`: an MLP trained with burn (ndarray backend, autodiff) under the global
+//! allocator that `RUNTIME_BENCH_ALLOCATOR` picks: one JSON line per run, or `--compare`, which
+//! runs all four allocators as child processes, alternated, and prints a markdown table.
+
+mod allocator;
+mod compare;
+mod train;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+
+#[global_allocator]
+static GLOBAL: allocator::Selected = allocator::Selected;
+
+/// Trains an MLP with burn's ndarray backend under the allocator chosen by
+/// RUNTIME_BENCH_ALLOCATOR (glibc, mimalloc, pool, pool-mimalloc; unset: pool) and prints one
+/// JSON line; or, with --compare, runs them all and prints a table.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Worker threads: rayon's global pool and matrixmultiply's GEMM threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Training steps; the second half is timed.
+    #[arg(long, default_value_t = 60)]
+    steps: usize,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+    /// Hidden layers.
+    #[arg(long, default_value_t = 6)]
+    layers: usize,
+    /// Width of each hidden layer.
+    #[arg(long, default_value_t = 512)]
+    hidden: usize,
+    /// Adam's learning rate.
+    #[arg(long, default_value_t = 0.002)]
+    lr: f64,
+    /// Run every allocator in child processes, alternated, and print a markdown table.
+    #[arg(long)]
+    compare: bool,
+    /// With --compare: rounds (each allocator runs once a round at each thread count).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// With --compare: the thread counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    thread_counts: Vec<usize>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if allocator::unknown_value() {
+        bail!(
+            "{} names no allocator (glibc, mimalloc, pool, pool-mimalloc)",
+            allocator::VARIABLE
+        );
+    }
+    if args.steps == 0 || args.batch == 0 || args.threads == 0 || args.rounds == 0 {
+        bail!("--steps, --batch, --threads and --rounds must be at least 1");
+    }
+    let recipe = train::Recipe {
+        steps: args.steps,
+        batch: args.batch,
+        layers: args.layers,
+        hidden: args.hidden,
+        lr: args.lr,
+        threads: args.threads,
+    };
+    if args.compare {
+        return compare::run(&recipe, &args.thread_counts, args.rounds);
+    }
+    // burn-ndarray parallelises with rayon (its global pool) and its GEMM is matrixmultiply's,
+    // which keeps a thread pool of its own sized by MATMUL_NUM_THREADS when it first runs.
+    // Both are sized here, before any thread starts.
+    std::env::set_var("MATMUL_NUM_THREADS", args.threads.to_string());
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build_global()
+        .context("starting rayon's global pool")?;
+    let summary = train::run(&recipe);
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(())
+}
