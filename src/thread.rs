@@ -305,6 +305,11 @@ pub(crate) fn set_tag(_tag: u32) -> u32 {
     0
 }
 
+/// Held by the unit tests that watch or flood thread indices, so that they do not run at
+/// once: one test's 2,200 live threads take every index another test waits to see reused.
+#[cfg(all(test, not(loom)))]
+pub(crate) static INDEX_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -316,6 +321,7 @@ mod tests {
 
     #[test]
     fn an_exited_threads_index_is_reused() {
+        let _alone = INDEX_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let here = claimed();
         assert_eq!(index(), Some(here), "stable within a thread");
         // Threads run one after the other: each takes the index the one before gave back
