@@ -1,5 +1,5 @@
 //! The process's global allocator, chosen when the process starts: ferropool's
-//! [`PoolAllocator`] (the default), the system allocator (glibc), or mimalloc. `--compare`
+//! [`PoolAllocator`] (the default), the system allocator (glibc), or mimalloc. `compare`
 //! runs the same training in three child processes, one per allocator, through the
 //! environment variable [`VARIABLE`]; one binary, so `cargo run` builds everything it needs.
 //!
