@@ -38,15 +38,18 @@ impl<'a> Mat<'a> {
         }
     }
 
-    /// Whether every element of a `rows x cols` operand lies inside `data`.
+    /// Whether every element of a `rows x cols` operand lies inside `data`, with strides the
+    /// kernel can take as `isize`.
     fn reaches(&self, rows: usize, cols: usize) -> bool {
-        rows == 0
-            || cols == 0
-            || (rows - 1)
-                .checked_mul(self.rs)
-                .zip((cols - 1).checked_mul(self.cs))
-                .and_then(|(r, c)| r.checked_add(c))
-                .is_some_and(|last| last < self.data.len())
+        let strides_fit = isize::try_from(self.rs).is_ok() && isize::try_from(self.cs).is_ok();
+        strides_fit
+            && (rows == 0
+                || cols == 0
+                || (rows - 1)
+                    .checked_mul(self.rs)
+                    .zip((cols - 1).checked_mul(self.cs))
+                    .and_then(|(r, c)| r.checked_add(c))
+                    .is_some_and(|last| last < self.data.len()))
     }
 }
 
@@ -104,13 +107,6 @@ pub fn gemm(
     }
 }
 
-/// Views initialised elements as possibly uninitialised ones, for [`gemm()`]'s output.
-pub fn as_uninit(values: &mut [f32]) -> &mut [MaybeUninit<f32>] {
-    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and every value the slice can be given
-    // through it ([`gemm`] writes only finished floats) is a valid `f32`.
-    unsafe { &mut *(values as *mut [f32] as *mut [MaybeUninit<f32>]) }
-}
-
 /// One linear layer on `rows` rows, fused: `out = relu?(input * weight + bias)`, `input`
 /// row-major with `k` columns, `weight` `k x n` row-major; the rows split over `threads`
 /// threads of the current rayon pool (1: this thread). Every element of `out` is written.
@@ -126,7 +122,14 @@ pub fn linear(
     out: &mut [MaybeUninit<f32>],
     threads: usize,
 ) {
-    assert!(bias.len() == n && input.len() >= rows * k && out.len() >= rows * n);
+    let fits = |len: usize, cols: usize| rows.checked_mul(cols).is_some_and(|need| len >= need);
+    assert!(
+        bias.len() == n && fits(input.len(), k) && fits(out.len(), n),
+        "operands too short for their shapes"
+    );
+    if rows == 0 || n == 0 {
+        return; // nothing to write
+    }
     let chunk_rows = rows.div_ceil(threads.max(1)).max(1);
     let run = |out: &mut [MaybeUninit<f32>], input: &[f32]| {
         let chunk = out.len() / n;
@@ -223,14 +226,19 @@ mod tests {
     #[test]
     fn gemm_matches_the_definition_with_transposed_operands() {
         let (m, k, n) = (7, 5, 3);
+        let mut empty: [MaybeUninit<f32>; 0] = [];
+        linear(0, k, n, &[], &[0.0; 15], &[0.0; 3], true, &mut empty, 2); // no rows
+        linear(2, 1, 0, &[1.0, 2.0], &[], &[], true, &mut empty, 2); // no columns
         let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5).collect();
         for (a, b) in [
             (Mat::rows(&a, k), Mat::rows(&b, n)),
             (Mat::transposed(&a, m), Mat::transposed(&b, k)),
         ] {
-            let mut c = vec![f32::NAN; m * n];
-            gemm(m, k, n, a, b, as_uninit(&mut c), false);
+            let mut c = vec![MaybeUninit::new(f32::NAN); m * n];
+            gemm(m, k, n, a, b, &mut c, false);
+            // SAFETY: the elements started initialised, and the GEMM writes only floats.
+            let c: Vec<f32> = c.iter().map(|v| unsafe { v.assume_init() }).collect();
             assert_eq!(c, naive(m, k, n, a, b));
         }
     }
