@@ -114,6 +114,18 @@ impl<B: Backend> Partial<B> {
     }
 }
 
+/// Runs `f` with this thread's scratch arena, reset first (a new step: the last step's
+/// lists are gone); with a fresh arena if this thread's is in use (a re-entered replay).
+fn with_scratch<R>(f: impl FnOnce(&Bump) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => {
+            scratch.reset();
+            f(&scratch)
+        }
+        Err(_) => f(&Bump::new()),
+    })
+}
+
 thread_local! {
     /// Each thread's per-step scratch arena: the replay's short lists (the recomputed inputs
     /// of a segment) are bump-allocated here and the arena is reset when the thread starts
@@ -273,13 +285,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
                             .lock()
                             .map_err(|_| anyhow!("a replay thread panicked"))?;
                         let _replay = this.backend.span("backward (replay)"); // on each worker
-                        this.replay(
-                            chain,
-                            &grad[r0 * CLASSES..r1 * CLASSES],
-                            r0,
-                            r1,
-                            &mut partial,
-                        )
+                        let grad = &grad[r0 * CLASSES..r1 * CLASSES];
+                        with_scratch(|scratch| {
+                            this.replay(chain, grad, r0, r1, &mut partial, scratch)
+                        })
                     })
             })
         };
@@ -360,23 +369,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     /// Rows `r0..r1` of the backward pass: recompute each segment from its checkpoint (read
-    /// through the retained handle, concurrently with the other threads), then back-propagate.
+    /// through the retained handle, concurrently with the other threads), then back-propagate; its
+    /// short lists live in `scratch`.
     fn replay(
-        &self,
-        chain: &B::Chain,
-        logits_grad: &[f32],
-        r0: usize,
-        r1: usize,
-        partial: &mut Partial<B>,
-    ) -> anyhow::Result<()> {
-        SCRATCH.with_borrow_mut(|scratch| {
-            scratch.reset(); // a new step: last step's lists are gone
-            self.replay_in(chain, logits_grad, r0, r1, partial, scratch)
-        })
-    }
-
-    /// [`replay`](Self::replay) with its short lists in `scratch`.
-    fn replay_in(
         &self,
         chain: &B::Chain,
         logits_grad: &[f32],
