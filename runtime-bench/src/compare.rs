@@ -5,6 +5,7 @@
 use std::process::Command;
 
 use anyhow::{bail, Context};
+use ferropool_figures::spread;
 
 use crate::allocator::{self, Choice};
 use crate::train::{Recipe, Summary};
@@ -50,18 +51,6 @@ pub fn run(recipe: &Recipe, thread_counts: &[usize], rounds: usize) -> anyhow::R
     }
     println!("{}", tables.join("\n"));
     Ok(())
-}
-
-/// Median, min and max.
-fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    let median = if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    };
-    (median, values[0], values[n - 1])
 }
 
 fn table(recipe: &Recipe, threads: usize, rounds: usize, runs: &[Vec<Summary>]) -> String {
@@ -114,15 +103,4 @@ fn table(recipe: &Recipe, threads: usize, rounds: usize, runs: &[Vec<Summary>]) 
         out.push_str("|\n");
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::spread;
-
-    #[test]
-    fn spread_takes_the_middle() {
-        assert_eq!(spread(vec![3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
-        assert_eq!(spread(vec![4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
-    }
 }

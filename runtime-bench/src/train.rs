@@ -9,6 +9,7 @@ use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{Device, Distribution, Int, Tensor};
+use ferropool_figures::{minor_faults, peak_rss};
 use serde::{Deserialize, Serialize};
 
 use crate::allocator;
@@ -122,25 +123,6 @@ pub struct Summary {
     /// The pool's figures, for `pool` and `pool-mimalloc`.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub pool: Option<PoolFigures>,
-}
-
-/// One process's `getrusage(RUSAGE_SELF)`.
-fn usage() -> libc::rusage {
-    // SAFETY: `getrusage` fills the struct it is given; all-zero is a valid `rusage`.
-    unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    }
-}
-
-fn minor_faults() -> u64 {
-    usage().ru_minflt as u64
-}
-
-/// Peak resident set size in bytes (`ru_maxrss` is in KiB on Linux).
-fn peak_rss() -> u64 {
-    usage().ru_maxrss as u64 * 1024
 }
 
 /// Trains the model and measures the second half of the steps.

@@ -67,6 +67,11 @@ pub(super) fn bump(counter: &AtomicU64, delta: u64) {
     );
 }
 
+/// Adds `counter`'s value to `total`.
+fn add_load(total: &mut u64, counter: &AtomicU64, order: Ordering) {
+    *total = total.wrapping_add(counter.load(order));
+}
+
 impl OpCounters {
     /// Adds `delta` to `counter` as `writers` may.
     #[inline(always)]
@@ -104,26 +109,22 @@ impl OpCounters {
 
     /// Adds this set's frees (blocks and bytes) to `totals`.
     pub(super) fn add_frees_to(&self, totals: &mut OpTotals, order: Ordering) {
-        let t = totals;
-        t.frees = t.frees.wrapping_add(self.frees.load(order));
-        t.freed_bytes = t.freed_bytes.wrapping_add(self.freed_bytes.load(order));
-        t.freed_requested = t
-            .freed_requested
-            .wrapping_add(self.freed_requested.load(order));
+        add_load(&mut totals.frees, &self.frees, order);
+        add_load(&mut totals.freed_bytes, &self.freed_bytes, order);
+        add_load(&mut totals.freed_requested, &self.freed_requested, order);
     }
 
     /// Adds this set's allocations (blocks and bytes) to `totals`; each counter is read once,
     /// so hits and misses add up to the allocations however the owner moves on meanwhile.
     pub(super) fn add_allocations_to(&self, totals: &mut OpTotals, order: Ordering) {
-        let t = totals;
-        t.misses = t.misses.wrapping_add(self.misses.load(order));
-        t.hits = t.hits.wrapping_add(self.hits.load(order));
-        t.allocated_bytes = t
-            .allocated_bytes
-            .wrapping_add(self.allocated_bytes.load(order));
-        t.allocated_requested = t
-            .allocated_requested
-            .wrapping_add(self.allocated_requested.load(order));
+        add_load(&mut totals.misses, &self.misses, order);
+        add_load(&mut totals.hits, &self.hits, order);
+        add_load(&mut totals.allocated_bytes, &self.allocated_bytes, order);
+        add_load(
+            &mut totals.allocated_requested,
+            &self.allocated_requested,
+            order,
+        );
     }
 }
 

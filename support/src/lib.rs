@@ -1,6 +1,7 @@
 //! Process counters from `getrusage(RUSAGE_SELF)`, shared by ferropool's tests, its pool
-//! benches and the main job: minor page faults and peak resident memory. On a platform
-//! without `getrusage` both read 0.
+//! benches, the main job and `runtime-bench`: minor page faults and peak resident memory (on
+//! a platform without `getrusage` both read 0), and [`spread`], the median and range of
+//! repeated runs.
 //!
 //! ```
 //! let before = ferropool_figures::minor_faults();
@@ -43,4 +44,26 @@ pub fn peak_rss() -> u64 {
     });
     #[cfg(not(unix))]
     0
+}
+
+/// The median and the range (min, max) of `values`; `NaN`s sort last. All three are `NaN`
+/// for no values.
+///
+/// ```
+/// assert_eq!(ferropool_figures::spread(vec![3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
+/// assert_eq!(ferropool_figures::spread(vec![4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
+/// assert!(ferropool_figures::spread(Vec::new()).0.is_nan());
+/// ```
+pub fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n == 0 {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let median = if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    };
+    (median, values[0], values[n - 1])
 }

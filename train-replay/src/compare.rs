@@ -9,6 +9,8 @@ use std::process::Command;
 
 use crate::allocator::{Choice, VARIABLE};
 use crate::args::{Args, CompareArgs};
+use ferropool_figures::spread;
+
 use crate::measure::Summary;
 use crate::units::mib;
 
@@ -112,18 +114,6 @@ fn run_child(name: &str, command: &mut Command) -> anyhow::Result<Summary> {
     }
 }
 
-/// The median, and the range, of `values`.
-fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    let median = if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    };
-    (median, values[0], values[n - 1])
-}
-
 /// The table: one column per variant, medians over the rounds (and the range when there are
 /// several), ratios of the pool against each of the others.
 fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
@@ -168,28 +158,24 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
         &|v| format!("{v:.1}"),
         false,
     );
+    // Calls are `NaN` where a run does not count them (PyTorch).
+    let calls_cell = |v: f64| {
+        if v.is_nan() {
+            "-".into()
+        } else {
+            format!("{v:.1}")
+        }
+    };
     row(
         "calls to glibc per step",
         &|s| calls(s.glibc_calls_per_step),
-        &|v| {
-            if v.is_nan() {
-                "-".into()
-            } else {
-                format!("{v:.1}")
-            }
-        },
+        &calls_cell,
         false,
     );
     row(
         "calls to mimalloc per step",
         &|s| calls(s.mimalloc_calls_per_step),
-        &|v| {
-            if v.is_nan() {
-                "-".into()
-            } else {
-                format!("{v:.1}")
-            }
-        },
+        &calls_cell,
         false,
     );
     row("peak RSS", &|s| s.peak_rss as f64, &|v| mib(v as u64), true);
