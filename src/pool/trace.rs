@@ -281,27 +281,31 @@ pub(super) fn to_chrome_json(pool: u64, events: &[PoolEvent]) -> String {
         out,
         "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pool},\"tid\":0,\"args\":{{\"name\":\"ferropool pool {pool}\"}}}}"
     );
-    // Each thread's name, once, in the order the threads first appear.
-    let mut threads: Vec<(u32, u32)> = Vec::new();
-    for e in events {
-        if !threads.iter().any(|&(tid, _)| tid == e.os_tid) {
-            threads.push((e.os_tid, e.thread));
-        }
-    }
-    {
-        let names = thread_names();
-        for &(tid, index) in &threads {
-            let named = names
-                .iter()
-                .find(|(t, _)| *t == tid)
-                .and_then(|(_, thread)| thread.name());
-            let name = named.map_or_else(|| format!("thread {index}"), str::to_owned);
-            let _ = write!(
-                out,
-                ",{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pool},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
-                json_string(&name)
-            );
-        }
+    // Each thread's name, once, in the order the threads first appear; the names are
+    // copied out of the table first, so that no other thread waits on it while we write.
+    let mut seen = std::collections::BTreeSet::new();
+    let threads: Vec<(u32, u32)> = events
+        .iter()
+        .filter(|e| seen.insert(e.os_tid))
+        .map(|e| (e.os_tid, e.thread))
+        .collect();
+    let names: Vec<String> = {
+        let table = thread_names();
+        threads
+            .iter()
+            .map(|&(tid, index)| {
+                table
+                    .get(tid)
+                    .map_or_else(|| format!("thread {index}"), str::to_owned)
+            })
+            .collect()
+    };
+    for (&(tid, _), name) in threads.iter().zip(&names) {
+        let _ = write!(
+            out,
+            ",{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pool},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
+            json_string(name)
+        );
     }
     for e in events {
         let ts = e.at_ns as f64 / 1000.0;
@@ -371,36 +375,89 @@ fn system_tid() -> u32 {
     crate::thread::index_or_zero() as u32 + 1
 }
 
-/// The threads that began a span or made a mark, by OS tid, for their `thread_name` (one
-/// entry per tid: a thread that reuses an ended thread's tid replaces its entry). Process
-/// wide, as the OS tids are; bookkeeping outside any pool operation.
-static THREAD_NAMES: std::sync::Mutex<Vec<(u32, std::thread::Thread)>> =
-    std::sync::Mutex::new(Vec::new());
+/// Names of exited threads kept for exports (the newest ones).
+const EXITED_NAMES: usize = 1024;
 
-fn thread_names() -> std::sync::MutexGuard<'static, Vec<(u32, std::thread::Thread)>> {
-    // A push or an overwrite leaves the table whole: a poisoned lock's table is used as is.
+/// The names of the named threads that began a span or made a mark, by OS tid: the live
+/// ones, and the last [`EXITED_NAMES`] that exited ([`Named`] moves a thread's entry when
+/// it exits). So the table holds at most one entry per live thread plus that many, however
+/// many threads come and go; a thread exited longer ago shows as `thread <index>`.
+/// Process wide, as the OS tids are; bookkeeping outside any pool operation.
+struct ThreadNames {
+    live: std::collections::BTreeMap<u32, Box<str>>,
+    /// Oldest first.
+    exited: std::collections::VecDeque<(u32, Box<str>)>,
+}
+
+impl ThreadNames {
+    /// The name of the thread with `tid`: the live one's, else the newest exited one's.
+    fn get(&self, tid: u32) -> Option<&str> {
+        self.live.get(&tid).map(|name| &**name).or_else(|| {
+            let mut exited = self.exited.iter().rev();
+            exited.find(|(t, _)| *t == tid).map(|(_, name)| &**name)
+        })
+    }
+
+    /// The thread with `tid` exited: its name moves to the exited ones.
+    fn exit(&mut self, tid: u32) {
+        if let Some(name) = self.live.remove(&tid) {
+            if self.exited.len() == EXITED_NAMES {
+                self.exited.pop_front();
+            }
+            self.exited.push_back((tid, name));
+        }
+    }
+}
+
+static THREAD_NAMES: std::sync::Mutex<ThreadNames> = std::sync::Mutex::new(ThreadNames {
+    live: std::collections::BTreeMap::new(),
+    exited: std::collections::VecDeque::new(),
+});
+
+fn thread_names() -> std::sync::MutexGuard<'static, ThreadNames> {
+    // Each change leaves the table whole: a poisoned lock's table is used as is.
     THREAD_NAMES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Puts the calling thread in [`THREAD_NAMES`], once per thread: from a span or a mark (the
-/// caller's code, never a pool operation, which may run inside the global allocator).
+/// A thread's entry in [`THREAD_NAMES`], moved to the exited ones when the thread's
+/// thread-locals go.
+struct Named(Option<u32>);
+
+impl Drop for Named {
+    fn drop(&mut self) {
+        if let Some(tid) = self.0 {
+            thread_names().exit(tid);
+        }
+    }
+}
+
+/// Puts the calling thread's name in [`THREAD_NAMES`], once per thread: from a span or a
+/// mark (the caller's code, never a pool operation, which may run inside the global
+/// allocator). A thread without a name, or one whose thread-locals are being destroyed,
+/// is not entered.
 pub(super) fn name_this_thread() {
     thread_local! {
-        static NAMED: Cell<bool> = const { Cell::new(false) };
+        static NAMED: std::cell::RefCell<Option<Named>> = const { std::cell::RefCell::new(None) };
     }
-    if NAMED.try_with(|named| named.replace(true)).unwrap_or(true) {
-        return;
-    }
-    // The table and the thread's handle are bookkeeping: never in a pool.
-    let _bookkeeping = crate::thread::Bookkeeping::open();
-    let (tid, thread) = (os_tid(), std::thread::current());
-    let mut names = thread_names();
-    match names.iter_mut().find(|(t, _)| *t == tid) {
-        Some(entry) => entry.1 = thread,
-        None => names.push((tid, thread)),
-    }
+    let _ = NAMED.try_with(|named| {
+        let Ok(mut named) = named.try_borrow_mut() else {
+            return;
+        };
+        if named.is_some() || crate::thread::index().is_none() {
+            return;
+        }
+        // The table's entries are bookkeeping: never in a pool.
+        let _bookkeeping = crate::thread::Bookkeeping::open();
+        let name = std::thread::current().name().map(Box::<str>::from);
+        let tid = name.map(|name| {
+            let tid = os_tid();
+            thread_names().live.insert(tid, name);
+            tid
+        });
+        *named = Some(Named(tid));
+    });
 }
 
 /// A span name read back from a serialized event: interned, stored once per name for the
@@ -543,6 +600,30 @@ mod tests {
         #[cfg(not(all(target_os = "linux", not(miri))))]
         let tid = super::os_tid() as u64;
         tid
+    }
+
+    /// The name table keeps live threads and the newest exited ones only, and a reused tid
+    /// shows its newest thread's name.
+    #[test]
+    fn thread_names_stay_bounded_and_follow_a_reused_tid() {
+        let mut names = super::ThreadNames {
+            live: Default::default(),
+            exited: Default::default(),
+        };
+        names.live.insert(5, "first".into());
+        names.exit(5);
+        assert_eq!(names.get(5), Some("first"), "an exited thread keeps its name");
+        names.live.insert(5, "second".into());
+        assert_eq!(names.get(5), Some("second"));
+        names.exit(5);
+        assert_eq!(names.get(5), Some("second"), "the newest thread of a tid");
+        for tid in 100..100 + super::EXITED_NAMES as u32 {
+            names.live.insert(tid, "short-lived".into());
+            names.exit(tid);
+        }
+        assert_eq!(names.exited.len(), super::EXITED_NAMES);
+        assert!(names.live.is_empty());
+        assert_eq!(names.get(5), None, "the oldest exited names go");
     }
 
     /// Spans on two threads come out of `trace_json` as `B`/`E` pairs on each thread's OS
