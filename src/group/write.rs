@@ -52,24 +52,13 @@ impl<'a> TensorWrite<'a> {
     }
 
     fn elements<T: Element>(&mut self) -> Result<&mut [T], TensorError> {
-        check_dtype::<T>(self.dtype)?;
-        let len = self.bytes.len() / std::mem::size_of::<T>();
-        // SAFETY: the buffer holds initialised `T`s (dtype checked; invariant on the
-        // group's buffers), aligned to 8, exclusively borrowed.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.bytes.as_mut_ptr().cast(), len) })
+        as_elements(self.bytes, self.dtype)
     }
 
     /// As [`elements`](Self::elements), for the whole borrow `'a`.
     #[cfg(feature = "ndarray")]
     fn into_elements<T: Element>(self) -> Result<(&'a mut [T], Layout), TensorError> {
-        check_dtype::<T>(self.dtype)?;
-        let len = self.bytes.len() / std::mem::size_of::<T>();
-        // SAFETY: the buffer holds initialised `T`s (dtype checked; invariant on the
-        // group's buffers), aligned to 8, exclusively borrowed for 'a (`self` is consumed,
-        // so nothing else reaches `bytes`).
-        let elements =
-            unsafe { std::slice::from_raw_parts_mut(self.bytes.as_mut_ptr().cast(), len) };
-        Ok((elements, self.layout))
+        Ok((as_elements(self.bytes, self.dtype)?, self.layout))
     }
 
     /// The view as an [`ndarray::ArrayViewMutD`], without copying, whatever its layout
@@ -199,4 +188,15 @@ impl fmt::Debug for TensorWrite<'_> {
             .field("layout", &self.layout)
             .finish()
     }
+}
+
+/// A group buffer's bytes as the `T`s it holds, for as long as they are borrowed.
+fn as_elements<T: Element>(bytes: &mut [u8], dtype: DType) -> Result<&mut [T], TensorError> {
+    check_dtype::<T>(dtype)?;
+    let len = bytes.len() / std::mem::size_of::<T>();
+    // SAFETY: `bytes` is a whole group buffer from its start (`write_view` hands over the
+    // buffer's bytes, never a sub-slice), so it is aligned to the pool's 8 at least; it holds
+    // initialised `T`s (dtype checked; invariant on the group's buffers), and the borrow is
+    // exclusive for as long as the result lives.
+    Ok(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), len) })
 }

@@ -612,7 +612,11 @@ mod tests {
         };
         names.live.insert(5, "first".into());
         names.exit(5);
-        assert_eq!(names.get(5), Some("first"), "an exited thread keeps its name");
+        assert_eq!(
+            names.get(5),
+            Some("first"),
+            "an exited thread keeps its name"
+        );
         names.live.insert(5, "second".into());
         assert_eq!(names.get(5), Some("second"));
         names.exit(5);
