@@ -183,7 +183,9 @@ impl Backend for VecBackend {
     type Chain = HashMap<usize, Arc<Vec<f32>>>;
 
     fn zeros(&self, rows: usize, cols: usize) -> anyhow::Result<Vec<f32>> {
-        Ok(vec![0.0; rows * cols])
+        let (mut values, len) = empty_vec(rows, cols)?;
+        values.resize(len, 0.0);
+        Ok(values)
     }
     unsafe fn written(
         &self,
@@ -191,10 +193,7 @@ impl Backend for VecBackend {
         cols: usize,
         init: impl FnOnce(&mut [MaybeUninit<f32>]),
     ) -> anyhow::Result<Vec<f32>> {
-        let len = rows
-            .checked_mul(cols)
-            .ok_or_else(|| anyhow!("a {rows} x {cols} buffer overflows"))?;
-        let mut values = Vec::with_capacity(len);
+        let (mut values, len) = empty_vec(rows, cols)?;
         init(&mut values.spare_capacity_mut()[..len]);
         // SAFETY: the caller's contract: `init` wrote the first `len` elements.
         unsafe { values.set_len(len) };
@@ -223,5 +222,33 @@ impl Backend for VecBackend {
             .get(&layer)
             .cloned()
             .ok_or_else(|| anyhow!("no checkpoint of layer {layer} on the step's chain"))
+    }
+}
+
+/// An empty `Vec` with room for `rows x cols` elements, and that count; an error if the count
+/// overflows or the allocator refuses.
+fn empty_vec(rows: usize, cols: usize) -> anyhow::Result<(Vec<f32>, usize)> {
+    let len = rows
+        .checked_mul(cols)
+        .ok_or_else(|| anyhow!("a {rows} x {cols} buffer overflows"))?;
+    let mut values = Vec::new();
+    values
+        .try_reserve_exact(len)
+        .map_err(|e| anyhow!("a {rows} x {cols} f32 buffer: {e}"))?;
+    Ok((values, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Backend, VecBackend};
+
+    #[test]
+    fn vec_buffers_refuse_counts_that_overflow_or_cannot_be_held() {
+        let backend = VecBackend;
+        assert!(backend.zeros(usize::MAX, 2).is_err());
+        assert!(backend.zeros(usize::MAX / 4, 1).is_err()); // more bytes than isize::MAX
+                                                            // SAFETY: the closure is never called (the request is refused first).
+        assert!(unsafe { backend.written(usize::MAX, 3, |_| unreachable!()) }.is_err());
+        assert_eq!(backend.zeros(3, 2).unwrap(), vec![0.0; 6]);
     }
 }
