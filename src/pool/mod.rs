@@ -443,8 +443,9 @@ impl BufferPool {
     /// (<https://ui.perfetto.dev>) and `chrome://tracing` open: an instant event per
     /// allocation, free, system call, trim and mark (with bytes, class, thread index and
     /// tag) and a `B`/`E` duration pair per [span](Self::trace_span), on the track of the
-    /// OS thread (`tid`) that made it; a `thread_name` metadata event per thread (its Rust
-    /// name, or `thread <index>`); and a counter track with the bytes in use, cached and
+    /// OS thread (`tid`) that made it; a `thread_name` metadata event per thread (the Rust
+    /// name of a thread that made a span or a mark, kept for live threads and the last 1,024
+    /// that exited; else `thread <index>`); and a counter track with the bytes in use, cached and
     /// reserved. Timestamps are microseconds since the pool was created. Names are escaped:
     /// the output parses as JSON whatever they hold.
     ///
