@@ -60,6 +60,28 @@
 //!
 //! On docs.rs every item behind a feature carries the feature's label.
 //!
+//! ## A trace for Perfetto
+//!
+//! With tracing on ([`BufferPool::enable_trace`]) a pool keeps its newest events in a ring;
+//! [`BufferPool::trace_span`] marks the caller's steps and phases on the thread's track.
+//! [`BufferPool::trace_json`] (or [`BufferPool::write_trace_json`], streamed to a file)
+//! gives the Chrome Trace Event JSON that <https://ui.perfetto.dev> opens, serialized with
+//! `serde_json`: `B`/`E` spans and the allocations on each OS thread's track, every thread
+//! named, and a counter track of the bytes in use, cached and reserved.
+//!
+//! ```
+//! let pool = ferropool::BufferPool::new();
+//! pool.enable_trace(1024);
+//! {
+//!     let _step = pool.trace_span("step");
+//!     drop(pool.alloc(1 << 20)?);
+//! }
+//! let trace: serde_json::Value = serde_json::from_str(&pool.trace_json())?;
+//! let phases: Vec<_> = trace["traceEvents"].as_array().unwrap().iter().map(|e| e["ph"].clone()).collect();
+//! assert!(phases.contains(&"B".into()) && phases.contains(&"C".into()));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! The design, its layers, protocols and invariants: [`design`].
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

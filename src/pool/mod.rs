@@ -44,6 +44,7 @@ mod allocator_api;
 mod blocks;
 mod buffer;
 mod cache;
+mod chrome;
 mod class;
 mod config;
 mod counters;
@@ -445,9 +446,11 @@ impl BufferPool {
     /// tag) and a `B`/`E` duration pair per [span](Self::trace_span), on the track of the
     /// OS thread (`tid`) that made it; a `thread_name` metadata event per thread (the Rust
     /// name of a thread that made a span or a mark, kept for live threads and the last 1,024
-    /// that exited; else `thread <index>`); and a counter track with the bytes in use, cached and
-    /// reserved. Timestamps are microseconds since the pool was created. Names are escaped:
-    /// the output parses as JSON whatever they hold.
+    /// that exited; else `thread <index>`); and a counter track with the bytes in use, cached
+    /// and reserved. Timestamps are microseconds since the pool was created. The document is
+    /// serialized by `serde_json`. A span's end whose begin the ring has already dropped is
+    /// left out, so that every `E` closes a `B`. For a long trace,
+    /// [`write_trace_json`](Self::write_trace_json) streams the same document to a file.
     ///
     /// ```
     /// use ferropool::{BufferPool, PoolConfig};
@@ -459,8 +462,34 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn trace_json(&self) -> String {
+        let mut json = Vec::new();
+        // The writer is a `Vec` (it cannot fail) and the records are plain numbers and
+        // strings with string keys, so `serde_json` has nothing to report.
+        self.write_trace_json(&mut json)
+            .expect("a trace serializes into a Vec without error");
+        // `serde_json` writes UTF-8 only.
+        String::from_utf8(json).expect("serde_json writes UTF-8")
+    }
+
+    /// Writes the traced events to `writer` as [`trace_json`](Self::trace_json) formats
+    /// them, streamed: the document is not built in memory first. Pass a buffered writer
+    /// (each record is a few small writes).
+    ///
+    /// # Errors
+    ///
+    /// What `writer` reports.
+    ///
+    /// ```no_run
+    /// use std::{fs::File, io::BufWriter};
+    /// let pool = ferropool::BufferPool::new();
+    /// pool.enable_trace(1 << 16);
+    /// // ... the run ...
+    /// pool.write_trace_json(BufWriter::new(File::create("trace.json")?))?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn write_trace_json(&self, writer: impl std::io::Write) -> std::io::Result<()> {
         let _bookkeeping = thread::Bookkeeping::open();
-        trace::to_chrome_json(self.inner().id, &self.trace_events())
+        chrome::write(self.inner().id, &self.trace_events(), writer)
     }
 
     /// The configuration, as given when the pool was made (see [`budget`](Self::budget) for

@@ -140,28 +140,28 @@ impl PoolStats {
 
 impl fmt::Display for PoolStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = Bytes;
+        let b = HumanBytes;
         writeln!(
             f,
             "in use    {:>11}  peak {:>11}  ({} blocks; requested {}, peak {})",
-            b.of(self.in_use_bytes),
-            b.of(self.peak_in_use_bytes),
+            b(self.in_use_bytes),
+            b(self.peak_in_use_bytes),
             self.in_use_blocks,
-            b.of(self.requested_bytes),
-            b.of(self.peak_requested_bytes),
+            b(self.requested_bytes),
+            b(self.peak_requested_bytes),
         )?;
         writeln!(
             f,
             "cached    {:>11}  ({} in thread caches, {} on shared lists)",
-            b.of(self.cached_bytes),
-            b.of(self.cached_in_threads_bytes),
-            b.of(self.cached_in_lists_bytes),
+            b(self.cached_bytes),
+            b(self.cached_in_threads_bytes),
+            b(self.cached_in_lists_bytes),
         )?;
         writeln!(
             f,
             "reserved  {:>11}  peak {:>11}",
-            b.of(self.reserved_bytes),
-            b.of(self.peak_reserved_bytes),
+            b(self.reserved_bytes),
+            b(self.peak_reserved_bytes),
         )?;
         writeln!(
             f,
@@ -169,8 +169,8 @@ impl fmt::Display for PoolStats {
             self.allocations,
             100.0 * self.cache_hit_rate(),
             self.frees,
-            b.of(self.allocated_bytes_total),
-            b.of(self.freed_bytes_total),
+            b(self.allocated_bytes_total),
+            b(self.freed_bytes_total),
         )?;
         write!(
             f,
@@ -184,34 +184,15 @@ impl fmt::Display for PoolStats {
     }
 }
 
-/// Formats byte counts in binary units ("1.50 MiB").
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Bytes;
-
-impl Bytes {
-    pub(crate) fn of(self, bytes: u64) -> HumanBytes {
-        HumanBytes(bytes)
-    }
-}
-
-/// A byte count that displays in binary units.
+/// A byte count that displays in binary units with two decimals, as the `bytesize` crate
+/// writes them ("1.50 MiB"; `B` below 1 KiB), padded to the formatter's width.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HumanBytes(pub(crate) u64);
 
 impl fmt::Display for HumanBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-        let mut value = self.0 as f64;
-        let mut unit = 0;
-        while value >= 1024.0 && unit + 1 < UNITS.len() {
-            value /= 1024.0;
-            unit += 1;
-        }
-        let text = if unit == 0 {
-            format!("{} B", self.0)
-        } else {
-            format!("{value:.2} {}", UNITS[unit])
-        };
+        // `bytesize` takes the precision but not the width: pad its text here.
+        let text = format!("{:.2}", bytesize::ByteSize(self.0).display().iec());
         f.pad(&text)
     }
 }
@@ -402,7 +383,7 @@ mod tests {
         assert_eq!(HumanBytes(1024).to_string(), "1.00 KiB");
         assert_eq!(HumanBytes(3 << 19).to_string(), "1.50 MiB");
         assert_eq!(HumanBytes(1 << 40).to_string(), "1.00 TiB");
-        assert_eq!(HumanBytes(u64::MAX).to_string(), "16384.00 PiB");
+        assert_eq!(HumanBytes(u64::MAX).to_string(), "16.00 EiB");
         assert_eq!(format!("{:>8}", HumanBytes(1024)), "1.00 KiB");
     }
 }

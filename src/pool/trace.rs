@@ -1,10 +1,8 @@
-//! The pool's event trace: a bounded ring of events, off unless configured, exported in the
-//! Chrome Trace Event format that Perfetto and `chrome://tracing` open: instant events,
-//! duration spans (`B`/`E`), counter tracks, and a `thread_name` per thread, on the OS
-//! thread ids.
+//! The pool's event trace: a bounded ring of events, off unless configured, and the names
+//! of the threads that made them. The export to the Chrome Trace Event format is in
+//! `chrome`.
 
 use std::cell::Cell;
-use std::fmt::Write as _;
 use std::time::Instant;
 
 use super::tag::MemoryTag;
@@ -46,7 +44,8 @@ pub enum PoolEventKind {
 }
 
 impl PoolEventKind {
-    fn name(self) -> &'static str {
+    /// The event's name in the exported trace.
+    pub(super) fn name(self) -> &'static str {
         match self {
             Self::Alloc => "alloc",
             Self::Free => "free",
@@ -267,84 +266,6 @@ impl std::fmt::Debug for Trace {
     }
 }
 
-/// Renders events in the Chrome Trace Event format (`{"traceEvents":[...]}`): an instant
-/// event per allocation, free, system call, trim and mark, and a `B`/`E` pair per span, on
-/// the track of the OS thread that made it; a `thread_name` metadata event per thread seen
-/// (its Rust name, or `thread <index>`); and a counter track `"pool <id> memory"` with the
-/// bytes in use, cached and reserved after each event. Timestamps are microseconds since
-/// the pool was created. Every string is escaped ([`json_string`]): the output is JSON
-/// whatever the span, tag and thread names.
-pub(super) fn to_chrome_json(pool: u64, events: &[PoolEvent]) -> String {
-    let mut out = String::with_capacity(64 + events.len() * 240);
-    out.push_str("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[");
-    let _ = write!(
-        out,
-        "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pool},\"tid\":0,\"args\":{{\"name\":\"ferropool pool {pool}\"}}}}"
-    );
-    // Each thread's name, once, in the order the threads first appear; the names are
-    // copied out of the table first, so that no other thread waits on it while we write.
-    let mut seen = std::collections::BTreeSet::new();
-    let threads: Vec<(u32, u32)> = events
-        .iter()
-        .filter(|e| seen.insert(e.os_tid))
-        .map(|e| (e.os_tid, e.thread))
-        .collect();
-    let names: Vec<String> = {
-        let table = thread_names();
-        threads
-            .iter()
-            .map(|&(tid, index)| {
-                table
-                    .get(tid)
-                    .map_or_else(|| format!("thread {index}"), str::to_owned)
-            })
-            .collect()
-    };
-    for (&(tid, _), name) in threads.iter().zip(&names) {
-        let _ = write!(
-            out,
-            ",{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pool},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
-            json_string(name)
-        );
-    }
-    for e in events {
-        let ts = e.at_ns as f64 / 1000.0;
-        let tid = e.os_tid;
-        if let PoolEventKind::SpanBegin | PoolEventKind::SpanEnd = e.kind {
-            let ph = if e.kind == PoolEventKind::SpanBegin {
-                "B"
-            } else {
-                "E"
-            };
-            let _ = write!(
-                out,
-                ",{{\"name\":{},\"cat\":\"span\",\"ph\":\"{ph}\",\"ts\":{ts:.3},\"pid\":{pool},\"tid\":{tid}}}",
-                json_string(e.name),
-            );
-            continue;
-        }
-        let tag = e
-            .tag
-            .map_or(String::from("null"), |t| json_string(t.name()));
-        let _ = write!(
-            out,
-            ",{{\"name\":\"{}\",\"cat\":\"pool\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts:.3},\"pid\":{pool},\"tid\":{tid},\"args\":{{\"bytes\":{},\"class\":{},\"thread\":{},\"tag\":{tag}}}}}",
-            e.kind.name(),
-            e.bytes,
-            e.class,
-            e.thread,
-        );
-        let cached = e.reserved_after.saturating_sub(e.in_use_after);
-        let _ = write!(
-            out,
-            ",{{\"name\":\"pool {pool} memory\",\"ph\":\"C\",\"ts\":{ts:.3},\"pid\":{pool},\"args\":{{\"in_use\":{},\"cached\":{cached},\"reserved\":{}}}}}",
-            e.in_use_after, e.reserved_after,
-        );
-    }
-    out.push_str("]}");
-    out
-}
-
 /// The OS id of the calling thread, read once per thread (an allocation-free thread-local
 /// afterwards, and a system call while the thread's thread-locals are being destroyed).
 pub(super) fn os_tid() -> u32 {
@@ -383,7 +304,7 @@ const EXITED_NAMES: usize = 1024;
 /// it exits). So the table holds at most one entry per live thread plus that many, however
 /// many threads come and go; a thread exited longer ago shows as `thread <index>`.
 /// Process wide, as the OS tids are; bookkeeping outside any pool operation.
-struct ThreadNames {
+pub(super) struct ThreadNames {
     live: std::collections::BTreeMap<u32, Box<str>>,
     /// Oldest first.
     exited: std::collections::VecDeque<(u32, Box<str>)>,
@@ -391,7 +312,7 @@ struct ThreadNames {
 
 impl ThreadNames {
     /// The name of the thread with `tid`: the live one's, else the newest exited one's.
-    fn get(&self, tid: u32) -> Option<&str> {
+    pub(super) fn get(&self, tid: u32) -> Option<&str> {
         self.live.get(&tid).map(|name| &**name).or_else(|| {
             let mut exited = self.exited.iter().rev();
             exited.find(|(t, _)| *t == tid).map(|(_, name)| &**name)
@@ -414,7 +335,7 @@ static THREAD_NAMES: std::sync::Mutex<ThreadNames> = std::sync::Mutex::new(Threa
     exited: std::collections::VecDeque::new(),
 });
 
-fn thread_names() -> std::sync::MutexGuard<'static, ThreadNames> {
+pub(super) fn thread_names() -> std::sync::MutexGuard<'static, ThreadNames> {
     // Each change leaves the table whole: a poisoned lock's table is used as is.
     THREAD_NAMES
         .lock()
@@ -482,24 +403,6 @@ fn deserialize_name<'de, D: serde::Deserializer<'de>>(
     let name: &'static str = Box::leak(Box::from(&*name));
     names.insert(name);
     Ok(name)
-}
-
-/// `text` as a JSON string literal.
-fn json_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 impl super::inner::PoolInner {
@@ -669,17 +572,66 @@ mod tests {
             assert_eq!(begins.len(), 1, "one span began on {thread:?} (tid {tid})");
             assert_eq!(ends.len(), 1, "and ended");
             assert_eq!(begins[0]["name"], span);
-            let dur = ends[0]["ts"].as_f64().unwrap() - begins[0]["ts"].as_f64().unwrap();
-            assert!(dur >= 0.0, "{span}: {dur} us");
-            assert!(
-                on("i").iter().any(|e| e["name"] == "alloc"),
+            let (begin, end) = (begins[0]["ts"].as_f64(), ends[0]["ts"].as_f64());
+            let allocs: Vec<_> = on("i")
+                .into_iter()
+                .filter(|e| e["name"] == "alloc")
+                .map(|e| e["ts"].as_f64())
+                .collect();
+            assert_eq!(
+                allocs.len(),
+                1,
                 "the thread's allocation is on its track too"
+            );
+            assert!(
+                begin <= allocs[0] && allocs[0] <= end,
+                "{span}: the allocation made inside the span lies inside it on the timeline"
             );
             let names = on("M");
             assert_eq!(names.len(), 1, "one thread_name for tid {tid}: {names:?}");
             assert_eq!(names[0]["name"], "thread_name");
             assert_eq!(names[0]["args"]["name"], thread.as_str());
         }
+    }
+
+    /// When the ring has dropped a span's begin, the export leaves out its end too: every
+    /// `E` on a track closes a `B` before it.
+    #[test]
+    fn an_end_whose_begin_the_ring_dropped_is_left_out() {
+        let pool = BufferPool::new();
+        assert!(pool.enable_trace(8));
+        let outer = pool.trace_span("outer");
+        for _ in 0..8 {
+            drop(pool.alloc(4096).unwrap()); // pushes "outer"'s begin out of the ring
+        }
+        drop(pool.trace_span("inner"));
+        drop(outer);
+        let events = pool.trace_events();
+        let ends = events
+            .iter()
+            .filter(|e| e.kind == super::PoolEventKind::SpanEnd);
+        assert_eq!(ends.count(), 2, "the ring still holds both ends");
+        let json: Value = serde_json::from_str(&pool.trace_json()).unwrap();
+        let phases: Vec<(&str, &str)> = json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "B" || e["ph"] == "E")
+            .map(|e| (e["ph"].as_str().unwrap(), e["name"].as_str().unwrap()))
+            .collect();
+        assert_eq!(phases, [("B", "inner"), ("E", "inner")]);
+    }
+
+    /// `write_trace_json` streams the document `trace_json` returns.
+    #[test]
+    fn the_streamed_trace_is_the_returned_one() {
+        let pool = BufferPool::new();
+        assert!(pool.enable_trace(64));
+        drop(pool.trace_span("step"));
+        drop(pool.alloc(4096).unwrap());
+        let mut streamed = Vec::new();
+        pool.write_trace_json(&mut streamed).unwrap();
+        assert_eq!(String::from_utf8(streamed).unwrap(), pool.trace_json());
     }
 
     /// A span event read back with serde has its name (interned, once per name).
