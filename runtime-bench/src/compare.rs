@@ -1,5 +1,5 @@
 //! `--compare`: the same training under every allocator, each in a child process of this
-//! binary, alternated round by round, then a markdown table of medians (min-max) with ratios
+//! binary, alternated round by round, then a Markdown table (`comfy-table`) of medians (min-max) with ratios
 //! against mimalloc measured in the same run.
 
 use std::process::Command;
@@ -81,26 +81,33 @@ fn table(recipe: &Recipe, threads: usize, rounds: usize, runs: &[Vec<Summary>]) 
         recipe.batch,
         recipe.steps,
     );
-    out.push_str("| allocator | steps/s | vs mimalloc | faults/step | vs mimalloc | peak RSS (MiB) | vs mimalloc |\n");
-    out.push_str("|---|---|---|---|---|---|---|\n");
+    let mut table = comfy_table::Table::new();
+    table
+        .load_preset(comfy_table::presets::ASCII_MARKDOWN)
+        .set_header([
+            "allocator",
+            "steps/s",
+            "vs mimalloc",
+            "faults/step",
+            "vs mimalloc",
+            "peak RSS (MiB)",
+            "vs mimalloc",
+        ]);
     for (i, choice) in Choice::ALL.into_iter().enumerate() {
-        out.push_str(&format!("| {} ", choice.name()));
+        let mut row = vec![choice.name().to_owned()];
         for (f, (get, show)) in figures.iter().enumerate() {
             let (median, min, max) = spread(runs[i].iter().map(get).collect());
             let base = medians[mimalloc][f];
-            let ratio = if base == 0.0 {
+            row.push(format!("{} ({}-{})", show(median), show(min), show(max)));
+            row.push(if base == 0.0 {
                 "-".to_string()
             } else {
                 format!("{:.2}x", median / base)
-            };
-            out.push_str(&format!(
-                "| {} ({}-{}) | {ratio} ",
-                show(median),
-                show(min),
-                show(max)
-            ));
+            });
         }
-        out.push_str("|\n");
+        table.add_row(row);
     }
+    out.push_str(&table.to_string());
+    out.push('\n');
     out
 }

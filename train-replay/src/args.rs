@@ -74,8 +74,9 @@ pub struct Args {
     /// whose tensors do not fit stops with an error (exit code 1) that says what it needed.
     /// The other large allocations (the model's parameters, the GEMM's packing buffers) use
     /// the pool while it has room and are served by the system allocator past the budget.
-    /// Units: B, KiB, MiB, GiB, TiB (powers of 1024; K, M, G, T alone mean the same) and kB,
-    /// MB, GB, TB (powers of 1000); a fraction such as 1.5GiB is rounded down to whole bytes.
+    /// Units, in any case: B; k, M, G, T or kB, MB, GB, TB (powers of 1000); Ki, Mi, Gi, Ti or
+    /// KiB, MiB, GiB, TiB (powers of 1024). A fraction such as 1.5GiB is rounded to whole
+    /// bytes.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub budget: Option<u64>,
     /// Adam learning rate (a finite number above 0).
@@ -131,47 +132,19 @@ fn svg_path(text: &str) -> Result<PathBuf, String> {
 }
 
 /// What [`parse_bytes`] accepts, for its errors.
-const BYTE_UNITS: &str = "expected a number of bytes above 0 with an optional unit: B, KiB, \
-     MiB, GiB, TiB (powers of 1024; K, M, G, T alone mean the same) or kB, MB, GB, TB (powers \
-     of 1000), e.g. 256MiB, 1.5GiB, 10MB or 1000000";
+const BYTE_UNITS: &str = "expected a number of bytes above 0 with an optional unit, in any \
+     case: B; k, M, G, T or kB, MB, GB, TB (powers of 1000); Ki, Mi, Gi, Ti or KiB, MiB, GiB, \
+     TiB (powers of 1024); e.g. 256MiB, 1.5GiB, 10MB or 1000000";
 
-/// A byte count above 0: a decimal number with an optional binary (KiB = 2^10) or SI (kB =
-/// 10^3) unit, case-insensitive, rounded down to whole bytes.
+/// A byte count above 0, as the `parse-size` crate reads it (decimal prefixes are powers of
+/// 1000, binary ones powers of 1024; a fraction is rounded to whole bytes; a count past 2^64
+/// is refused, not clamped).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let scale: u128 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return Err(BYTE_UNITS.into()),
-    };
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    // At most 19 digits on each side keeps every product below in u128.
-    if whole.len() + fraction.len() == 0
-        || whole.len() > 19
-        || fraction.len() > 19
-        || !digits(whole)
-        || !digits(fraction)
-    {
-        return Err(BYTE_UNITS.into());
-    }
-    let value = |s: &str| s.parse::<u128>().unwrap_or(0); // "" is 0
-    let bytes = value(whole) * scale + value(fraction) * scale / 10u128.pow(fraction.len() as u32);
-    match u64::try_from(bytes) {
-        Ok(0) => Err(BYTE_UNITS.into()),
+    match parse_size::parse_size(text.trim()) {
+        Ok(0) => Err(format!("0 bytes; {BYTE_UNITS}")),
         Ok(bytes) => Ok(bytes),
-        Err(_) => Err(format!("more than 2^64 bytes; {BYTE_UNITS}")),
+        Err(parse_size::Error::PosOverflow) => Err(format!("more than 2^64 bytes; {BYTE_UNITS}")),
+        Err(error) => Err(format!("{error}; {BYTE_UNITS}")),
     }
 }
 
@@ -186,7 +159,8 @@ mod tests {
             ("4096B", 4096),
             ("10MiB", 10 << 20),
             ("10 MiB", 10 << 20),
-            ("256m", 256 << 20),
+            ("256m", 256_000_000),
+            ("256Mi", 256 << 20),
             ("1.5GiB", 3 << 29),
             ("1.5 gib", 3 << 29),
             ("10MB", 10_000_000),
@@ -194,8 +168,9 @@ mod tests {
             ("2kB", 2_000),
             ("2KB", 2_000),
             ("2KiB", 2_048),
-            ("0.5K", 512),
-            (".5KiB", 512),
+            ("0.5K", 500),
+            ("0.5KiB", 512),
+            ("1e6", 1_000_000),
             ("3.GB", 3_000_000_000),
             ("1TiB", 1 << 40),
             ("1.0000001B", 1),
@@ -215,8 +190,8 @@ mod tests {
             "-5MiB",
             "0",
             "0.1B",
-            "1e6",
-            "17EB",
+            ".5KiB",
+            "19EB",
             "20EiB",
             "99999999999999999999",
         ] {

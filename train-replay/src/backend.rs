@@ -12,7 +12,7 @@ use ferropool::{
     SpanGuard, Tensor, TensorError, TensorValue,
 };
 
-use crate::units::human_bytes;
+use crate::show::bytes;
 
 /// Storage for one training step. Whatever can fail (an allocation, a read of a kept
 /// buffer) returns an error for the step to pass up, never a panic.
@@ -161,15 +161,15 @@ impl Backend for PoolBackend {
 /// tensor, what was in use, and so what the run needed at least.
 fn over_budget(oom: &OutOfMemory, budget: Option<u64>, rows: usize, cols: usize) -> String {
     let budget = oom.budget.or(budget).unwrap_or(u64::MAX);
-    let needed = oom.in_use + oom.block_bytes as u64;
+    let needed = oom.in_use.saturating_add(oom.block_bytes as u64);
     format!(
-        "the pool's budget of {} cannot hold this run: a {} tensor ({rows} x {cols} f32) was \
-         refused with {} in use: the run needed at least {} at that point. Raise --budget (a \
+        "the pool's budget of {:.2} cannot hold this run: a {:.2} tensor ({rows} x {cols} f32) was \
+         refused with {:.2} in use: the run needed at least {:.2} at that point. Raise --budget (a \
          run without it prints its peak reserved bytes), or lower --batch or --hidden.",
-        human_bytes(budget),
-        human_bytes(oom.block_bytes as u64),
-        human_bytes(oom.in_use),
-        human_bytes(needed),
+        bytes(budget),
+        bytes(oom.block_bytes as u64),
+        bytes(oom.in_use),
+        bytes(needed),
     )
 }
 

@@ -12,7 +12,7 @@ use crate::args::{Args, CompareArgs};
 use ferropool_figures::spread;
 
 use crate::measure::Summary;
-use crate::units::mib;
+use crate::show::{bytes, table};
 
 /// The PyTorch recipe, next to this package's sources.
 const TORCH_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_mlp.py");
@@ -141,15 +141,17 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    println!();
-    let header: Vec<String> = names.iter().map(|n| column(n)).collect();
-    println!("| | {} | ferropool vs |", header.join(" | "));
-    println!("|---|{}---|", "---|".repeat(names.len()));
-    let row = |label: &str, f: &dyn Fn(&Summary) -> f64, show: &dyn Fn(f64) -> String, ratio| {
-        let cells: Vec<String> = runs.iter().map(|r| cell(r, f, show)).collect();
-        let ratio = if ratio { ratios(f) } else { String::new() };
-        println!("| {label} | {} | {ratio} |", cells.join(" | "));
-    };
+    let mut header: Vec<String> = vec![String::new()];
+    header.extend(names.iter().map(|n| column(n)));
+    header.push("ferropool vs".into());
+    let mut figures = table(header);
+    let mut row =
+        |label: &str, f: &dyn Fn(&Summary) -> f64, show: &dyn Fn(f64) -> String, ratio| {
+            let mut cells = vec![label.to_owned()];
+            cells.extend(runs.iter().map(|r| cell(r, f, show)));
+            cells.push(if ratio { ratios(f) } else { String::new() });
+            figures.add_row(cells);
+        };
     let calls = |value: Option<f64>| value.unwrap_or(f64::NAN);
     row("steps/s", &|s| s.steps_per_s, &|v| format!("{v:.2}"), true);
     row(
@@ -178,12 +180,21 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
         &calls_cell,
         false,
     );
-    row("peak RSS", &|s| s.peak_rss as f64, &|v| mib(v as u64), true);
-    let losses: Vec<String> = runs
-        .iter()
-        .map(|r| format!("{:.3} -> {:.3}", r[0].first_loss, r[0].last_loss))
-        .collect();
-    println!("| loss, first -> last | {} | |", losses.join(" | "));
+    row(
+        "peak RSS",
+        &|s| s.peak_rss as f64,
+        &|v| bytes(v as u64).to_string(),
+        true,
+    );
+    let mut losses = vec!["loss, first -> last".to_owned()];
+    losses.extend(
+        runs.iter()
+            .map(|r| format!("{:.3} -> {:.3}", r[0].first_loss, r[0].last_loss)),
+    );
+    losses.push(String::new());
+    figures.add_row(losses);
+    println!();
+    println!("{figures}");
     println!(
         "(steady state: the second half of the steps; {rounds} round(s), medians (min-max). Calls: those that reach glibc or mimalloc; ferropool's front end sends requests under 4 KiB to mimalloc. PyTorch's calls are not counted.)"
     );

@@ -3,10 +3,10 @@
 //!
 //! - [`model`]: the MLP, its training step, the checkpointed forward pass and the replayed
 //!   backward pass on a rayon pool;
-//! - [`kernels`]: GEMM (`matrixmultiply`) and the element-wise pieces;
+//! - [`kernels`]: GEMM (the `gemm` crate) and the element-wise pieces;
 //! - [`backend`]: where a step's tensors live (the pool, or plain `Vec<f32>`);
 //! - [`allocator`]: the process's global allocator (ferropool's front end, glibc or mimalloc);
-//! - [`measure`], [`report`], [`compare`], [`plot`], [`units`]: what a run measures and shows.
+//! - [`measure`], [`report`], [`compare`], [`plot`], [`show`]: what a run measures and shows.
 
 pub mod allocator;
 pub mod args;
@@ -17,4 +17,4 @@ pub mod measure;
 pub mod model;
 pub mod plot;
 pub mod report;
-pub mod units;
+pub mod show;

@@ -2,7 +2,7 @@
 //! statistics, and on request the trace and the memory timeline.
 
 use anyhow::anyhow;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write as _};
 use std::time::Instant;
 
 use ferropool::{BufferPool, PoolAllocator, PoolConfig, PoolEvent};
@@ -13,7 +13,7 @@ use crate::backend::{PoolBackend, VecBackend};
 use crate::measure::train;
 use crate::model::{CLASSES, INPUT};
 use crate::plot::plot;
-use crate::units::{human_bytes, mib};
+use crate::show::{bytes, table};
 
 /// Runs the training on this process's allocator (see [`allocator`]); prints the summary
 /// line only if `--json`.
@@ -45,7 +45,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if !quiet {
         let budget = args
             .budget
-            .map_or(String::new(), |b| format!(", budget {}", human_bytes(b)));
+            .map_or(String::new(), |b| format!(", budget {:.2}", bytes(b)));
         println!(
             "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, checkpoint every {} layer(s), {} thread(s), {} steps{budget}",
             args.layers,
@@ -105,20 +105,24 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         summary.steps_per_s
     );
     println!();
-    println!("| memory (pool)                        | value |");
-    println!("|--------------------------------------|-------|");
     let peak_rss = if ring_bytes == 0 {
-        mib(summary.peak_rss)
+        bytes(summary.peak_rss).to_string()
     } else {
         format!(
             "{} (without the trace ring's {})",
-            mib(summary.peak_rss.saturating_sub(ring_bytes)),
-            mib(ring_bytes)
+            bytes(summary.peak_rss.saturating_sub(ring_bytes)),
+            bytes(ring_bytes)
         )
     };
     let mut rows: Vec<(&str, String)> = vec![
-        ("peak live bytes", mib(stats.peak_in_use_bytes)),
-        ("peak reserved bytes", mib(stats.peak_reserved_bytes)),
+        (
+            "peak live bytes",
+            bytes(stats.peak_in_use_bytes).to_string(),
+        ),
+        (
+            "peak reserved bytes",
+            bytes(stats.peak_reserved_bytes).to_string(),
+        ),
         (
             "reserved / live at the peak",
             format!(
@@ -126,7 +130,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 stats.peak_reserved_bytes as f64 / stats.peak_in_use_bytes.max(1) as f64
             ),
         ),
-        ("rounding waste (now)", mib(stats.rounding_waste_bytes())),
+        (
+            "rounding waste (now)",
+            bytes(stats.rounding_waste_bytes()).to_string(),
+        ),
         (
             "thread-cache hit rate",
             format!("{:.1}%", stats.cache_hit_rate() * 100.0),
@@ -155,13 +162,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             PoolAllocator::fallback_allocations().to_string(),
         ));
     }
+    let mut memory = table(["memory (pool)", "value"]);
     for (name, value) in rows {
-        println!("| {name:<36} | {value} |");
+        memory.add_row([name.to_owned(), value]);
     }
+    println!("{memory}");
     println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: its reservations and the requests past its budget)");
     // The exports come after every figure above was read (and from outside the pool).
     if let Some(path) = &args.trace {
-        std::fs::write(path, pool.trace_json()).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let file = std::fs::File::create(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let mut file = std::io::BufWriter::new(file);
+        pool.write_trace_json(&mut file)
+            .and_then(|()| file.flush())
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
         println!(
             "trace: {} events -> {} (open it in https://ui.perfetto.dev)",
             pool.trace_events().len(),
