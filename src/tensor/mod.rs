@@ -773,19 +773,43 @@ pub(crate) fn ndarray_view_mut<'b, T: Element>(
     elements: &'b mut [T],
     layout: &Layout,
 ) -> Result<ndarray::ArrayViewMutD<'b, T>, TensorError> {
-    use ndarray::{IxDyn, ShapeBuilder};
     layout.check_unaliased()?;
-    let refused = |e: ndarray::ShapeError| TensorError::InvalidLayout {
-        reason: format!("ndarray refused the view: {e}"),
-    };
-    if layout.numel() == 0 {
-        // No element to point at: an empty array of the view's shape.
-        return ndarray::ArrayViewMut::from_shape(IxDyn(layout.shape()), &mut elements[..0])
-            .map_err(refused);
-    }
-    let shape = IxDyn(layout.shape()).strides(IxDyn(layout.strides()));
+    let (shape, from) = ndarray_shape(
+        layout.shape(),
+        layout.strides(),
+        layout.offset(),
+        elements.len(),
+    );
     // ndarray checks again that the strides stay within the slice and do not overlap.
-    ndarray::ArrayViewMut::from_shape(shape, &mut elements[layout.offset()..]).map_err(refused)
+    ndarray::ArrayViewMut::from_shape(shape, elements.get_mut(from..).unwrap_or_default())
+        .map_err(ndarray_refused)
+}
+
+/// The ndarray shape of a view with `shape`, `strides` and `offset` over `len` elements,
+/// and the index its slice starts at: the shape with its strides from `offset`; for a view
+/// without elements (nothing to point at), the plain shape over the empty slice at `len`.
+/// (An offset past the elements leaves an empty slice, which ndarray refuses.)
+#[cfg(feature = "ndarray")]
+pub(crate) fn ndarray_shape(
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+    len: usize,
+) -> (ndarray::StrideShape<ndarray::IxDyn>, usize) {
+    use ndarray::{IxDyn, ShapeBuilder};
+    if shape.contains(&0) {
+        (IxDyn(shape).into(), len)
+    } else {
+        (IxDyn(shape).strides(IxDyn(strides)), offset)
+    }
+}
+
+/// ndarray's refusal of a shape, as this crate's error.
+#[cfg(feature = "ndarray")]
+pub(crate) fn ndarray_refused(error: ndarray::ShapeError) -> TensorError {
+    TensorError::InvalidLayout {
+        reason: format!("ndarray refused the view: {error}"),
+    }
 }
 
 /// The initialised bytes of a buffer that backs a tensor.

@@ -309,24 +309,11 @@ impl<'a> TensorRead<'a> {
     /// [`TensorError::DTypeMismatch`] or [`TensorError::ExternalDType`].
     #[cfg(feature = "ndarray")]
     pub fn to_ndarray<T: Element>(&self) -> Result<ndarray::ArrayViewD<'a, T>, TensorError> {
-        use ndarray::{IxDyn, ShapeBuilder};
         let raw = self.raw::<T>()?;
-        if raw.shape.contains(&0) {
-            // No element to point at: an empty array of the view's shape.
-            return Ok(
-                ndarray::ArrayView::from_shape(IxDyn(raw.shape), &raw.elements[..0])
-                    .expect("an empty array of any shape fits an empty slice"),
-            );
-        }
-        let strides: Vec<usize> = raw.strides.to_vec();
-        let shape = IxDyn(raw.shape).strides(IxDyn(&strides));
-        let elements = &raw.elements[raw.offset..];
-        let view = ndarray::ArrayView::from_shape(shape, elements).map_err(|e| {
-            TensorError::InvalidLayout {
-                reason: format!("ndarray refused the view: {e}"),
-            }
-        })?;
-        Ok(view)
+        let (shape, from) =
+            super::ndarray_shape(raw.shape, raw.strides, raw.offset, raw.elements.len());
+        ndarray::ArrayView::from_shape(shape, raw.elements.get(from..).unwrap_or_default())
+            .map_err(super::ndarray_refused)
     }
 
     /// The caller-owned payload, if the view is of a `P`.
