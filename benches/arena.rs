@@ -11,6 +11,9 @@
 //!
 //! Every read (ours and the peers') takes its own protection: an epoch pin for ferropool and
 //! concurrent-slotmap, a slot guard for sharded-slab, a read lock for `RwLock<Slab>`.
+//!
+//! The scaling tables are printed as Markdown a row at a time, on purpose: each row shows as
+//! soon as its thread count is measured (a table crate would hold the rows to the end).
 
 #![allow(missing_docs)] // criterion's macros generate undocumented items
 

@@ -236,10 +236,10 @@ fn main() {
     thread_index_table();
     let stats = pool.0.stats();
     println!(
-        "ferropool stats: {} allocations, hit rate {:.3}, {} system allocations, peak reserved {} MiB",
+        "ferropool stats: {} allocations, hit rate {:.3}, {} system allocations, peak reserved {:.2}",
         stats.allocations,
         stats.cache_hit_rate(),
         stats.system_allocations,
-        stats.peak_reserved_bytes >> 20
+        bytesize::ByteSize(stats.peak_reserved_bytes).display().iec()
     );
 }

@@ -217,10 +217,14 @@ impl Serialize for Records<'_> {
 /// name, or `thread <index>`); and a counter track `"pool <id> memory"` with the bytes in
 /// use, cached and reserved after each event. Timestamps are microseconds since the pool
 /// was created.
+/// The document goes through a buffer of its own and is flushed before this returns, so an
+/// error of the last write (a full disk) is reported, not lost in a writer's drop.
 pub(super) fn write(pool: u64, events: &[PoolEvent], writer: impl io::Write) -> io::Result<()> {
     let document = Document {
         display_time_unit: "ns",
         trace_events: Records::new(pool, events),
     };
-    serde_json::to_writer(writer, &document).map_err(io::Error::from)
+    let mut writer = io::BufWriter::with_capacity(64 << 10, writer);
+    serde_json::to_writer(&mut writer, &document).map_err(io::Error::from)?;
+    io::Write::flush(&mut writer)
 }

@@ -127,7 +127,8 @@ impl BufferPool {
 ///   allocates from the pool itself: [`BufferPool::alloc`], `Tensor`s.) Those blocks carry a
 ///   header that says where they came from, so they go back there.
 /// - The pool's own bookkeeping (its tables, its trace ring, and the exports it builds:
-///   `trace_events`, `trace_json`, `snapshot`, `class_stats`, `memory_by_tag`) never comes
+///   `trace_events`, `trace_json`, `write_trace_json` with its writer, `snapshot`,
+///   `class_stats`, `memory_by_tag`) never comes
 ///   from the pool it describes and never counts against its budget.
 /// - `realloc` within the pool keeps the block when the new size still fits it (and uses at
 ///   least half of it), and the pool's `requested_bytes` follows; otherwise it moves the

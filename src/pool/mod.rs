@@ -449,7 +449,8 @@ impl BufferPool {
     /// that exited; else `thread <index>`); and a counter track with the bytes in use, cached
     /// and reserved. Timestamps are microseconds since the pool was created. The document is
     /// serialized by `serde_json`. A span's end whose begin the ring has already dropped is
-    /// left out, so that every `E` closes a `B`. For a long trace,
+    /// left out, so that every `E` closes a `B`; a span still open has its `B` only (Perfetto
+    /// draws it to the end of the trace). For a long trace,
     /// [`write_trace_json`](Self::write_trace_json) streams the same document to a file.
     ///
     /// ```
@@ -472,19 +473,19 @@ impl BufferPool {
     }
 
     /// Writes the traced events to `writer` as [`trace_json`](Self::trace_json) formats
-    /// them, streamed: the document is not built in memory first. Pass a buffered writer
-    /// (each record is a few small writes).
+    /// them, streamed: the document is not built in memory first. The writes go through a
+    /// buffer of 64 KiB, and `writer` is flushed before this returns.
     ///
     /// # Errors
     ///
-    /// What `writer` reports.
+    /// What `writer` reports, the final flush's included: `Ok` means the whole document
+    /// reached `writer`.
     ///
     /// ```no_run
-    /// use std::{fs::File, io::BufWriter};
     /// let pool = ferropool::BufferPool::new();
     /// pool.enable_trace(1 << 16);
     /// // ... the run ...
-    /// pool.write_trace_json(BufWriter::new(File::create("trace.json")?))?;
+    /// pool.write_trace_json(std::fs::File::create("trace.json")?)?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn write_trace_json(&self, writer: impl std::io::Write) -> std::io::Result<()> {

@@ -39,7 +39,9 @@ pub enum PoolEventKind {
     /// A span began on the thread (see [`BufferPool::trace_span`](super::BufferPool::trace_span));
     /// the event's `name` is the span's.
     SpanBegin,
-    /// The span the thread began last ended; the event's `name` is the span's.
+    /// A span of the thread ended; the event's `name` is the span's. The export, like
+    /// Perfetto, takes it as the end of the thread's innermost open span: spans nest as
+    /// their guards drop in reverse order, as locals do.
     SpanEnd,
 }
 
@@ -424,8 +426,10 @@ impl super::inner::PoolInner {
 }
 
 /// An open span of the trace (see [`BufferPool::trace_span`](super::BufferPool::trace_span)):
-/// it began when it was made, on this thread, and ends when it drops. It stays on the
-/// thread that began it (the span is on that thread's track):
+/// it began when it was made, on this thread, and ends when it drops. Spans on a thread
+/// nest: the exported trace (`B`/`E` events) closes the innermost open span at each end, so
+/// guards dropped out of order (an explicit `drop` of an outer guard) show swapped ends.
+/// It stays on the thread that began it (the span is on that thread's track):
 ///
 /// ```compile_fail
 /// fn send<T: Send>(_: T) {}
@@ -632,6 +636,28 @@ mod tests {
         let mut streamed = Vec::new();
         pool.write_trace_json(&mut streamed).unwrap();
         assert_eq!(String::from_utf8(streamed).unwrap(), pool.trace_json());
+    }
+
+    /// A writer that fails (a full disk) is an error of `write_trace_json`, even behind the
+    /// caller's own buffer: the document is flushed before it returns.
+    #[test]
+    fn a_failing_writer_is_an_error_even_behind_a_buffer() {
+        struct Full;
+        impl std::io::Write for Full {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("disk full"))
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let pool = BufferPool::new();
+        assert!(pool.enable_trace(64));
+        drop(pool.alloc(4096).unwrap());
+        let error = pool
+            .write_trace_json(std::io::BufWriter::new(Full))
+            .expect_err("nothing reached the disk");
+        assert_eq!(error.to_string(), "disk full");
     }
 
     /// A span event read back with serde has its name (interned, once per name).

@@ -74,9 +74,9 @@ pub struct Args {
     /// whose tensors do not fit stops with an error (exit code 1) that says what it needed.
     /// The other large allocations (the model's parameters, the GEMM's packing buffers) use
     /// the pool while it has room and are served by the system allocator past the budget.
-    /// Units, in any case: B; k, M, G, T or kB, MB, GB, TB (powers of 1000); Ki, Mi, Gi, Ti or
-    /// KiB, MiB, GiB, TiB (powers of 1024). A fraction such as 1.5GiB is rounded to whole
-    /// bytes.
+    /// Units, in any case: B; k, M, G, T, P, E or kB, MB, ... (powers of 1000); Ki, Mi, Gi,
+    /// Ti, Pi, Ei or KiB, MiB, ... (powers of 1024). A fraction such as 1.5GiB is rounded to
+    /// the nearest byte; `1e9` is 10^9 bytes.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub budget: Option<u64>,
     /// Adam learning rate (a finite number above 0).
@@ -133,18 +133,27 @@ fn svg_path(text: &str) -> Result<PathBuf, String> {
 
 /// What [`parse_bytes`] accepts, for its errors.
 const BYTE_UNITS: &str = "expected a number of bytes above 0 with an optional unit, in any \
-     case: B; k, M, G, T or kB, MB, GB, TB (powers of 1000); Ki, Mi, Gi, Ti or KiB, MiB, GiB, \
-     TiB (powers of 1024); e.g. 256MiB, 1.5GiB, 10MB or 1000000";
+     case: B; k, M, G, T, P, E or kB, MB, GB, TB, PB, EB (powers of 1000); Ki, Mi, Gi, Ti, Pi, \
+     Ei or KiB, MiB, GiB, TiB, PiB, EiB (powers of 1024); e.g. 256MiB, 1.5GiB, 10MB, 1000000 \
+     or 1e9";
 
-/// A byte count above 0, as the `parse-size` crate reads it (decimal prefixes are powers of
-/// 1000, binary ones powers of 1024; a fraction is rounded to whole bytes; a count past 2^64
-/// is refused, not clamped).
+/// A byte count above 0, as the `parse-size` crate reads it: a decimal number (with an
+/// optional exponent, `1e9`) and an optional unit, decimal prefixes powers of 1000 and binary
+/// ones powers of 1024, a fraction rounded to the nearest byte, a count past 2^64 refused
+/// rather than clamped. Space is allowed between the number and the unit only (parse-size
+/// would read `1 2 MiB` as 12 MiB).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    match parse_size::parse_size(text.trim()) {
+    let text = text.trim();
+    let number_ends = text.find(char::is_whitespace).unwrap_or(text.len());
+    if text[number_ends..].contains(|c: char| c.is_ascii_digit()) {
+        return Err(format!("a space inside the number; {BYTE_UNITS}"));
+    }
+    match parse_size::parse_size(text) {
         Ok(0) => Err(format!("0 bytes; {BYTE_UNITS}")),
         Ok(bytes) => Ok(bytes),
+        Err(parse_size::Error::Empty) => Err(format!("no number; {BYTE_UNITS}")),
         Err(parse_size::Error::PosOverflow) => Err(format!("more than 2^64 bytes; {BYTE_UNITS}")),
-        Err(error) => Err(format!("{error}; {BYTE_UNITS}")),
+        Err(_) => Err(format!("not a byte count; {BYTE_UNITS}")),
     }
 }
 
@@ -171,6 +180,10 @@ mod tests {
             ("0.5K", 500),
             ("0.5KiB", 512),
             ("1e6", 1_000_000),
+            ("  64 MiB ", 64 << 20),
+            ("1PiB", 1 << 50),
+            ("0.5B", 1),
+            ("18446744073709551615", u64::MAX),
             ("3.GB", 3_000_000_000),
             ("1TiB", 1 << 40),
             ("1.0000001B", 1),
@@ -191,6 +204,11 @@ mod tests {
             "0",
             "0.1B",
             ".5KiB",
+            " ",
+            "1 2 MiB",
+            "1 2",
+            "1 MiB 5",
+            "18446744073709551616",
             "19EB",
             "20EiB",
             "99999999999999999999",

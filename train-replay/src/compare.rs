@@ -195,6 +195,7 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
     figures.add_row(losses);
     println!();
     println!("{figures}");
+    println!();
     println!(
         "(steady state: the second half of the steps; {rounds} round(s), medians (min-max). Calls: those that reach glibc or mimalloc; ferropool's front end sends requests under 4 KiB to mimalloc. PyTorch's calls are not counted.)"
     );

@@ -2,7 +2,7 @@
 //! statistics, and on request the trace and the memory timeline.
 
 use anyhow::anyhow;
-use std::io::{IsTerminal, Write as _};
+use std::io::IsTerminal;
 use std::time::Instant;
 
 use ferropool::{BufferPool, PoolAllocator, PoolConfig, PoolEvent};
@@ -167,13 +167,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         memory.add_row([name.to_owned(), value]);
     }
     println!("{memory}");
+    println!();
     println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: its reservations and the requests past its budget)");
     // The exports come after every figure above was read (and from outside the pool).
     if let Some(path) = &args.trace {
-        let file = std::fs::File::create(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-        let mut file = std::io::BufWriter::new(file);
-        pool.write_trace_json(&mut file)
-            .and_then(|()| file.flush())
+        std::fs::File::create(path)
+            .and_then(|file| pool.write_trace_json(file))
             .map_err(|e| anyhow!("{}: {e}", path.display()))?;
         println!(
             "trace: {} events -> {} (open it in https://ui.perfetto.dev)",

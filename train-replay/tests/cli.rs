@@ -67,7 +67,7 @@ fn a_learning_rate_must_be_finite_and_above_zero() {
 
 #[test]
 fn a_budget_that_is_not_a_byte_count_is_refused_with_the_units() {
-    for value in ["lots", "10XB", "1.2.3MiB", "-5MiB", "0", "0MiB"] {
+    for value in ["lots", "10XB", "1.2.3MiB", "-5MiB", "0", "0MiB", "20EiB"] {
         refused(
             "--budget",
             value,
