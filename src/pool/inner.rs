@@ -9,9 +9,8 @@ use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
 use super::cache::ThreadCache;
-use super::counters::OpCounters;
-use super::stats::PoolCounters;
-use super::trace::Trace;
+use super::counters::{OpCounters, PoolCounters, CACHELESS};
+use super::trace::{PoolEventKind, Trace};
 use super::{class, PoolConfig};
 use crate::roster::Roster;
 use crate::stack::TaggedStack;
@@ -62,5 +61,16 @@ impl fmt::Debug for PoolInner {
         f.debug_struct("PoolInner")
             .field("id", &self.id)
             .finish_non_exhaustive()
+    }
+}
+
+impl PoolInner {
+    /// Records an event made by the calling thread, if tracing is on.
+    #[inline(always)]
+    pub(super) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
+        if let Some(trace) = self.trace.get() {
+            let thread = crate::thread::index().map_or(CACHELESS, |t| t as u32);
+            trace.record(kind, bytes, class, thread, "");
+        }
     }
 }

@@ -29,8 +29,8 @@ use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
 use super::counters::OpCounters;
+use super::counters::PoolCounters;
 use super::inner::PoolInner;
-use super::stats::PoolCounters;
 use super::trace::Trace;
 use super::{class, PoolConfig};
 use crate::identity::next_identity;

@@ -437,7 +437,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn trace_span(&self, name: &'static str) -> SpanGuard<'_> {
-        SpanGuard::begin(self.inner(), name)
+        SpanGuard::begin(self.inner().trace.get(), name)
     }
 
     /// The traced events in the Chrome Trace Event format, which Perfetto

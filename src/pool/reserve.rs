@@ -6,9 +6,9 @@ use std::ptr::NonNull;
 
 use super::blocks::Record;
 use super::cache::ThreadCache;
+use super::counters::raise;
 use super::inner::PoolInner;
 use super::ops::Taken;
-use super::stats::raise;
 use super::{advise, class, OutOfMemory, PoolError, PoolEventKind};
 use crate::stack::NIL;
 use crate::sync::{asymmetric, global, system, Ordering};

@@ -3,12 +3,9 @@
 
 use std::fmt;
 
-use crossbeam_utils::CachePadded;
-
-use super::counters::OpTotals;
+use super::counters::{raise, OpTotals};
 use super::tag::MemoryTag;
-use super::PoolConfig;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::Ordering;
 
 /// A snapshot of a pool's counters, in the spirit of `torch.cuda.memory_stats()`: current and
 /// peak bytes and blocks, totals since the pool was made, and what the pool did to get them.
@@ -246,130 +243,6 @@ pub struct BlockInfo {
     pub thread: u32,
     /// The tag current on that thread when it allocated the block.
     pub tag: Option<MemoryTag>,
-}
-
-/// Pool-wide counters: those of the slow paths (read-modify-writes are fine there), and the
-/// exact bytes in use with their peaks.
-#[derive(Default, Debug)]
-pub(super) struct PoolCounters {
-    /// Bytes held from the system, reservations in flight included (moved by `reserve` and
-    /// `unreserve` only).
-    pub(super) reserved: AtomicU64,
-    /// Invariant: at least every value `reserved` took since the last reset once its mover
-    /// or a reader raised it, and no more than the largest of them: `reserve` raises it with
-    /// the value its compare-exchange wrote, and every read of `reserved` that is reported
-    /// raises it with the value read first.
-    pub(super) peak_reserved: AtomicU64,
-    /// The bytes in use (with `exact_peaks`) and requested (with `exact_requested`), on a
-    /// cache line of their own: the hot path writes them.
-    pub(super) live: CachePadded<LiveBytes>,
-    pub(super) system_allocations: AtomicU64,
-    pub(super) system_frees: AtomicU64,
-    pub(super) trims: AtomicU64,
-    pub(super) retries: AtomicU64,
-    pub(super) budget_failures: AtomicU64,
-}
-
-/// The exact counters of `exact_peaks` and `exact_requested`.
-#[derive(Default, Debug)]
-pub(super) struct LiveBytes {
-    /// Bytes (class sizes) of the blocks handed out: every allocation adds, every free
-    /// subtracts, with one read-modify-write each, so each value it takes is the true figure
-    /// at that instant.
-    pub(super) in_use: AtomicU64,
-    /// Requested bytes of the blocks handed out (same rule).
-    pub(super) requested: AtomicU64,
-    /// Invariant: the largest value `in_use` took since the last reset, as far as its
-    /// movers and readers raised it (an allocation raises it with the value its add gave, a
-    /// read with the value it reports); never a value `in_use` did not take.
-    pub(super) peak_in_use: AtomicU64,
-    /// The same for `requested`.
-    pub(super) peak_requested: AtomicU64,
-}
-
-impl PoolCounters {
-    /// Counts an allocation of `bytes` (`requested`) in the exact counters `config` keeps.
-    #[inline]
-    pub(super) fn exact_alloc(&self, config: &PoolConfig, bytes: u64, requested: u64) {
-        // Wrapping: inside a pool operation nothing may panic (a panic there would leave
-        // the thread's cache busy for good); the counts never exceed the bytes held.
-        let live = &self.live;
-        if config.exact_peaks {
-            let in_use = (live.in_use.fetch_add(bytes, Ordering::Relaxed)).wrapping_add(bytes);
-            raise(&live.peak_in_use, in_use);
-        }
-        if config.exact_requested {
-            let requested =
-                (live.requested.fetch_add(requested, Ordering::Relaxed)).wrapping_add(requested);
-            raise(&live.peak_requested, requested);
-        }
-    }
-
-    /// Counts a free in the exact counters `config` keeps.
-    #[inline]
-    pub(super) fn exact_free(&self, config: &PoolConfig, bytes: u64, requested: u64) {
-        if config.exact_peaks {
-            self.live.in_use.fetch_sub(bytes, Ordering::Relaxed);
-        }
-        if config.exact_requested {
-            self.live.requested.fetch_sub(requested, Ordering::Relaxed);
-        }
-    }
-
-    /// Moves the requested bytes of a block handed out from `old` to `new` (an in-place
-    /// reallocation), in the exact counter of requested bytes if `config` keeps it.
-    #[inline]
-    pub(super) fn exact_resize(&self, config: &PoolConfig, old: u64, new: u64) {
-        if !config.exact_requested {
-            return;
-        }
-        let live = &self.live;
-        if new >= old {
-            let delta = new - old;
-            let requested = live
-                .requested
-                .fetch_add(delta, Ordering::Relaxed)
-                .wrapping_add(delta);
-            raise(&live.peak_requested, requested);
-        } else {
-            live.requested.fetch_sub(old - new, Ordering::Relaxed);
-        }
-    }
-
-    /// `reserved` now, with its peak raised to it (so that no later read reports a lower
-    /// peak than this value).
-    pub(super) fn reserved_and_peak(&self) -> (u64, u64) {
-        let reserved = self.reserved.load(Ordering::Relaxed);
-        (reserved, raise(&self.peak_reserved, reserved))
-    }
-
-    /// Starts the peaks again from the current values. A concurrent allocation may raise a
-    /// peak just before the store, and lose that raise: the peak then starts from the value
-    /// the reset read, and the next allocation or read raises it again.
-    pub(super) fn reset_peaks(&self, config: &PoolConfig) {
-        let restart = |peak: &AtomicU64, current: &AtomicU64| {
-            peak.store(current.load(Ordering::Relaxed), Ordering::Relaxed);
-            raise(peak, current.load(Ordering::Relaxed));
-        };
-        restart(&self.peak_reserved, &self.reserved);
-        if config.exact_peaks {
-            restart(&self.live.peak_in_use, &self.live.in_use);
-        }
-        if config.exact_requested {
-            restart(&self.live.peak_requested, &self.live.requested);
-        }
-    }
-}
-
-/// Raises a high-water mark to `value` (a load first: in steady state no write at all).
-#[inline]
-pub(super) fn raise(peak: &AtomicU64, value: u64) -> u64 {
-    let seen = peak.load(Ordering::Relaxed);
-    if value > seen {
-        peak.fetch_max(value, Ordering::Relaxed).max(value)
-    } else {
-        seen
-    }
 }
 
 #[cfg(all(test, not(loom)))]

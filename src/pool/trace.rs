@@ -249,6 +249,12 @@ impl Trace {
         ring.events.push(event);
     }
 
+    /// Records a span's begin or end, made by the calling thread.
+    fn record_span(&self, kind: PoolEventKind, name: &'static str) {
+        let thread = crate::thread::index().map_or(super::counters::CACHELESS, |t| t as u32);
+        self.record(kind, 0, 0, thread, name);
+    }
+
     pub(super) fn events(&self) -> Vec<PoolEvent> {
         // Allocated before the lock is taken, for the whole ring: nothing allocates under
         // the lock (when this pool serves the global allocator, that allocation would
@@ -407,24 +413,6 @@ fn deserialize_name<'de, D: serde::Deserializer<'de>>(
     Ok(name)
 }
 
-impl super::inner::PoolInner {
-    /// Records an event if tracing is on.
-    #[inline(always)]
-    pub(super) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
-        if let Some(trace) = self.trace.get() {
-            let thread = crate::thread::index().map_or(super::counters::CACHELESS, |t| t as u32);
-            trace.record(kind, bytes, class, thread, "");
-        }
-    }
-
-    /// Records a span's begin or end if tracing is on (`trace` is the pool's, read by the
-    /// caller).
-    pub(super) fn trace_span_event(trace: &Trace, kind: PoolEventKind, name: &'static str) {
-        let thread = crate::thread::index().map_or(super::counters::CACHELESS, |t| t as u32);
-        trace.record(kind, 0, 0, thread, name);
-    }
-}
-
 /// An open span of the trace (see [`BufferPool::trace_span`](super::BufferPool::trace_span)):
 /// it began when it was made, on this thread, and ends when it drops. Spans on a thread
 /// nest: the exported trace (`B`/`E` events) closes the innermost open span at each end, so
@@ -463,11 +451,11 @@ pub struct SpanGuard<'a> {
 }
 
 impl<'a> SpanGuard<'a> {
-    pub(super) fn begin(inner: &'a super::inner::PoolInner, name: &'static str) -> Self {
-        let trace = inner.trace.get();
+    /// Begins a span in `trace`, the pool's trace if tracing is on.
+    pub(super) fn begin(trace: Option<&'a Trace>, name: &'static str) -> Self {
         if let Some(trace) = trace {
             name_this_thread();
-            super::inner::PoolInner::trace_span_event(trace, PoolEventKind::SpanBegin, name);
+            trace.record_span(PoolEventKind::SpanBegin, name);
         }
         Self {
             trace,
@@ -480,7 +468,7 @@ impl<'a> SpanGuard<'a> {
 impl Drop for SpanGuard<'_> {
     fn drop(&mut self) {
         if let Some(trace) = self.trace {
-            super::inner::PoolInner::trace_span_event(trace, PoolEventKind::SpanEnd, self.name);
+            trace.record_span(PoolEventKind::SpanEnd, self.name);
         }
     }
 }
