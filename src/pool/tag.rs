@@ -1,7 +1,7 @@
 //! Memory tags: names a caller gives to what its buffers are for (a checkpoint chain, a
 //! model's weights), so that a pool's snapshot can say how much memory each holds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::ops::Index;
@@ -21,6 +21,22 @@ struct Names {
     by_id: Vec<&'static str>,
     /// Each name's tag (a `BTreeMap`: it can be made in a `static`).
     by_name: BTreeMap<&'static str, NonZeroU32>,
+}
+
+/// `name`, stored once for the whole process: the first call with a name leaks a copy,
+/// later ones return that copy. Tag names and deserialized span names are stored here.
+pub(super) fn intern(name: &str) -> &'static str {
+    static STRINGS: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    // Bookkeeping: never in a pool.
+    let _bookkeeping = crate::thread::Bookkeeping::open();
+    // An insert leaves the set whole: a poisoned lock's set is used as it is.
+    let mut strings = STRINGS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(&known) = strings.get(name) {
+        return known;
+    }
+    let name: &'static str = Box::leak(Box::from(name));
+    strings.insert(name);
+    name
 }
 
 fn names() -> MutexGuard<'static, Names> {
@@ -79,7 +95,7 @@ impl MemoryTag {
             .and_then(NonZeroU32::new)
             .expect("fewer than 2^32 tag names");
         // Stored once per name, for the whole process: a tag may be used anywhere, any time.
-        let name: &'static str = Box::leak(Box::from(name));
+        let name = intern(name);
         names.by_id.push(name);
         names.by_name.insert(name, id);
         Self(id)

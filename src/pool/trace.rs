@@ -389,28 +389,19 @@ pub(super) fn name_this_thread() {
     });
 }
 
-/// A span name read back from a serialized event: interned, stored once per name for the
-/// whole process (as a [`MemoryTag`]'s name is).
+/// A span name read back from a serialized event: stored once per name for the whole
+/// process, as a [`MemoryTag`]'s name is ([`super::tag::intern`]).
 #[cfg(feature = "serde")]
 fn deserialize_name<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<&'static str, D::Error> {
     use serde::Deserialize as _;
-    static NAMES: std::sync::Mutex<std::collections::BTreeSet<&'static str>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-    if name.is_empty() {
-        return Ok("");
-    }
-    let mut names = NAMES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(&known) = names.get(&*name) {
-        return Ok(known);
-    }
-    let name: &'static str = Box::leak(Box::from(&*name));
-    names.insert(name);
-    Ok(name)
+    Ok(if name.is_empty() {
+        ""
+    } else {
+        super::tag::intern(&name)
+    })
 }
 
 /// An open span of the trace (see [`BufferPool::trace_span`](super::BufferPool::trace_span)):
