@@ -42,22 +42,10 @@ enum Record<'a> {
     },
     /// A span began on the thread.
     #[serde(rename = "B")]
-    Begin {
-        name: &'a str,
-        cat: &'static str,
-        ts: f64,
-        pid: u64,
-        tid: u32,
-    },
+    Begin(Span<'a>),
     /// The thread's innermost open span ended.
     #[serde(rename = "E")]
-    End {
-        name: &'a str,
-        cat: &'static str,
-        ts: f64,
-        pid: u64,
-        tid: u32,
-    },
+    End(Span<'a>),
     /// A moment on the thread's track (`s: "t"`: thread scope).
     #[serde(rename = "i")]
     Instant {
@@ -77,6 +65,16 @@ enum Record<'a> {
         pid: u64,
         args: CounterArgs,
     },
+}
+
+/// A span's begin or end (`cat` is `"span"`).
+#[derive(serde::Serialize)]
+struct Span<'a> {
+    name: &'a str,
+    cat: &'static str,
+    ts: f64,
+    pid: u64,
+    tid: u32,
 }
 
 #[derive(serde::Serialize)]
@@ -156,28 +154,25 @@ impl Serialize for Records<'_> {
             let ts = e.at_ns as f64 / 1000.0;
             let tid = e.os_tid;
             match e.kind {
-                PoolEventKind::SpanBegin => {
-                    *open.entry(tid).or_default() += 1;
-                    seq.serialize_element(&Record::Begin {
+                PoolEventKind::SpanBegin | PoolEventKind::SpanEnd => {
+                    let depth = open.entry(tid).or_default();
+                    let span = Span {
                         name: e.name,
                         cat: "span",
                         ts,
                         pid,
                         tid,
-                    })?;
-                }
-                PoolEventKind::SpanEnd => {
-                    let Some(depth) = open.get_mut(&tid).filter(|depth| **depth > 0) else {
+                    };
+                    let record = if e.kind == PoolEventKind::SpanBegin {
+                        *depth += 1;
+                        Record::Begin(span)
+                    } else if *depth > 0 {
+                        *depth -= 1;
+                        Record::End(span)
+                    } else {
                         continue;
                     };
-                    *depth -= 1;
-                    seq.serialize_element(&Record::End {
-                        name: e.name,
-                        cat: "span",
-                        ts,
-                        pid,
-                        tid,
-                    })?;
+                    seq.serialize_element(&record)?;
                 }
                 kind => {
                     seq.serialize_element(&Record::Instant {
@@ -211,20 +206,31 @@ impl Serialize for Records<'_> {
     }
 }
 
-/// Writes `events` of pool `pool` to `writer` as a Chrome trace: an instant event per
-/// allocation, free, system call, trim and mark and a `B`/`E` pair per span, on the track
-/// of the OS thread that made it; a `thread_name` metadata event per thread seen (its Rust
-/// name, or `thread <index>`); and a counter track `"pool <id> memory"` with the bytes in
-/// use, cached and reserved after each event. Timestamps are microseconds since the pool
-/// was created.
-/// The document goes through a buffer of its own and is flushed before this returns, so an
-/// error of the last write (a full disk) is reported, not lost in a writer's drop.
-pub(super) fn write(pool: u64, events: &[PoolEvent], writer: impl io::Write) -> io::Result<()> {
-    let document = Document {
+/// `events` of pool `pool` as a Chrome trace: an instant event per allocation, free,
+/// system call, trim and mark and a `B`/`E` pair per span, on the track of the OS thread
+/// that made it; a `thread_name` metadata event per thread seen (its Rust name, or
+/// `thread <index>`); and a counter track `"pool <id> memory"` with the bytes in use,
+/// cached and reserved after each event. Timestamps are microseconds since the pool was
+/// created.
+fn document(pool: u64, events: &[PoolEvent]) -> Document<'_> {
+    Document {
         display_time_unit: "ns",
         trace_events: Records::new(pool, events),
-    };
+    }
+}
+
+/// The trace of [`document`] as a string.
+pub(super) fn to_string(pool: u64, events: &[PoolEvent]) -> String {
+    // The records are plain numbers and strings with string keys, written into a `String`:
+    // `serde_json` has nothing to report.
+    serde_json::to_string(&document(pool, events)).expect("a trace serializes without error")
+}
+
+/// Writes the trace of [`document`] to `writer`, through a buffer of its own, flushed
+/// before this returns: an error of the last write (a full disk) is reported, not lost in a
+/// writer's drop.
+pub(super) fn write(pool: u64, events: &[PoolEvent], writer: impl io::Write) -> io::Result<()> {
     let mut writer = io::BufWriter::with_capacity(64 << 10, writer);
-    serde_json::to_writer(&mut writer, &document).map_err(io::Error::from)?;
+    serde_json::to_writer(&mut writer, &document(pool, events)).map_err(io::Error::from)?;
     io::Write::flush(&mut writer)
 }

@@ -463,13 +463,8 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn trace_json(&self) -> String {
-        let mut json = Vec::new();
-        // The writer is a `Vec` (it cannot fail) and the records are plain numbers and
-        // strings with string keys, so `serde_json` has nothing to report.
-        self.write_trace_json(&mut json)
-            .expect("a trace serializes into a Vec without error");
-        // `serde_json` writes UTF-8 only.
-        String::from_utf8(json).expect("serde_json writes UTF-8")
+        let _bookkeeping = thread::Bookkeeping::open();
+        chrome::to_string(self.inner().id, &self.trace_events())
     }
 
     /// Writes the traced events to `writer` as [`trace_json`](Self::trace_json) formats
