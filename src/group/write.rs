@@ -55,12 +55,6 @@ impl<'a> TensorWrite<'a> {
         as_elements(self.bytes, self.dtype)
     }
 
-    /// As [`elements`](Self::elements), for the whole borrow `'a`.
-    #[cfg(feature = "ndarray")]
-    fn into_elements<T: Element>(self) -> Result<(&'a mut [T], Layout), TensorError> {
-        Ok((as_elements(self.bytes, self.dtype)?, self.layout))
-    }
-
     /// The view as an [`ndarray::ArrayViewMutD`], without copying, whatever its layout
     /// (permuted and narrowed views included), as long as no two of its indices reach the
     /// same element ([`Layout::check_unaliased`]). Writes through the array land in the
@@ -103,8 +97,8 @@ impl<'a> TensorWrite<'a> {
     pub fn to_ndarray_mut<T: Element>(
         &mut self,
     ) -> Result<ndarray::ArrayViewMutD<'_, T>, TensorError> {
-        let layout = self.layout.clone();
-        ndarray_view_mut(self.elements::<T>()?, &layout)
+        // The fields borrowed apart: the elements mutably, the layout shared.
+        ndarray_view_mut(as_elements(self.bytes, self.dtype)?, &self.layout)
     }
 
     /// As [`to_ndarray_mut`](Self::to_ndarray_mut), consuming the write view: the array
@@ -129,8 +123,12 @@ impl<'a> TensorWrite<'a> {
     pub fn into_ndarray_mut<T: Element>(
         self,
     ) -> Result<ndarray::ArrayViewMutD<'a, T>, TensorError> {
-        let (elements, layout) = self.into_elements::<T>()?;
-        ndarray_view_mut(elements, &layout)
+        let Self {
+            bytes,
+            dtype,
+            layout,
+        } = self;
+        ndarray_view_mut(as_elements(bytes, dtype)?, &layout)
     }
 
     /// The elements as a mutable slice, when the view is contiguous.
