@@ -109,7 +109,7 @@ impl<T> Arena<T> {
     pub(super) fn first_of_chain(
         &self,
         index: u32,
-        cache: Option<&super::cache::ThreadCache>,
+        cache: Option<&ThreadCache>,
         shard: usize,
     ) -> u32 {
         let rest = self.links.at(index).load(Ordering::Relaxed);
@@ -209,7 +209,7 @@ impl<T> Arena<T> {
     #[cold]
     pub(super) fn claim_fresh(
         &self,
-        cache: Option<&super::cache::ThreadCache>,
+        cache: Option<&ThreadCache>,
         shard: usize,
     ) -> Result<u32, ArenaError> {
         match self.claim_chain_within(shard, u64::MAX)? {

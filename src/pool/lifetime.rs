@@ -28,8 +28,7 @@ use std::ptr::{addr_of_mut, NonNull};
 use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
-use super::counters::OpCounters;
-use super::counters::PoolCounters;
+use super::counters::{OpCounters, PoolCounters};
 use super::inner::PoolInner;
 use super::trace::Trace;
 use super::{class, PoolConfig};

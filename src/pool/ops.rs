@@ -49,12 +49,12 @@ impl PoolInner {
     #[inline(always)]
     pub(super) fn my_cache(&self) -> Option<(&ThreadCache, u32)> {
         if let Some((cache, thread)) = thread::remembered_pool_cache(self.id) {
-            // SAFETY: `my_slot_slow` cached this pointer from this pool's cache table (pool
+            // SAFETY: `my_cache_slow` cached this pointer from this pool's cache table (pool
             // identities are never reused), whose pages never move or free while the pool
             // lives; the caller keeps the pool alive.
             return Some((unsafe { &*cache.cast::<ThreadCache>() }, thread));
         }
-        self.my_slot_slow()
+        self.my_cache_slow()
     }
 
     /// The calling thread's cache if it has one already (a thread that never used the pool
@@ -70,7 +70,7 @@ impl PoolInner {
 
     #[cold]
     #[inline(never)]
-    pub(super) fn my_slot_slow(&self) -> Option<(&ThreadCache, u32)> {
+    pub(super) fn my_cache_slow(&self) -> Option<(&ThreadCache, u32)> {
         let thread = u32::try_from(thread::index()?).ok()?;
         let cache = self
             .caches
