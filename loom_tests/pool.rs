@@ -266,3 +266,55 @@ fn peak_reserved_while_a_reservation_races_a_trim() {
         trim_releases_everything(&pool);
     });
 }
+
+/// **a statistics read while a buffer crosses threads**: one thread allocates a buffer and
+/// hands it to another, which frees it, while a third reads the statistics. The read never
+/// counts the free without the allocation: `frees <= allocations` and `freed <= allocated`
+/// bytes, whatever the read saw of each thread's counters. Both threads have counted an
+/// operation before the read starts, so the read visits both sets of counters.
+///
+/// Planted bugs caught: `totals_cache_by_cache` (each cache's allocations and frees read
+/// together, cache by cache: the allocating thread's counters are read before the
+/// allocation, the freeing thread's after the free), and `frees_relaxed` (frees counted and
+/// read with relaxed accesses: the read sees the free and a stale count of the allocation,
+/// made on another thread; this was the shipped code until loom showed it).
+#[test]
+fn stats_never_count_a_free_before_its_allocation() {
+    model(|| {
+        let pool = pool();
+        drop(pool.alloc(64).unwrap()); // this thread's counters: 1 and 1
+        let handoff = Arc::new(loom::sync::Mutex::new(None));
+        let ready = Arc::new(AtomicBool::new(false));
+        let freer = {
+            let (pool, handoff, ready) = (pool.clone(), handoff.clone(), ready.clone());
+            thread::spawn(move || {
+                drop(pool.alloc(64).unwrap()); // the freer's counters: 1 and 1
+                ready.store(true, Ordering::Release);
+                loop {
+                    if let Some(buffer) = handoff.lock().unwrap().take() {
+                        drop(buffer);
+                        break;
+                    }
+                    thread::yield_now();
+                }
+            })
+        };
+        while !ready.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
+        let reader = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                let s = pool.stats();
+                assert!(
+                    s.frees <= s.allocations && s.freed_bytes_total <= s.allocated_bytes_total,
+                    "a free counted before its allocation: {s:?}"
+                );
+            })
+        };
+        thread::yield_now();
+        *handoff.lock().unwrap() = Some(pool.alloc(64).unwrap());
+        freer.join().unwrap();
+        reader.join().unwrap();
+    });
+}

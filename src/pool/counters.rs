@@ -25,8 +25,10 @@ pub(super) enum Writers {
 /// What a thread (or the threads without a cache) counted of its allocations and frees.
 ///
 /// Invariant: written as its [`Writers`] say (the owner's set by its owner alone, inside an
-/// operation); read by any thread with relaxed loads, or with acquire loads by the close
-/// once every writer is out.
+/// operation), the frees with release stores; read by any thread, the frees with acquire
+/// loads. So a read that counts a free also sees the allocation of that block, on whatever
+/// thread it was counted (the block reached the freeing thread after its allocation was
+/// counted): no sum counts more frees than allocations.
 #[derive(Default, Debug)]
 pub(super) struct OpCounters {
     /// Blocks handed out from the shared lists or the system (the rest came from the thread's
@@ -77,13 +79,15 @@ fn add_load(total: &mut u64, counter: &AtomicU64, order: Ordering) {
 }
 
 impl OpCounters {
-    /// Adds `delta` to `counter` as `writers` may.
+    /// Adds `delta` to `counter` as `writers` may, the store with `order`.
     #[inline(always)]
-    fn add(counter: &AtomicU64, delta: u64, writers: Writers) {
+    fn add(counter: &AtomicU64, delta: u64, writers: Writers, order: Ordering) {
         match writers {
-            Writers::Owner => bump(counter, delta),
+            Writers::Owner => {
+                counter.store(counter.load(Ordering::Relaxed).wrapping_add(delta), order);
+            }
             Writers::Shared => {
-                counter.fetch_add(delta, Ordering::Relaxed);
+                counter.fetch_add(delta, order);
             }
         }
     }
@@ -91,31 +95,36 @@ impl OpCounters {
     /// Counts a block handed out (`hit`: from the thread's cache).
     #[inline(always)]
     pub(super) fn count_alloc(&self, hit: bool, class_bytes: usize, requested: usize, w: Writers) {
-        Self::add(if hit { &self.hits } else { &self.misses }, 1, w);
-        Self::add(&self.allocated_bytes, class_bytes as u64, w);
-        Self::add(&self.allocated_requested, requested as u64, w);
+        let relaxed = Ordering::Relaxed;
+        Self::add(if hit { &self.hits } else { &self.misses }, 1, w, relaxed);
+        Self::add(&self.allocated_bytes, class_bytes as u64, w, relaxed);
+        Self::add(&self.allocated_requested, requested as u64, w, relaxed);
     }
 
-    /// Counts a block given back.
+    /// Counts a block given back: release stores (see the invariant; on x86 the same plain
+    /// stores as relaxed ones).
     #[inline(always)]
     pub(super) fn count_free(&self, class_bytes: usize, requested: usize, w: Writers) {
-        Self::add(&self.frees, 1, w);
-        Self::add(&self.freed_bytes, class_bytes as u64, w);
-        Self::add(&self.freed_requested, requested as u64, w);
+        let release = Ordering::Release;
+        Self::add(&self.frees, 1, w, release);
+        Self::add(&self.freed_bytes, class_bytes as u64, w, release);
+        Self::add(&self.freed_requested, requested as u64, w, release);
     }
 
     /// Counts a block's requested size changed from `old` to `new` bytes, as a free of `old`
     /// requested bytes and an allocation of `new` would, without counting a block.
     pub(super) fn count_resize(&self, old: usize, new: usize, w: Writers) {
-        Self::add(&self.allocated_requested, new as u64, w);
-        Self::add(&self.freed_requested, old as u64, w);
+        Self::add(&self.allocated_requested, new as u64, w, Ordering::Relaxed);
+        Self::add(&self.freed_requested, old as u64, w, Ordering::Release);
     }
 
-    /// Adds this set's frees (blocks and bytes) to `totals`.
-    pub(super) fn add_frees_to(&self, totals: &mut OpTotals, order: Ordering) {
-        add_load(&mut totals.frees, &self.frees, order);
-        add_load(&mut totals.freed_bytes, &self.freed_bytes, order);
-        add_load(&mut totals.freed_requested, &self.freed_requested, order);
+    /// Adds this set's frees (blocks and bytes) to `totals`, with acquire loads (see the
+    /// invariant).
+    pub(super) fn add_frees_to(&self, totals: &mut OpTotals) {
+        let acquire = Ordering::Acquire;
+        add_load(&mut totals.frees, &self.frees, acquire);
+        add_load(&mut totals.freed_bytes, &self.freed_bytes, acquire);
+        add_load(&mut totals.freed_requested, &self.freed_requested, acquire);
     }
 
     /// Adds this set's allocations (blocks and bytes) to `totals`; each counter is read once,
@@ -147,7 +156,7 @@ mod tests {
         }
         let mut totals = OpTotals::default();
         for set in [&owner, &shared] {
-            set.add_frees_to(&mut totals, Ordering::Relaxed);
+            set.add_frees_to(&mut totals);
             set.add_allocations_to(&mut totals, Ordering::Relaxed);
         }
         assert_eq!(

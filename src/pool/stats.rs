@@ -31,8 +31,10 @@ use crate::sync::Ordering;
 ///   `allocated_bytes_total`, `freed_bytes_total`, `system_*`, `alloc_retries`,
 ///   `budget_failures`, `trims`) only grow; each is read once per thread, so it lies between
 ///   its value when the read began and its value when it ended; `allocations` is always
-///   `cache_hits + cache_misses`, and frees are read before allocations, so `frees` never
-///   exceeds `allocations` (nor `freed_bytes_total` `allocated_bytes_total`).
+///   `cache_hits + cache_misses`, and frees are read before allocations (with acquire loads,
+///   which bring along the count of each freed block's allocation, on whatever thread it
+///   was made), so `frees` never exceeds `allocations` (nor `freed_bytes_total`
+///   `allocated_bytes_total`).
 /// - `in_use_bytes` and `reserved_bytes` are read at two instants: a block reserved, used,
 ///   freed and trimmed between them can make `in_use_bytes` exceed `reserved_bytes` (the
 ///   read looks at `reserved` again a few times first, so this is rare; `cached_bytes` then
@@ -262,13 +264,14 @@ mod tests {
 }
 
 impl super::inner::PoolInner {
-    /// Every thread's counts of its operations added up: the frees of every set first, then
-    /// the allocations (a block is freed after it was allocated, so no sum counts more frees
-    /// or freed bytes than allocations).
+    /// Every thread's counts of its operations added up: the frees of every set first (with
+    /// acquire loads), then the allocations with `order`. A block is freed after its
+    /// allocation was counted, and a free read with acquire brings that allocation's count
+    /// along, so no sum counts more frees or freed bytes than allocations.
     pub(super) fn op_totals(&self, order: Ordering) -> OpTotals {
         let mut totals = OpTotals::default();
-        self.for_each_cache(|cache| cache.counters.add_frees_to(&mut totals, order));
-        self.cacheless.add_frees_to(&mut totals, order);
+        self.for_each_cache(|cache| cache.counters.add_frees_to(&mut totals));
+        self.cacheless.add_frees_to(&mut totals);
         self.for_each_cache(|cache| cache.counters.add_allocations_to(&mut totals, order));
         self.cacheless.add_allocations_to(&mut totals, order);
         totals
