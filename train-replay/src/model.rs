@@ -14,7 +14,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 
 use crate::args::Args;
-use crate::backend::Backend;
+use crate::backend::{Backend, VecBackend};
 use crate::kernels::{self, adam, add_into, par_add_into, relu_mask, Mat};
 
 /// Input features.
@@ -43,20 +43,25 @@ struct Linear {
 }
 
 impl Linear {
-    fn new(inputs: usize, outputs: usize, rng: &mut Rng) -> Self {
+    /// A layer with normal initial weights; an error if its buffers overflow or cannot be
+    /// had (sizes from the command line).
+    fn new(inputs: usize, outputs: usize, rng: &mut Rng) -> anyhow::Result<Self> {
         let scale = (2.0 / inputs as f32).sqrt();
-        Self {
+        let zeros = |rows, cols| VecBackend.zeros(rows, cols);
+        let mut weight = zeros(inputs, outputs)?;
+        weight.fill_with(|| normal(rng) * scale);
+        Ok(Self {
             inputs,
             outputs,
-            weight: (0..inputs * outputs).map(|_| normal(rng) * scale).collect(),
-            bias: vec![0.0; outputs],
+            weight,
+            bias: zeros(1, outputs)?,
             moments: [
-                vec![0.0; inputs * outputs],
-                vec![0.0; inputs * outputs],
-                vec![0.0; outputs],
-                vec![0.0; outputs],
+                zeros(inputs, outputs)?,
+                zeros(inputs, outputs)?,
+                zeros(1, outputs)?,
+                zeros(1, outputs)?,
             ],
-        }
+        })
     }
 }
 
@@ -138,13 +143,20 @@ impl<'a, B: Backend> Trainer<'a, B> {
     pub fn new(backend: &'a B, args: &Args) -> anyhow::Result<Self> {
         let mut rng = Rng::seed_from_u64(args.seed);
         let teacher = (0..INPUT * CLASSES).map(|_| normal(&mut rng)).collect();
-        let mut dims = vec![INPUT];
+        let mut dims = Vec::new();
+        dims.try_reserve_exact(args.layers.saturating_add(2))
+            .map_err(|e| anyhow!("{} layers: {e}", args.layers))?;
+        dims.push(INPUT);
         dims.extend(std::iter::repeat_n(args.hidden, args.layers));
         dims.push(CLASSES);
         let layers = dims
             .windows(2)
             .map(|w| Linear::new(w[0], w[1], &mut rng))
-            .collect();
+            .collect::<anyhow::Result<_>>()?;
+        let mut labels = Vec::new();
+        labels
+            .try_reserve_exact(args.batch)
+            .map_err(|e| anyhow!("labels for a batch of {}: {e}", args.batch))?;
         let threads = args.threads();
         let workers = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -160,7 +172,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             rng,
             step: 0,
             lr: args.lr,
-            labels: Vec::with_capacity(args.batch),
+            labels,
             partials: (0..threads)
                 .map(|_| Mutex::new(Partial::new(dims.len() - 1)))
                 .collect(),
@@ -300,7 +312,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
         // Sum the threads' gradients into the first thread's and take an Adam step, both
         // split over the threads; then the gradients go back.
         let _optimizer = backend.span("optimizer");
-        let (t, lr) = (self.step as i32, self.lr);
+        // Adam's step count (its bias corrections are 1 long before 2^31 steps).
+        let (t, lr) = (i32::try_from(self.step).unwrap_or(i32::MAX), self.lr);
         let (layers, workers, partials) = (&mut self.layers, &self.workers, &mut self.partials);
         let partials = &mut partials[..shards];
         let (sum, rest) = partials
@@ -442,14 +455,17 @@ impl<'a, B: Backend> Trainer<'a, B> {
                     }
                     weight_grads[l] = Some(wg);
                     bias_grads[l] = Some(bg);
-                    // d input = g * W^T (the transpose is a stride, no copy)
-                    upstream = self.product(
-                        rows,
-                        layer.outputs,
-                        layer.inputs,
-                        Mat::rows(g, layer.outputs),
-                        Mat::transposed(&layer.weight, layer.outputs),
-                    )?;
+                    // d input = g * W^T (the transpose is a stride, no copy); the first
+                    // layer's input is the data, whose gradient nothing reads.
+                    if l > 0 {
+                        upstream = self.product(
+                            rows,
+                            layer.outputs,
+                            layer.inputs,
+                            Mat::rows(g, layer.outputs),
+                            Mat::transposed(&layer.weight, layer.outputs),
+                        )?;
+                    }
                 }
                 Ok(())
             })?;

@@ -168,7 +168,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     println!("{memory}");
     println!();
-    println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: its reservations and the requests past its budget)");
+    println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: its reservations from glibc, and the requests past its budget, which its fallback, mimalloc, serves)");
     // The exports come after every figure above was read (and from outside the pool).
     if let Some(path) = &args.trace {
         std::fs::File::create(path)
@@ -195,7 +195,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// Events the trace ring keeps for a run: about 2.5 times what one step records (10-13
 /// events per layer and thread, measured), for every step, and the start-up's.
 fn trace_capacity(args: &Args) -> usize {
-    let per_step = 32 * (args.layers + 2) * (args.threads() + 1);
+    let per_step = (args.layers.saturating_add(2))
+        .saturating_mul(args.threads().saturating_add(1))
+        .saturating_mul(32);
     args.steps
         .saturating_mul(per_step)
         .saturating_add(4096)
