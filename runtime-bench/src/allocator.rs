@@ -104,19 +104,14 @@ fn chosen() -> u8 {
     if choice != UNSET {
         return choice;
     }
-    // SAFETY: a NUL-terminated name; `getenv` returns null or a NUL-terminated value that we
-    // read before anything can change the environment (the first allocation of the process
-    // happens before `main` starts any thread).
-    let value = unsafe { libc::getenv(VARIABLE_C.as_ptr()) };
-    let choice = if value.is_null() {
-        Choice::Pool
-    } else {
-        // SAFETY: as above.
-        let bytes = unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes();
-        Choice::from_bytes(bytes).unwrap_or_else(|| {
+    // SAFETY: the value is read before anything can change the environment (the first
+    // allocation of the process happens before `main` starts any thread).
+    let choice = match unsafe { ferropool_figures::getenv(VARIABLE_C) } {
+        None => Choice::Pool,
+        Some(bytes) => Choice::from_bytes(bytes).unwrap_or_else(|| {
             UNKNOWN.store(1, Ordering::Relaxed);
             Choice::Pool
-        })
+        }),
     };
     let _ = CHOICE.compare_exchange(UNSET, choice as u8, Ordering::Relaxed, Ordering::Relaxed);
     CHOICE.load(Ordering::Relaxed)

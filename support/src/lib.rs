@@ -1,14 +1,17 @@
 //! Process counters from `getrusage(RUSAGE_SELF)`, shared by ferropool's tests, its pool
 //! benches, the main job and `runtime-bench`: minor page faults and peak resident memory (on
-//! a platform without `getrusage` both read 0), and [`spread`], the median and range of
-//! repeated runs.
+//! a platform without `getrusage` both read 0); [`spread`], the median and range of
+//! repeated runs; and [`getenv`], for the global allocators that pick themselves from the
+//! environment.
 //!
 //! ```
 //! let before = ferropool_figures::minor_faults();
-//! let touched = vec![1u8; 1 << 20]; // a fresh MiB, written
+//! let touched = vec![1u8; 64 << 20]; // fresh memory, written
 //! assert!(touched.iter().all(|&b| b == 1));
-//! assert!(ferropool_figures::minor_faults() >= before);
-//! assert!(ferropool_figures::peak_rss() >= 1 << 20);
+//! # #[cfg(unix)] {
+//! assert!(ferropool_figures::minor_faults() > before, "fresh pages fault when written");
+//! assert!(ferropool_figures::peak_rss() >= 64 << 20, "they were resident at once");
+//! # }
 //! ```
 
 /// This process's resource usage so far.
@@ -31,7 +34,9 @@ pub fn minor_faults() -> u64 {
 }
 
 /// Peak resident memory of this process in bytes (`ru_maxrss`: KiB on Linux, bytes on
-/// macOS).
+/// macOS). Linux keeps it across `execve`: a child process's figure is at least what its
+/// parent held when it spawned the child (a few MiB for `compare`, which trains nothing
+/// itself).
 pub fn peak_rss() -> u64 {
     #[cfg(unix)]
     return usage().map_or(0, |u| {
@@ -66,4 +71,29 @@ pub fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
     };
     (median, values[0], values[n - 1])
+}
+
+/// The value of the environment variable `name`, read with `getenv`, which allocates
+/// nothing: a global allocator may call it before the process's first allocation is
+/// served. `None` when it is unset (and on a platform without `getenv`).
+///
+/// # Safety
+///
+/// No thread may change the environment while the returned bytes are in use (a global
+/// allocator choosing itself on the first allocation, before `main` starts a thread, meets
+/// this).
+pub unsafe fn getenv(name: &std::ffi::CStr) -> Option<&'static [u8]> {
+    #[cfg(unix)]
+    {
+        // SAFETY: `name` is NUL-terminated; `getenv` returns null or a NUL-terminated value
+        // in the environment, which the caller's contract keeps unchanged while it is read.
+        let value = unsafe { libc::getenv(name.as_ptr()) };
+        // SAFETY: as above (a non-null value is a NUL-terminated string).
+        (!value.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = name;
+        None
+    }
 }

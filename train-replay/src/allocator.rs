@@ -84,18 +84,12 @@ fn chosen() -> u8 {
     if choice != UNSET {
         return choice;
     }
-    // SAFETY: a NUL-terminated name; `getenv` returns null or a NUL-terminated value that we
-    // read before anything can change the environment (no other thread runs yet).
-    let value = unsafe { libc::getenv(VARIABLE_C.as_ptr()) };
-    let choice = if value.is_null() {
-        USE_POOL
-    } else {
-        // SAFETY: as above.
-        match unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() {
-            b"glibc" | b"system" => USE_GLIBC,
-            b"mimalloc" => USE_MIMALLOC,
-            _ => USE_POOL,
-        }
+    // SAFETY: the value is read before anything can change the environment (no other
+    // thread runs yet).
+    let choice = match unsafe { ferropool_figures::getenv(VARIABLE_C) } {
+        Some(b"glibc" | b"system") => USE_GLIBC,
+        Some(b"mimalloc") => USE_MIMALLOC,
+        _ => USE_POOL,
     };
     let _ = CHOICE.compare_exchange(UNSET, choice, Ordering::Relaxed, Ordering::Relaxed);
     CHOICE.load(Ordering::Relaxed)
