@@ -19,32 +19,45 @@ static GLOBAL: allocator::Selected = allocator::Selected;
 #[command(version)]
 struct Args {
     /// Worker threads: rayon's global pool and matrixmultiply's GEMM threads.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
     threads: usize,
     /// Training steps; the second half is timed.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = at_least_one())]
     steps: usize,
     /// Rows per batch.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = at_least_one())]
     batch: usize,
     /// Hidden layers.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 6, value_parser = at_least_one())]
     layers: usize,
     /// Width of each hidden layer.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = at_least_one())]
     hidden: usize,
     /// Adam's learning rate.
-    #[arg(long, default_value_t = 0.002)]
+    #[arg(long, default_value_t = 0.002, value_parser = positive_finite)]
     lr: f64,
     /// Run every allocator in child processes, alternated, and print a markdown table.
     #[arg(long)]
     compare: bool,
     /// With --compare: rounds (each allocator runs once a round at each thread count).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = at_least_one())]
     rounds: usize,
     /// With --compare: the thread counts, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = at_least_one())]
     thread_counts: Vec<usize>,
+}
+
+/// A whole number of at least 1 (clap refuses others with exit code 2).
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+
+/// A finite number above 0.
+fn positive_finite(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(value) if value.is_finite() && value > 0.0 => Ok(value),
+        _ => Err("expected a finite number above 0, e.g. 2e-3".into()),
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -54,9 +67,6 @@ fn main() -> anyhow::Result<()> {
             "{} names no allocator (glibc, mimalloc, pool, pool-mimalloc)",
             allocator::VARIABLE
         );
-    }
-    if args.steps == 0 || args.batch == 0 || args.threads == 0 || args.rounds == 0 {
-        bail!("--steps, --batch, --threads and --rounds must be at least 1");
     }
     let recipe = train::Recipe {
         steps: args.steps,

@@ -94,8 +94,15 @@ fn a_pool_run_prints_its_figures_as_one_json_line_and_calls_glibc_never() {
     let line: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
     assert_eq!(line["allocator"], "pool", "{text}");
     assert!(line["steps_per_s"].as_f64().unwrap() > 0.0, "{text}");
-    // Small requests go to mimalloc under the pool's front end, large ones to the pool.
+    // Small requests go to mimalloc under the pool's front end, large ones to the pool, so
+    // none of the process's calls reaches glibc; the pool itself goes to glibc only for a
+    // block it has not cached, and a steady-state step needs none.
     assert_eq!(line["glibc_calls_per_step"].as_f64(), Some(0.0), "{text}");
+    assert_eq!(
+        line["pool_system_calls_per_step"].as_f64(),
+        Some(0.0),
+        "{text}"
+    );
     assert!(
         line["mimalloc_calls_per_step"].as_f64().unwrap() > 0.0,
         "{text}"
