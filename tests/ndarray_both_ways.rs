@@ -152,23 +152,36 @@ fn a_view_whose_indices_share_elements_is_refused() {
         Layout::new(&[2, 2], &[1, 4], 1).unwrap(), // column-major
     ];
     for layout in accepted {
+        // Fresh elements for each layout: the fill must reach the view's and no other.
+        let original: Vec<i32> = (0..9).collect();
+        let whole = group.write_view(slots[0]).unwrap();
+        whole
+            .into_ndarray_mut::<i32>()
+            .unwrap()
+            .assign(&ndarray::aview1(&original).into_dyn());
         let slot = group.add_view(slots[0], layout.clone()).unwrap();
         let mut write = group.write_view(slot).unwrap();
         let mut array = write.to_ndarray_mut::<i32>().unwrap();
         assert_eq!(array.shape(), layout.shape());
         array.fill(-1);
+        let mut expected = original;
         for index in indices(layout.shape()) {
-            let at = layout.element_offset(&index).unwrap();
-            assert_eq!(
-                group
-                    .read_view(slots[0])
-                    .unwrap()
-                    .get::<i32>(&[at])
-                    .unwrap(),
-                -1
-            );
+            expected[layout.element_offset(&index).unwrap()] = -1;
         }
+        assert_eq!(
+            group.read_view(slots[0]).unwrap().to_vec::<i32>().unwrap(),
+            expected,
+            "{layout:?}: the view's elements and no others"
+        );
     }
+}
+
+/// A tensor's refusals of `T`, both ways: the mutable array's, then the shared one's.
+fn refusals<T: ferropool::Element + std::fmt::Debug>(t: &mut Tensor) -> [TensorError; 2] {
+    [
+        t.to_ndarray_mut::<T>().unwrap_err(),
+        t.to_ndarray::<T>().unwrap_err(),
+    ]
 }
 
 #[test]
@@ -188,14 +201,11 @@ fn a_tensor_is_an_array_both_ways_without_a_copy() {
         array.view_mut().reversed_axes()[[0, 2]] = 50; // row 2, column 0, through a transposed view
     }
     assert_eq!(t.as_slice::<u8>().unwrap(), &[1, 0, 3, 0, 50, 0]);
-    assert!(matches!(
-        t.to_ndarray_mut::<i8>(),
-        Err(TensorError::DTypeMismatch { .. })
-    ));
-    assert!(matches!(
-        t.to_ndarray::<i8>(),
-        Err(TensorError::DTypeMismatch { .. })
-    ));
+    let mismatch = TensorError::DTypeMismatch {
+        expected: DType::I8,
+        found: DType::U8,
+    };
+    assert_eq!(refusals::<i8>(&mut t), [mismatch.clone(), mismatch]);
 
     #[derive(Debug)]
     struct Opaque(Vec<usize>);
@@ -208,14 +218,17 @@ fn a_tensor_is_an_array_both_ways_without_a_copy() {
         }
     }
     let mut external = Tensor::external(Opaque(vec![2])).unwrap();
-    assert!(matches!(
-        external.to_ndarray_mut::<u8>(),
-        Err(TensorError::ExternalDType { .. })
-    ));
-    assert!(matches!(
-        external.to_ndarray::<u8>(),
-        Err(TensorError::ExternalDType { .. })
-    ));
+    let external_dtype = |operation| TensorError::ExternalDType {
+        operation,
+        dtype: DType::External(7),
+    };
+    assert_eq!(
+        refusals::<u8>(&mut external),
+        [
+            external_dtype("Tensor::to_ndarray_mut"),
+            external_dtype("typed read")
+        ]
+    );
 
     let mut scalar = Tensor::from_slice(&[1.5f32], &[]).unwrap();
     scalar.to_ndarray_mut::<f32>().unwrap()[IxDyn(&[])] = 2.5;

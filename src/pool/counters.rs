@@ -149,8 +149,10 @@ mod tests {
     fn owner_and_shared_sets_count_alike_and_add_up() {
         let (owner, shared) = (OpCounters::default(), OpCounters::default());
         for (set, w) in [(&owner, Writers::Owner), (&shared, Writers::Shared)] {
-            set.count_alloc(true, 64, 50, w);
-            set.count_alloc(false, 128, 100, w);
+            for _ in 0..3 {
+                set.count_alloc(true, 64, 50, w); // hits: 3 per set
+            }
+            set.count_alloc(false, 128, 100, w); // a miss
             set.count_free(64, 50, w);
             set.count_resize(100, 120, w);
         }
@@ -163,15 +165,15 @@ mod tests {
             totals,
             OpTotals {
                 misses: 2,
-                hits: 2,
-                allocated_bytes: 384,
-                allocated_requested: 540,
+                hits: 6,
+                allocated_bytes: 640,
+                allocated_requested: 740,
                 frees: 2,
                 freed_bytes: 128,
                 freed_requested: 300,
             }
         );
-        assert_eq!(totals.allocations(), 4);
+        assert_eq!(totals.allocations(), 8);
     }
 }
 

@@ -575,6 +575,42 @@ mod tests {
             assert_eq!(names[0]["name"], "thread_name");
             assert_eq!(names[0]["args"]["name"], thread.as_str());
         }
+        // The process, once, on tid 0, named after the pool every record carries.
+        let process: Vec<_> = events
+            .iter()
+            .filter(|e| e["name"] == "process_name")
+            .collect();
+        assert_eq!(process.len(), 1, "{process:?}");
+        let pid = process[0]["pid"].as_u64().unwrap();
+        assert_eq!(process[0]["tid"], 0);
+        assert_eq!(process[0]["args"]["name"], format!("ferropool pool {pid}"));
+        assert!(events.iter().all(|e| e["pid"] == pid), "one pool, one pid");
+    }
+
+    /// A thread without a name (and one that made no span or mark) shows as
+    /// `thread <index>`.
+    #[test]
+    fn an_unnamed_thread_shows_its_index() {
+        let pool = BufferPool::new();
+        assert!(pool.enable_trace(64));
+        let (tid, index) = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    drop(pool.alloc(4096).unwrap());
+                    (gettid(), pool.trace_events()[1].thread)
+                })
+                .join()
+                .unwrap()
+        });
+        let json: Value = serde_json::from_str(&pool.trace_json()).unwrap();
+        let named: Vec<_> = json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "thread_name" && e["tid"] == tid)
+            .map(|e| e["args"]["name"].clone())
+            .collect();
+        assert_eq!(named, [Value::from(format!("thread {index}"))]);
     }
 
     /// When the ring has dropped a span's begin, the export leaves out its end too: every
