@@ -68,9 +68,10 @@ fn table(recipe: &Recipe, threads: usize, rounds: usize, runs: &[Vec<Summary>]) 
         .iter()
         .position(|&c| c == Choice::Mimalloc)
         .expect("mimalloc is a choice");
-    let medians: Vec<[f64; 3]> = runs
+    // Each allocator's median and range of each figure.
+    let spreads: Vec<[(f64, f64, f64); 3]> = runs
         .iter()
-        .map(|r| figures.map(|(get, _)| spread(r.iter().map(get).collect()).0))
+        .map(|r| figures.map(|(get, _)| spread(r.iter().map(get).collect())))
         .collect();
     let mut out = format!(
         "MLP {} -> {} x {} -> {}, batch {}, {} steps (second half timed), {threads} thread(s), {rounds} round(s): medians (min-max)\n\n",
@@ -95,9 +96,9 @@ fn table(recipe: &Recipe, threads: usize, rounds: usize, runs: &[Vec<Summary>]) 
         ]);
     for (i, choice) in Choice::ALL.into_iter().enumerate() {
         let mut row = vec![choice.name().to_owned()];
-        for (f, (get, show)) in figures.iter().enumerate() {
-            let (median, min, max) = spread(runs[i].iter().map(get).collect());
-            let base = medians[mimalloc][f];
+        for (f, (_, show)) in figures.iter().enumerate() {
+            let (median, min, max) = spreads[i][f];
+            let base = spreads[mimalloc][f].0;
             row.push(format!("{} ({}-{})", show(median), show(min), show(max)));
             row.push(if base == 0.0 {
                 "-".to_string()
