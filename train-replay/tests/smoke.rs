@@ -96,12 +96,12 @@ fn a_pool_run_prints_its_figures_as_one_json_line_and_calls_glibc_never() {
     assert!(line["steps_per_s"].as_f64().unwrap() > 0.0, "{text}");
     // Small requests go to mimalloc under the pool's front end, large ones to the pool, so
     // none of the process's calls reaches glibc; the pool itself goes to glibc only for a
-    // block it has not cached: in a run this short, the odd one in the timed half (a block
-    // a thread had not needed yet), never a step's worth (a pool that kept no block across
-    // steps makes about 34 calls a step here).
+    // block it has not cached: in a run this short, a few in the timed half (blocks a thread
+    // had not needed yet; up to 1.7 a step in 25 runs), never a step's worth (a pool that
+    // kept no block across steps makes about 34 calls a step here).
     assert_eq!(line["glibc_calls_per_step"].as_f64(), Some(0.0), "{text}");
     let reservations = line["pool_system_calls_per_step"].as_f64().unwrap();
-    assert!(reservations < 1.0, "{text}");
+    assert!(reservations < 5.0, "{text}");
     assert!(
         line["mimalloc_calls_per_step"].as_f64().unwrap() > 0.0,
         "{text}"
