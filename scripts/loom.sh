@@ -20,7 +20,7 @@ done
 
 # Each loom target, and the planted bug (a patch in loom_tests/planted/) that must make one
 # of its models fail: "target:model:bug".
-targets=(loom_arena loom_pool loom_retain loom_checkpoint)
+targets=(loom_arena loom_pool loom_retain loom_checkpoint loom_evict)
 planted_cases=(
   "loom_arena:get_racing_remove:free_immediately"
   "loom_arena:stale_key_never_sees_a_reinserted_value:unchecked_generation"
@@ -43,6 +43,8 @@ planted_cases=(
   "loom_pool:stats_never_count_a_free_before_its_allocation:frees_relaxed"
   "loom_retain:clone_read_drop_on_a_shared_group:clone_without_count"
   "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
+  "loom_evict:eviction_racing_a_read_a_clone_and_a_drop:evict_pinned"
+  "loom_evict:two_readers_of_an_evicted_value_recompute_it_once:claim_twice"
 )
 
 base_flags="--cfg loom --cfg crossbeam_loom -C debug-assertions=on"

@@ -122,6 +122,30 @@ impl<G, K, A> CheckpointNode<G, K, A> {
         })
     }
 
+    /// Drops the newest node of a chain and returns the older part: a backward pass that
+    /// walks the chain newest first gives each segment's inputs back as soon as it is done
+    /// with them. If another handle still holds the node, the node stays for it (and its
+    /// inputs with it); the older part is returned either way.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ferropool::{CheckpointNode, RetainedInputMap};
+    /// let inputs = Arc::new(RetainedInputMap::new());
+    /// let old = CheckpointNode::push(None, Arc::new("g0"), "x", 0u32, inputs.clone());
+    /// let head = CheckpointNode::push(Some(old), Arc::new("g1"), "y", 1u32, inputs.clone());
+    /// let rest = CheckpointNode::pop(head).expect("the older node");
+    /// assert_eq!(rest.alias_key, "x");
+    /// assert_eq!(Arc::strong_count(&inputs), 2); // the popped node's inputs went with it
+    /// assert!(CheckpointNode::pop(rest).is_none());
+    /// ```
+    pub fn pop(head: Arc<Self>) -> Option<Arc<Self>> {
+        match Arc::try_unwrap(head) {
+            // The node drops here with its `prev` taken: nothing older goes with it.
+            Ok(mut node) => node.prev.take(),
+            Err(shared) => shared.prev.clone(),
+        }
+    }
+
     /// The nodes from this one to the oldest.
     ///
     /// ```

@@ -112,7 +112,9 @@ pub use pool::{
     BlockInfo, BufferPool, ClassStats, MemoryByTag, MemoryTag, OutOfMemory, PoolAllocator,
     PoolBuffer, PoolConfig, PoolError, PoolEvent, PoolEventKind, PoolStats, SpanGuard, TagScope,
 };
-pub use retain::{RetainedInputMap, RetainedValue, RetentionContainer};
+pub use retain::{
+    EvictableTensor, ReadGuard, Recompute, RetainedInputMap, RetainedValue, RetentionContainer,
+};
 pub use tensor::{
     DType, Element, ExternalPayload, Layout, RawView, Tensor, TensorError, TensorRead, UninitTensor,
 };

@@ -16,7 +16,7 @@ pub(crate) use loom::sync::atomic::{
     fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
 #[cfg(loom)]
-pub(crate) use loom::sync::{Arc, Mutex};
+pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 #[cfg(loom)]
 pub(crate) use loom::thread_local;
 
@@ -25,7 +25,7 @@ pub(crate) use std::sync::atomic::{
     fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Arc, Mutex};
+pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::thread_local;
 
@@ -55,6 +55,20 @@ impl Tally {
     pub(crate) fn get(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// A thread's identity (loom's own threads' under loom).
+#[cfg(loom)]
+pub(crate) use loom::thread::ThreadId;
+#[cfg(not(loom))]
+pub(crate) use std::thread::ThreadId;
+
+/// The calling thread's identity.
+pub(crate) fn thread_id() -> ThreadId {
+    #[cfg(loom)]
+    return loom::thread::current().id();
+    #[cfg(not(loom))]
+    std::thread::current().id()
 }
 
 /// Lets other threads run while this one waits for a short critical section of another.

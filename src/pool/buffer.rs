@@ -285,7 +285,12 @@ impl PoolBuffer {
     /// As [`BufferPool::alloc`](super::BufferPool::alloc), and [`PoolError::Closed`] if the
     /// pool's last handle was dropped.
     pub fn alloc_sibling(&self, size: usize) -> Result<PoolBuffer, PoolError> {
-        PoolInner::alloc(self.pool, size, false)
+        PoolInner::alloc_or_evict(self.pool, size, false)
+    }
+
+    /// The block's size class.
+    pub(super) fn class(&self) -> usize {
+        usize::from(self.class)
     }
 
     /// The identity of the pool this buffer came from.

@@ -101,6 +101,14 @@ pub struct OutOfMemory {
     /// The largest cached block before the release (0 if none): a request up to its size
     /// could have been served without the system.
     pub largest_cached_block: usize,
+    /// Bytes of evictable values (see
+    /// [`RetainedValue::evictable`](crate::RetainedValue::evictable)) that reads or
+    /// recomputes held pinned, so that the pool could not evict them (part of `in_use`).
+    pub evictable_pinned: u64,
+    /// Bytes of evictable values resident and unpinned that the pool still could not evict
+    /// (another thread was on them at that instant; part of `in_use`). The pool evicts every
+    /// other evictable value before it gives up, so this is usually 0.
+    pub evictable_unpinned: u64,
 }
 
 impl fmt::Display for OutOfMemory {
@@ -128,6 +136,15 @@ impl fmt::Display for OutOfMemory {
             b(self.cached_in_lists),
             b(self.largest_cached_block as u64),
         )?;
+        if self.evictable_pinned + self.evictable_unpinned > 0 {
+            write!(
+                f,
+                "Of the bytes in use, {} are evictable values pinned by reads and {} evictable \
+                 values the pool could not take. ",
+                b(self.evictable_pinned),
+                b(self.evictable_unpinned),
+            )?;
+        }
         if self.budget.is_some() {
             write!(
                 f,

@@ -10,6 +10,7 @@ use crossbeam_utils::CachePadded;
 use super::blocks::BlockTable;
 use super::cache::ThreadCache;
 use super::counters::{OpCounters, PoolCounters, CACHELESS};
+use super::evict::Evictor;
 use super::trace::{PoolEventKind, Trace};
 use super::{class, PoolConfig};
 use crate::roster::Roster;
@@ -54,6 +55,8 @@ pub(crate) struct PoolInner {
     pub(super) budget: AtomicU64,
     /// The event trace, once enabled (by the configuration or `enable_trace`).
     pub(super) trace: std::sync::OnceLock<Trace>,
+    /// The evictable values of the pool and what their eviction counts (see `evict`).
+    pub(super) evictor: Evictor,
 }
 
 impl fmt::Debug for PoolInner {

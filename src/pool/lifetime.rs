@@ -29,6 +29,7 @@ use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
 use super::counters::{OpCounters, PoolCounters};
+use super::evict::Evictor;
 use super::inner::PoolInner;
 use super::trace::Trace;
 use super::{class, PoolConfig};
@@ -92,6 +93,7 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
         addr_of_mut!((*p).counters).write(PoolCounters::default());
         addr_of_mut!((*p).budget).write(budget);
         addr_of_mut!((*p).trace).write(trace);
+        addr_of_mut!((*p).evictor).write(Evictor::new());
     }
     // Every field is written above: this exhaustive pattern stops compiling when a field is
     // added to `PoolInner`, until it is listed here (and written above).
@@ -115,6 +117,7 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
             counters: _,
             budget: _,
             trace: _,
+            evictor: _,
         } = inner;
     };
     ALIVE.add(1);

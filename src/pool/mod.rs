@@ -49,6 +49,7 @@ mod class;
 mod config;
 mod counters;
 mod error;
+mod evict;
 mod front;
 mod inner;
 mod lifetime;
@@ -62,6 +63,7 @@ mod trace;
 pub use buffer::PoolBuffer;
 pub use config::PoolConfig;
 pub use error::{OutOfMemory, PoolError};
+pub(crate) use evict::{Evictable, NotPinned};
 pub use front::PoolAllocator;
 pub use stats::{BlockInfo, ClassStats, PoolStats};
 pub use tag::{MemoryByTag, MemoryTag, TagScope};
@@ -73,7 +75,7 @@ use std::ptr::NonNull;
 
 use crate::sync::{asymmetric, Ordering};
 use crate::thread;
-use inner::PoolInner;
+pub(crate) use inner::PoolInner;
 use trace::Trace;
 
 /// A size-classed pool of aligned byte buffers. Cloning is cheap: clones share one pool,
@@ -143,7 +145,7 @@ impl BufferPool {
     }
 
     #[inline(always)]
-    fn inner(&self) -> &PoolInner {
+    pub(crate) fn inner(&self) -> &PoolInner {
         // SAFETY: invariant on `inner`: a handle keeps its pool alive.
         unsafe { self.inner.as_ref() }
     }
@@ -166,7 +168,7 @@ impl BufferPool {
     /// [`PoolError::SystemAllocFailed`] when the system refuses.
     #[inline]
     pub fn alloc(&self, size: usize) -> Result<PoolBuffer, PoolError> {
-        PoolInner::alloc(self.inner, size, false)
+        PoolInner::alloc_or_evict(self.inner, size, false)
     }
 
     /// A buffer of `size` zero bytes. A reused block is cleared; a block new from the system
@@ -184,7 +186,7 @@ impl BufferPool {
     ///
     /// As [`alloc`](Self::alloc).
     pub fn alloc_zeroed(&self, size: usize) -> Result<PoolBuffer, PoolError> {
-        PoolInner::alloc(self.inner, size, true)
+        PoolInner::alloc_or_evict(self.inner, size, true)
     }
 
     /// Returns every cached block to the system now: the shared lists and every thread's

@@ -288,6 +288,8 @@ impl PoolInner {
             reserved,
             peak_reserved,
             largest_cached_block: before.largest,
+            evictable_pinned: 0,
+            evictable_unpinned: 0,
         }
     }
 

@@ -104,6 +104,19 @@ pub struct PoolStats {
     pub budget_failures: u64,
     /// Calls to `trim`.
     pub trims: u64,
+    /// Evictable values the pool evicted, to make room for a request the budget refused or
+    /// on their owner's request (see
+    /// [`RetainedValue::evictable`](crate::RetainedValue::evictable)).
+    pub evictions: u64,
+    /// The bytes (block sizes) of those evictions.
+    pub evicted_bytes: u64,
+    /// Evicted values recomputed on a read.
+    pub recomputations: u64,
+    /// The bytes (block sizes) of those recomputes.
+    pub recomputed_bytes: u64,
+    /// Time spent in recomputes, nanoseconds (each recompute's own computation, without
+    /// that of the inputs it recomputed first, which count on their own).
+    pub recompute_ns: u64,
 }
 
 impl PoolStats {
@@ -179,7 +192,19 @@ impl fmt::Display for PoolStats {
             self.alloc_retries,
             self.budget_failures,
             self.trims,
-        )
+        )?;
+        if self.evictions + self.recomputations > 0 {
+            write!(
+                f,
+                "\nevicted   {} values ({}); {} recomputed ({}) in {:.3} s",
+                self.evictions,
+                b(self.evicted_bytes),
+                self.recomputations,
+                b(self.recomputed_bytes),
+                self.recompute_ns as f64 / 1e9,
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -353,6 +378,12 @@ impl super::inner::PoolInner {
         s.alloc_retries = c.retries.load(Ordering::Relaxed);
         s.budget_failures = c.budget_failures.load(Ordering::Relaxed);
         s.trims = c.trims.load(Ordering::Relaxed);
+        let e = &self.evictor;
+        s.evictions = e.evictions.load(Ordering::Relaxed);
+        s.evicted_bytes = e.evicted_bytes.load(Ordering::Relaxed);
+        s.recomputations = e.recomputations.load(Ordering::Relaxed);
+        s.recomputed_bytes = e.recomputed_bytes.load(Ordering::Relaxed);
+        s.recompute_ns = e.recompute_ns.load(Ordering::Relaxed);
         s
     }
 }

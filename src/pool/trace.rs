@@ -43,6 +43,10 @@ pub enum PoolEventKind {
     /// Perfetto, takes it as the end of the thread's innermost open span: spans nest as
     /// their guards drop in reverse order, as locals do.
     SpanEnd,
+    /// The budget refused a request and the pool evicted an evictable value to make room
+    /// (`bytes` and `class` are its block's; see
+    /// [`RetainedValue::evictable`](crate::RetainedValue::evictable)).
+    Evict,
 }
 
 impl PoolEventKind {
@@ -57,6 +61,7 @@ impl PoolEventKind {
             Self::Mark => "mark",
             Self::SpanBegin => "span_begin",
             Self::SpanEnd => "span_end",
+            Self::Evict => "evict",
         }
     }
 }
@@ -232,7 +237,8 @@ impl Trace {
             PoolEventKind::Trim
             | PoolEventKind::Mark
             | PoolEventKind::SpanBegin
-            | PoolEventKind::SpanEnd => {}
+            | PoolEventKind::SpanEnd
+            | PoolEventKind::Evict => {}
         }
         let event = PoolEvent {
             at_ns,

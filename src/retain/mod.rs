@@ -1,12 +1,17 @@
 //! Retained values: read-only handles to saved tensors that many threads read at once while
 //! a backward pass is replayed.
 
+mod evict;
+
+pub use evict::{EvictableTensor, Recompute};
+
 use std::collections::HashMap;
 use std::fmt;
 
 use crate::error::{Error, ErrorPhase, Result};
 use crate::group::{AllocationGroup, DescriptorSlot, TensorValue};
-use crate::sync::Arc;
+use crate::pool::BufferPool;
+use crate::sync::{Arc, AtomicBool, Ordering};
 use crate::tensor::{DType, Layout, Tensor, TensorRead};
 
 /// A read-only retained tensor handle backed by one allocation group owner.
@@ -27,12 +32,35 @@ use crate::tensor::{DType, Layout, Tensor, TensorRead};
 /// assert_eq!(sum, 3.0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone)]
 pub struct RetainedValue {
     /// The container and the shape together, so that a clone is one atomic increment (a
     /// shape kept beside the `Arc` would clone a boxed slice with every handle).
     inner: Arc<Retained>,
     dtype: DType,
+    /// Whether this handle pins its evictable value (see [`tensor_read`](Self::tensor_read)):
+    /// set by the handle's first read of an evictable value, given back when the handle
+    /// drops. Never set for other values. Each handle has its own: a clone starts unpinned.
+    pinned: AtomicBool,
+}
+
+impl Clone for RetainedValue {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            dtype: self.dtype,
+            pinned: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Drop for RetainedValue {
+    fn drop(&mut self) {
+        if self.pinned.load(Ordering::Acquire) {
+            if let Some(value) = self.evictable_tensor() {
+                value.unpin();
+            }
+        }
+    }
 }
 
 /// What the handles of one retained value share.
@@ -94,6 +122,9 @@ pub enum RetentionContainer {
         /// Boxed because a tensor value is much larger than the pooled variant.
         tensor: Box<Tensor>,
     },
+    /// A pooled tensor its pool may evict when the budget refuses a request, recomputed by
+    /// the next read (see [`RetainedValue::evictable`]).
+    Evictable(EvictableTensor),
 }
 
 impl fmt::Debug for RetainedValue {
@@ -218,7 +249,7 @@ impl RetainedValue {
                     dtype,
                     layout: layout.clone(),
                 }),
-            RetentionContainer::CallerOwned { .. } => None,
+            RetentionContainer::CallerOwned { .. } | RetentionContainer::Evictable(_) => None,
         };
         Self {
             inner: Arc::new(Retained {
@@ -227,7 +258,123 @@ impl RetainedValue {
                 view,
             }),
             dtype,
+            pinned: AtomicBool::new(false),
         }
+    }
+
+    /// Retains a pooled tensor that its pool may evict, to make room for a request its
+    /// budget refuses, and that a read then recomputes with `recompute` (its inputs first,
+    /// if they were evicted too), under the same budget. Eviction takes the unpinned value
+    /// with the lowest cost over bytes times staleness, preferring blocks of the class the
+    /// request needs; a value being read is never evicted (see
+    /// [`tensor_read`](Self::tensor_read) and [`read`](Self::read)), and two threads that read
+    /// an evicted value recompute it once.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolConfig, Recompute, RetainedValue, Tensor};
+    /// let pool = BufferPool::with_config(PoolConfig { budget: Some(2 << 20), ..PoolConfig::default() })?;
+    /// let ones = |pool: &BufferPool| Tensor::from_iter_in(pool, std::iter::repeat_n(1.0f32, 1 << 18), &[1 << 18]);
+    /// let recompute = { let pool = pool.clone(); Recompute::new([], move |_| Ok(ones(&pool)?)) };
+    /// let saved = RetainedValue::evictable(&pool, ones(&pool)?, recompute)?; // 1 MiB
+    /// let other = pool.alloc(3 << 19)?; // 1.5 MiB: only fits once `saved` is evicted
+    /// assert!(!saved.is_resident());
+    /// drop(other);
+    /// assert_eq!(saved.read()?.tensor().as_slice::<f32>()?[0], 1.0); // recomputed
+    /// assert_eq!((pool.stats().evictions, pool.stats().recomputations), (1, 1));
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RuntimeState`] if `tensor` is a caller-owned payload or comes from another
+    /// pool than `pool`.
+    pub fn evictable(pool: &BufferPool, tensor: Tensor, recompute: Recompute) -> Result<Self> {
+        let dtype = tensor.dtype();
+        let shape = tensor.shape().into();
+        let value = EvictableTensor::new(pool, tensor, recompute)?;
+        Ok(Self::new(
+            RetentionContainer::Evictable(value),
+            dtype,
+            shape,
+        ))
+    }
+
+    /// The evictable value, if this is one.
+    fn evictable_tensor(&self) -> Option<&EvictableTensor> {
+        match &self.inner.container {
+            RetentionContainer::Evictable(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Whether the value's bytes are in memory now: always, but for an
+    /// [evictable](Self::evictable) value that its pool evicted and no read recomputed yet.
+    ///
+    /// ```
+    /// use ferropool::{RetainedValue, Tensor};
+    /// let saved = RetainedValue::from_tensor(Tensor::from_slice(&[1u8], &[1])?);
+    /// assert!(saved.is_resident());
+    /// assert!(!saved.evict()); // not evictable
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
+    pub fn is_resident(&self) -> bool {
+        self.evictable_tensor()
+            .is_none_or(EvictableTensor::is_resident)
+    }
+
+    /// Evicts an [evictable](Self::evictable) value now, if no read pins it: its block goes
+    /// back to the pool and the next read recomputes it. Whether it was evicted.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, Recompute, RetainedValue, Tensor};
+    /// let pool = BufferPool::new();
+    /// let twos = |pool: &BufferPool| Tensor::from_slice_in(pool, &[2i32; 4], &[4]);
+    /// let recompute = { let pool = pool.clone(); Recompute::new([], move |_| Ok(twos(&pool)?)) };
+    /// let saved = RetainedValue::evictable(&pool, twos(&pool)?, recompute)?;
+    /// {
+    ///     let read = saved.read()?;
+    ///     assert!(!saved.evict(), "a read pins it");
+    ///     assert_eq!(read.tensor().get::<i32>(&[3])?, 2);
+    /// }
+    /// assert!(saved.evict());
+    /// assert_eq!(pool.stats().in_use_bytes, 0);
+    /// assert_eq!(saved.read()?.tensor().to_vec::<i32>()?, [2; 4]);
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
+    pub fn evict(&self) -> bool {
+        self.evictable_tensor().is_some_and(EvictableTensor::evict)
+    }
+
+    /// A read guard: the value stays resident (an evictable value is recomputed first if it
+    /// was evicted) until the guard drops, and [`ReadGuard::tensor`] reads it meanwhile.
+    /// Unlike [`tensor_read`](Self::tensor_read), it pins an evictable value only while the
+    /// guard lives.
+    ///
+    /// ```
+    /// use ferropool::{RetainedValue, Tensor};
+    /// let saved = RetainedValue::from_tensor(Tensor::from_slice(&[1.5f32, 2.5], &[2])?);
+    /// let read = saved.read()?;
+    /// assert_eq!(read.tensor().as_slice::<f32>()?, &[1.5, 2.5]);
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`tensor_read`](Self::tensor_read).
+    pub fn read(&self) -> Result<ReadGuard<'_>> {
+        let Some(value) = self.evictable_tensor() else {
+            return Ok(ReadGuard {
+                read: self.tensor_read()?,
+                pinned: None,
+            });
+        };
+        value.pin()?;
+        Ok(ReadGuard {
+            // SAFETY: pinned just above; the guard gives the pin back when it drops, and
+            // hands out reads that borrow it.
+            read: unsafe { value.read_pinned() },
+            pinned: Some(value),
+        })
     }
 
     /// The element type.
@@ -268,6 +415,11 @@ impl RetainedValue {
 
     /// Borrow the retained descriptor for one read-only execution boundary.
     ///
+    /// An [evictable](Self::evictable) value is recomputed first if it was evicted, and the
+    /// read pins it through this handle: it stays resident until the handle drops (the read
+    /// borrows the handle, and nothing shorter can be known of it). To pin it for a shorter
+    /// while, read through a clone of the handle, or with [`read`](Self::read).
+    ///
     /// ```
     /// use ferropool::{RetainedValue, Tensor};
     /// let saved = RetainedValue::from_tensor(Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3])?);
@@ -298,7 +450,52 @@ impl RetainedValue {
                 )
             }),
             RetentionContainer::CallerOwned { tensor } => Ok(TensorRead::from_tensor(tensor)),
+            RetentionContainer::Evictable(value) => {
+                if !self.pinned.load(Ordering::Acquire) {
+                    value.pin()?;
+                    if self.pinned.swap(true, Ordering::AcqRel) {
+                        value.unpin(); // another thread's read pinned it through this handle
+                    }
+                }
+                // SAFETY: this handle holds a pin until it drops, and the read borrows it.
+                Ok(unsafe { value.read_pinned() })
+            }
         }
+    }
+}
+
+/// A read of a retained value that keeps it resident while it lives (see
+/// [`RetainedValue::read`]).
+pub struct ReadGuard<'a> {
+    /// Valid while the guard lives (for an evictable value, only while its pin is held):
+    /// handed out only with the guard's own, shorter borrow.
+    read: TensorRead<'a>,
+    /// The evictable value the guard pins, if the value is one.
+    pinned: Option<&'a EvictableTensor>,
+}
+
+impl ReadGuard<'_> {
+    /// The value's elements, for as long as the guard is borrowed.
+    pub fn tensor(&self) -> TensorRead<'_> {
+        self.read
+    }
+}
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(value) = self.pinned {
+            value.unpin();
+        }
+    }
+}
+
+impl fmt::Debug for ReadGuard<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadGuard")
+            .field("dtype", &self.read.dtype())
+            .field("shape", &self.read.shape())
+            .field("pins", &self.pinned.is_some())
+            .finish()
     }
 }
 

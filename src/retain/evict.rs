@@ -1,0 +1,390 @@
+//! Evictable retained values: a pooled tensor its pool may give back when the budget refuses
+//! a request, rebuilt from its inputs when a reader next needs it (Dynamic Tensor
+//! Rematerialization's model: online, greedy, recompute on access).
+//!
+//! The pool keeps the policy and each value's state (`crate::pool::Evictable`); this module
+//! keeps what a value is recomputed from ([`Recompute`]), the reads, and the recompute
+//! itself. A read of an evicted value recomputes its evicted inputs first, deepest first,
+//! with an explicit stack (no recursion, whatever the depth of the chain), each under the
+//! same budget: a recompute's own allocations may evict other values, never one that a read
+//! or a recompute in progress pins.
+
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use super::RetainedValue;
+use crate::error::{Error, ErrorPhase, Result};
+use crate::pool::{BufferPool, Evictable, NotPinned};
+use crate::sync::Arc;
+use crate::tensor::{pooled_bytes, DType, Layout, Tensor, TensorRead};
+
+/// The computation of a recompute: it gets one read per input, in the order of the inputs,
+/// and returns the value's tensor (same dtype and shape, from the value's pool).
+type Compute = dyn Fn(&[TensorRead<'_>]) -> Result<Tensor> + Send + Sync;
+
+/// How an evictable value is recomputed: its inputs (retained values, evictable or not) and
+/// the computation, with what it costs.
+///
+/// ```
+/// use ferropool::{BufferPool, Recompute, RetainedValue, Tensor};
+/// let pool = BufferPool::new();
+/// let x = RetainedValue::from_tensor(Tensor::from_slice_in(&pool, &[1.0f32, -2.0], &[2])?);
+/// let relu = {
+///     let pool = pool.clone();
+///     Recompute::new([x.clone()], move |inputs| {
+///         let x = inputs[0].as_slice::<f32>()?;
+///         Ok(Tensor::from_iter_in(&pool, x.iter().map(|v| v.max(0.0)), &[2])?)
+///     })
+///     .with_cost(2) // two element operations
+/// };
+/// assert_eq!(relu.inputs().len(), 1);
+/// # Ok::<(), ferropool::Error>(())
+/// ```
+pub struct Recompute {
+    inputs: Vec<RetainedValue>,
+    compute: Box<Compute>,
+    cost: Option<u64>,
+}
+
+impl fmt::Debug for Recompute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recompute")
+            .field("inputs", &self.inputs.len())
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Recompute {
+    /// A recompute from `inputs` by `compute`, which is given one read per input, in order.
+    /// Its errors (and panics, as [`Error::RuntimeState`]) are the read's.
+    pub fn new(
+        inputs: impl IntoIterator<Item = RetainedValue>,
+        compute: impl Fn(&[TensorRead<'_>]) -> Result<Tensor> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            inputs: inputs.into_iter().collect(),
+            compute: Box::new(compute),
+            cost: None,
+        }
+    }
+
+    /// What a recompute costs, in any unit shared by the pool's evictable values (FLOPs,
+    /// nanoseconds): eviction prefers values cheap to recompute for their size. Without it,
+    /// a value costs its bytes, and eviction goes by staleness alone.
+    pub fn with_cost(mut self, cost: u64) -> Self {
+        self.cost = Some(cost);
+        self
+    }
+
+    /// The inputs, in the order the computation reads them.
+    pub fn inputs(&self) -> &[RetainedValue] {
+        &self.inputs
+    }
+}
+
+/// What an evictable retained value holds: a pooled tensor that its pool may evict and that
+/// a read recomputes (see [`RetainedValue::evictable`]).
+///
+/// ```
+/// use ferropool::{BufferPool, Recompute, RetainedValue, RetentionContainer, Tensor};
+/// let pool = BufferPool::new();
+/// let tensor = Tensor::from_slice_in(&pool, &[0u8; 4096], &[4096])?;
+/// let recompute = { let pool = pool.clone(); Recompute::new([], move |_| Ok(Tensor::from_slice_in(&pool, &[0u8; 4096], &[4096])?)) };
+/// let saved = RetainedValue::evictable(&pool, tensor, recompute)?;
+/// let RetentionContainer::Evictable(held) = saved.container() else { panic!() };
+/// assert!(held.is_resident());
+/// assert_eq!(held.bytes(), 4096);
+/// # Ok::<(), ferropool::Error>(())
+/// ```
+pub struct EvictableTensor {
+    /// The pool the value's blocks come from, whose registry holds `core`: kept open while
+    /// the value lives, so that a recompute always has somewhere to go.
+    pool: BufferPool,
+    core: Arc<Evictable>,
+    dtype: DType,
+    /// The layout of every block the value has (compact).
+    layout: Layout,
+    recompute: Recompute,
+}
+
+impl fmt::Debug for EvictableTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EvictableTensor")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.layout.shape())
+            .field("core", &self.core)
+            .field("recompute", &self.recompute)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for EvictableTensor {
+    fn drop(&mut self) {
+        self.pool.inner().unregister_evictable(&self.core);
+    }
+}
+
+/// One value on the stack of a read that recomputes: the inputs it has pinned so far.
+struct Frame<'v> {
+    value: &'v EvictableTensor,
+    /// The next input to look at.
+    next: usize,
+    pins: Vec<&'v EvictableTensor>,
+}
+
+impl<'v> Frame<'v> {
+    fn new(value: &'v EvictableTensor) -> Self {
+        Self {
+            value,
+            next: 0,
+            pins: Vec::new(),
+        }
+    }
+
+    fn release(self) {
+        self.pins.into_iter().for_each(EvictableTensor::unpin);
+    }
+}
+
+const READ: &str = "RetainedValue::tensor_read";
+
+impl EvictableTensor {
+    pub(super) fn new(pool: &BufferPool, tensor: Tensor, recompute: Recompute) -> Result<Self> {
+        let refused = |message: &str| {
+            Error::runtime_state(
+                "RetainedValue::evictable",
+                ErrorPhase::Construction,
+                message,
+            )
+        };
+        let (buffer, dtype, layout) = tensor
+            .into_pooled_parts()
+            .map_err(|_| refused("a caller-owned payload has no pooled block to evict"))?;
+        if buffer.pool_id() != pool.id() {
+            return Err(refused("the tensor's block comes from another pool"));
+        }
+        let parents = recompute
+            .inputs
+            .iter()
+            .filter_map(|input| input.evictable_tensor())
+            .filter(|input| input.pool.id() == pool.id())
+            .map(|input| Arc::clone(&input.core))
+            .collect();
+        let cost = recompute.cost.unwrap_or(buffer.capacity() as u64);
+        let core = pool.inner().register_evictable(buffer, cost, parents);
+        Ok(Self {
+            pool: pool.clone(),
+            core,
+            dtype,
+            layout,
+            recompute,
+        })
+    }
+
+    /// Whether the value's bytes are in a block now (a snapshot: the pool may evict it, or a
+    /// reader recompute it, at any moment).
+    pub fn is_resident(&self) -> bool {
+        self.core.is_resident()
+    }
+
+    /// The bytes of the value's block (its size class).
+    pub fn bytes(&self) -> u64 {
+        self.core.bytes()
+    }
+
+    /// The pool the value's blocks come from.
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    /// How the value is recomputed.
+    pub fn recompute(&self) -> &Recompute {
+        &self.recompute
+    }
+
+    /// Evicts the value now if it is resident and no read pins it; whether it did.
+    pub(super) fn evict(&self) -> bool {
+        self.pool.inner().evict_now(&self.core)
+    }
+
+    pub(super) fn unpin(&self) {
+        self.core.unpin();
+    }
+
+    /// A read of the value's block.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a pin (from [`pin`](Self::pin)) while it uses the read.
+    pub(super) unsafe fn read_pinned(&self) -> TensorRead<'_> {
+        // SAFETY: the caller's pin.
+        let buffer = unsafe { self.core.pinned_buffer() };
+        TensorRead::pooled(pooled_bytes(buffer), self.dtype, &self.layout)
+    }
+
+    /// Pins the value resident (one more reader, which the caller gives back with
+    /// [`unpin`](Self::unpin)), recomputing it and its evicted inputs first if it was evicted.
+    pub(super) fn pin(&self) -> Result<()> {
+        match self.core.try_pin(self.pool.inner()) {
+            Ok(()) => return Ok(()),
+            Err(NotPinned::RecomputingHere) => return Err(reentered()),
+            Err(NotPinned::Evicted) => {}
+        }
+        let mut stack = vec![Frame::new(self)];
+        let outcome = self.materialize(&mut stack);
+        if outcome.is_err() {
+            stack.into_iter().for_each(Frame::release);
+        }
+        outcome
+    }
+
+    /// Recomputes the values on `stack` until its first one is pinned: the top's evicted
+    /// inputs are pushed and recomputed first; a value whose inputs are all pinned is claimed
+    /// and recomputed (or pinned, if another thread made it resident meanwhile). On an error
+    /// the frames left on the stack still hold their pins, for the caller to release.
+    fn materialize<'v>(&'v self, stack: &mut Vec<Frame<'v>>) -> Result<()> {
+        let pool = self.pool.inner();
+        'values: loop {
+            let top = stack.len() - 1;
+            let value = stack[top].value;
+            match value.core.try_pin(pool) {
+                Ok(()) => {
+                    // Resident: done with this frame (another thread recomputed it, or it
+                    // was never evicted, or this loop just did).
+                    if let Some(done) = stack.pop() {
+                        done.release();
+                    }
+                    match stack.last_mut() {
+                        None => return Ok(()),
+                        Some(parent) => {
+                            parent.pins.push(value);
+                            parent.next += 1;
+                        }
+                    }
+                    continue;
+                }
+                Err(NotPinned::RecomputingHere) => return Err(reentered()),
+                Err(NotPinned::Evicted) => {}
+            }
+            let inputs = &value.recompute.inputs;
+            while stack[top].next < inputs.len() {
+                let Some(input) = inputs[stack[top].next].evictable_tensor() else {
+                    stack[top].next += 1; // always readable
+                    continue;
+                };
+                match input.core.try_pin(input.pool.inner()) {
+                    Ok(()) => {
+                        stack[top].pins.push(input);
+                        stack[top].next += 1;
+                    }
+                    Err(NotPinned::RecomputingHere) => return Err(reentered()),
+                    Err(NotPinned::Evicted) => {
+                        stack.push(Frame::new(input));
+                        continue 'values;
+                    }
+                }
+            }
+            if !value.core.claim() {
+                continue; // another thread recomputes it, or did: pin it (or wait) above
+            }
+            match value.run() {
+                Ok(buffer) => {
+                    // Resident and pinned once, for this frame's parent (or the caller).
+                    value.core.fill(pool, buffer);
+                    if let Some(done) = stack.pop() {
+                        done.release();
+                    }
+                    match stack.last_mut() {
+                        None => return Ok(()),
+                        Some(parent) => {
+                            parent.pins.push(value);
+                            parent.next += 1;
+                        }
+                    }
+                }
+                Err(error) => {
+                    value.core.abandon();
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    /// Runs the computation over the inputs, which the caller pinned (the evictable ones),
+    /// and checks what it returns: a tensor of the value's dtype and shape in a block of the
+    /// value's pool.
+    fn run(&self) -> Result<crate::pool::PoolBuffer> {
+        let reads = self
+            .recompute
+            .inputs
+            .iter()
+            .map(|input| match input.evictable_tensor() {
+                // SAFETY: the recompute's frame pinned every evictable input before it
+                // claimed the value, and keeps the pins until the computation returned.
+                Some(input) => Ok(unsafe { input.read_pinned() }),
+                None => input.tensor_read(),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let span = self.pool.trace_span("recompute");
+        let started = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| (self.recompute.compute)(&reads)));
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        drop(span);
+        let tensor = match outcome {
+            Ok(result) => result?,
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-string payload".into());
+                // The payload's own drop is the caller's code too: keep its panic out.
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+                return Err(Error::runtime_state(
+                    READ,
+                    ErrorPhase::Execution,
+                    format!("the recompute of an evicted value panicked: {message}"),
+                ));
+            }
+        };
+        let mismatch = |dtype: DType, shape: &[usize]| {
+            Error::runtime_state(
+                READ,
+                ErrorPhase::Execution,
+                format!(
+                    "the recompute of an evicted {:?} {:?} value returned a {dtype:?} {shape:?} \
+                     tensor",
+                    self.dtype,
+                    self.layout.shape(),
+                ),
+            )
+        };
+        let (buffer, dtype, layout) = tensor
+            .into_pooled_parts()
+            .map_err(|tensor| mismatch(tensor.dtype(), tensor.shape()))?;
+        if dtype != self.dtype || layout.shape() != self.layout.shape() {
+            return Err(mismatch(dtype, layout.shape()));
+        }
+        if buffer.pool_id() != self.pool.id() {
+            return Err(Error::runtime_state(
+                READ,
+                ErrorPhase::Execution,
+                "the recompute of an evicted value returned a tensor of another pool",
+            ));
+        }
+        self.pool
+            .inner()
+            .count_recompute(buffer.capacity() as u64, ns);
+        Ok(buffer)
+    }
+}
+
+fn reentered() -> Error {
+    Error::runtime_state(
+        READ,
+        ErrorPhase::Execution,
+        "a recompute read the value it recomputes",
+    )
+}

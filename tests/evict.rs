@@ -1,0 +1,419 @@
+//! Evictable retained values: a pool under a budget evicts them to serve a request, a read
+//! recomputes them (inputs first), and every hostile turn (a recompute that panics, that
+//! allocates past the budget, that reads itself, that returns the wrong tensor; values
+//! dropped or read by other threads meanwhile) ends in a typed error with every block back
+//! in the pool.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::Duration;
+
+use ferropool::{
+    BufferPool, DType, Error, PoolConfig, PoolError, PoolEventKind, Recompute, RetainedValue,
+    RetentionContainer, Tensor, TensorError,
+};
+
+const KIB: usize = 1 << 10;
+
+fn pool_with_budget(budget: usize) -> BufferPool {
+    BufferPool::with_config(PoolConfig {
+        budget: Some(budget as u64),
+        // Every freed block goes to the shared lists: what a test counts does not depend on
+        // which thread frees.
+        thread_cache_bytes: 0,
+        ..PoolConfig::default()
+    })
+    .unwrap()
+}
+
+/// `bytes` of f32 all equal to `value`, in `pool`.
+fn filled(pool: &BufferPool, bytes: usize, value: f32) -> ferropool::Result<Tensor> {
+    Ok(Tensor::from_iter_in(
+        pool,
+        std::iter::repeat_n(value, bytes / 4),
+        &[bytes / 4],
+    )?)
+}
+
+/// An evictable value of `bytes` filled with `value`, recomputed from nothing; `calls`
+/// counts its recomputes.
+fn leaf(pool: &BufferPool, bytes: usize, value: f32, calls: &Arc<AtomicUsize>) -> RetainedValue {
+    let recompute = {
+        let (pool, calls) = (pool.clone(), Arc::clone(calls));
+        Recompute::new([], move |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            filled(&pool, bytes, value)
+        })
+    };
+    RetainedValue::evictable(pool, filled(pool, bytes, value).unwrap(), recompute).unwrap()
+}
+
+/// `input + 1`, element-wise, as an evictable value over `input`.
+fn plus_one(pool: &BufferPool, input: &RetainedValue, calls: &Arc<AtomicUsize>) -> RetainedValue {
+    let compute = {
+        let (pool, calls) = (pool.clone(), Arc::clone(calls));
+        move |inputs: &[ferropool::TensorRead<'_>]| -> ferropool::Result<Tensor> {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let x = inputs[0].as_slice::<f32>()?;
+            Ok(Tensor::from_iter_in(
+                &pool,
+                x.iter().map(|v| v + 1.0),
+                &[x.len()],
+            )?)
+        }
+    };
+    let first = compute(&[input.read().unwrap().tensor()]).unwrap();
+    calls.fetch_sub(1, Ordering::SeqCst); // the first computation is not a recompute
+    RetainedValue::evictable(pool, first, Recompute::new([input.clone()], compute)).unwrap()
+}
+
+fn first_element(value: &RetainedValue) -> f32 {
+    value.read().unwrap().tensor().as_slice::<f32>().unwrap()[0]
+}
+
+#[test]
+fn a_refused_request_evicts_a_value_and_a_read_recomputes_it() {
+    let pool = pool_with_budget(256 * KIB);
+    pool.enable_trace(1024);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let saved = leaf(&pool, 128 * KIB, 3.0, &calls);
+    let other = pool
+        .alloc(192 * KIB)
+        .expect("served once the value is evicted");
+    assert!(!saved.is_resident());
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.evictions, stats.evicted_bytes),
+        (1, 128 * KIB as u64)
+    );
+    assert!(stats.peak_reserved_bytes <= 256 * KIB as u64);
+    drop(other);
+    assert_eq!(first_element(&saved), 3.0);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.recomputations, stats.recomputed_bytes),
+        (1, 128 * KIB as u64)
+    );
+    let kinds: Vec<_> = pool
+        .trace_events()
+        .iter()
+        .map(|e| (e.kind, e.name))
+        .collect();
+    assert!(kinds.contains(&(PoolEventKind::Evict, "")), "{kinds:?}");
+    assert!(kinds.contains(&(PoolEventKind::SpanBegin, "recompute")));
+    drop(saved);
+    assert_eq!(pool.stats().in_use_bytes, 0);
+}
+
+#[test]
+fn a_pool_without_a_budget_never_evicts() {
+    let pool = BufferPool::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let saved = leaf(&pool, 64 * KIB, 1.0, &calls);
+    let many: Vec<_> = (0..64).map(|_| pool.alloc(64 * KIB).unwrap()).collect();
+    assert!(saved.is_resident());
+    assert_eq!(pool.stats().evictions, 0);
+    drop(many);
+}
+
+#[test]
+fn a_read_guard_pins_the_value_and_the_error_says_so() {
+    let pool = pool_with_budget(256 * KIB);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let saved = leaf(&pool, 128 * KIB, 2.0, &calls);
+    let read = saved.read().unwrap();
+    let Err(PoolError::BudgetExceeded(oom)) = pool.alloc(192 * KIB) else {
+        panic!("a pinned value was evicted")
+    };
+    assert_eq!(oom.evictable_pinned, 128 * KIB as u64);
+    assert_eq!(oom.evictable_unpinned, 0);
+    assert!(oom.to_string().contains("pinned by reads"), "{oom}");
+    assert_eq!(read.tensor().as_slice::<f32>().unwrap()[0], 2.0);
+    drop(read);
+    assert!(pool.alloc(192 * KIB).is_ok(), "unpinned: evicted now");
+    assert_eq!(pool.stats().evictions, 1);
+}
+
+#[test]
+fn tensor_read_pins_through_its_handle_until_the_handle_drops() {
+    let pool = pool_with_budget(256 * KIB);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let saved = leaf(&pool, 128 * KIB, 5.0, &calls);
+    let reader = saved.clone();
+    assert_eq!(
+        reader.tensor_read().unwrap().as_slice::<f32>().unwrap()[0],
+        5.0
+    );
+    assert!(!saved.evict(), "the reading handle pins it");
+    assert!(pool.alloc(192 * KIB).is_err());
+    drop(reader);
+    assert!(saved.evict(), "the pin went with the handle");
+    // A handle read twice (from two threads) holds one pin.
+    let shared = Arc::new(saved.clone());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            let shared = Arc::clone(&shared);
+            s.spawn(move || {
+                assert_eq!(shared.tensor_read().unwrap().get::<f32>(&[0]).unwrap(), 5.0)
+            });
+        }
+    });
+    drop(shared);
+    assert!(saved.evict(), "both reads' pins went with their one handle");
+}
+
+#[test]
+fn eviction_prefers_the_class_the_request_needs() {
+    // Two values: a stale 64 KiB one and a fresh 128 KiB one. A 128 KiB request evicts the
+    // fresh 128 KiB value (its block serves the request), not the staler 64 KiB one.
+    let pool = pool_with_budget(256 * KIB);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let small = leaf(&pool, 64 * KIB, 1.0, &calls);
+    let large = leaf(&pool, 128 * KIB, 2.0, &calls);
+    let _ = first_element(&large); // `small` is the staler one
+    let served = pool.alloc(128 * KIB).unwrap();
+    assert!(small.is_resident());
+    assert!(!large.is_resident());
+    let stats = pool.stats();
+    assert_eq!(
+        stats.reserved_bytes,
+        192 * KIB as u64,
+        "the block was reused, not reserved anew"
+    );
+    drop(served);
+    // With no value of the class, the stalest cheapest value goes.
+    let other = pool.alloc(200 * KIB).unwrap();
+    assert!(!small.is_resident());
+    drop(other);
+}
+
+#[test]
+fn staleness_and_cost_choose_the_victim() {
+    let pool = pool_with_budget(3 * 64 * KIB);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = leaf(&pool, 64 * KIB, 1.0, &calls);
+    let b = leaf(&pool, 64 * KIB, 2.0, &calls);
+    let c = leaf(&pool, 64 * KIB, 3.0, &calls);
+    for _ in 0..3 {
+        let _ = (first_element(&c), first_element(&a)); // b is the stalest
+    }
+    let held = pool.alloc(64 * KIB).unwrap();
+    assert!(a.is_resident() && !b.is_resident() && c.is_resident());
+    drop(held);
+}
+
+#[test]
+fn a_chain_of_evicted_values_is_recomputed_without_recursion() {
+    // 2,000 values, each its predecessor plus one, all evicted: a read of the last one
+    // recomputes every one, on a thread with a small stack (recursion would overflow it).
+    let pool = pool_with_budget(64 << 20);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut chain = vec![leaf(&pool, 4 * KIB, 0.0, &calls)];
+    for _ in 0..2_000 {
+        let next = plus_one(&pool, chain.last().unwrap(), &calls);
+        chain.push(next);
+    }
+    for value in &chain {
+        assert!(value.evict());
+    }
+    assert_eq!(pool.stats().in_use_bytes, 0);
+    let last = chain.last().unwrap().clone();
+    let value = std::thread::Builder::new()
+        .stack_size(128 << 10)
+        .spawn(move || first_element(&last))
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(value, 2_000.0);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2_001,
+        "each value recomputed once"
+    );
+    assert_eq!(pool.stats().recomputations, 2_001);
+    // Under a budget of three blocks, the chain is recomputed anyway: each step needs only
+    // its input and its output.
+    for value in &chain {
+        value.evict();
+    }
+    pool.set_budget(Some(3 * 4 * KIB as u64));
+    assert_eq!(first_element(chain.last().unwrap()), 2_000.0);
+    assert!(pool.stats().peak_reserved_bytes <= 64 << 20);
+    drop(chain);
+    assert_eq!(pool.stats().in_use_bytes, 0);
+}
+
+#[test]
+fn two_threads_reading_one_evicted_value_recompute_it_once() {
+    let pool = pool_with_budget(1 << 20);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (entered, inside) = mpsc::channel::<()>();
+    let entered = std::sync::Mutex::new(entered);
+    let recompute = {
+        let (pool, calls) = (pool.clone(), Arc::clone(&calls));
+        Recompute::new([], move |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let _ = entered.lock().unwrap().send(());
+            std::thread::sleep(Duration::from_millis(50)); // the second reader arrives
+            filled(&pool, 64 * KIB, 9.0)
+        })
+    };
+    let saved =
+        RetainedValue::evictable(&pool, filled(&pool, 64 * KIB, 9.0).unwrap(), recompute).unwrap();
+    assert!(saved.evict());
+    std::thread::scope(|s| {
+        let first = s.spawn(|| first_element(&saved));
+        inside.recv().unwrap(); // the first reader is recomputing
+        let second = s.spawn(|| first_element(&saved));
+        assert_eq!(first.join().unwrap(), 9.0);
+        assert_eq!(second.join().unwrap(), 9.0);
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_recompute_that_panics_is_a_typed_error_and_the_next_read_tries_again() {
+    let pool = pool_with_budget(1 << 20);
+    let fail = Arc::new(AtomicUsize::new(1));
+    let recompute = {
+        let (pool, fail) = (pool.clone(), Arc::clone(&fail));
+        Recompute::new([], move |_| {
+            let scratch = pool.alloc(32 * KIB)?; // goes back during the unwind
+            if fail.fetch_sub(1, Ordering::SeqCst) == 1 {
+                panic!("boom");
+            }
+            drop(scratch);
+            filled(&pool, 64 * KIB, 4.0)
+        })
+    };
+    let saved =
+        RetainedValue::evictable(&pool, filled(&pool, 64 * KIB, 4.0).unwrap(), recompute).unwrap();
+    assert!(saved.evict());
+    let error = saved.read().unwrap_err();
+    assert!(
+        matches!(&error, Error::RuntimeState { message, .. } if message.contains("panicked: boom")),
+        "{error}"
+    );
+    assert!(!saved.is_resident());
+    assert_eq!(pool.stats().in_use_bytes, 0, "the scratch block went back");
+    assert_eq!(first_element(&saved), 4.0);
+}
+
+#[test]
+fn a_recompute_past_the_budget_fails_with_the_budget_error() {
+    let pool = pool_with_budget(256 * KIB);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let saved = leaf(&pool, 128 * KIB, 1.0, &calls);
+    assert!(saved.evict());
+    let hog = pool.alloc(192 * KIB).unwrap();
+    let error = saved.read().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Tensor(TensorError::Pool(PoolError::BudgetExceeded(_)))
+        ),
+        "{error}"
+    );
+    assert_eq!(pool.stats().in_use_bytes, 192 * KIB as u64);
+    drop(hog);
+    assert_eq!(first_element(&saved), 1.0);
+}
+
+#[test]
+fn a_recompute_that_returns_the_wrong_tensor_is_refused() {
+    let pool = pool_with_budget(1 << 20);
+    let elsewhere = BufferPool::new();
+    for wrong in 0..3 {
+        let recompute = {
+            let (pool, elsewhere) = (pool.clone(), elsewhere.clone());
+            Recompute::new([], move |_| match wrong {
+                0 => filled(&pool, 8 * KIB, 1.0), // another shape
+                1 => Ok(Tensor::zeros_in(&pool, DType::I32, &[4 * KIB / 4])?), // another dtype
+                _ => filled(&elsewhere, 4 * KIB, 1.0), // another pool
+            })
+        };
+        let saved =
+            RetainedValue::evictable(&pool, filled(&pool, 4 * KIB, 1.0).unwrap(), recompute)
+                .unwrap();
+        assert!(saved.evict());
+        assert!(matches!(saved.read(), Err(Error::RuntimeState { .. })));
+        assert!(!saved.is_resident());
+    }
+    assert_eq!(pool.stats().in_use_bytes, 0);
+    assert_eq!(elsewhere.stats().in_use_bytes, 0);
+    // A tensor of another pool, or a caller-owned payload, is refused up front.
+    let recompute = Recompute::new([], |_| unreachable!());
+    let foreign = filled(&elsewhere, 4 * KIB, 1.0).unwrap();
+    assert!(RetainedValue::evictable(&pool, foreign, recompute).is_err());
+}
+
+#[test]
+fn a_recompute_that_reads_its_own_value_is_an_error_not_a_deadlock() {
+    let pool = pool_with_budget(1 << 20);
+    let me: Arc<OnceLock<RetainedValue>> = Arc::new(OnceLock::new());
+    let recompute = {
+        let me = Arc::clone(&me);
+        Recompute::new([], move |_| {
+            let me = me.get().expect("set");
+            let read = me.read()?; // itself, being recomputed
+            Ok(Tensor::from_slice(read.tensor().as_slice::<f32>()?, &[1])?)
+        })
+    };
+    let saved = RetainedValue::evictable(&pool, filled(&pool, 4, 1.0).unwrap(), recompute).unwrap();
+    me.set(saved.clone()).unwrap();
+    assert!(saved.evict());
+    let error = saved.read().unwrap_err();
+    assert!(
+        error.to_string().contains("the value it recomputes"),
+        "{error}"
+    );
+    assert!(!saved.is_resident());
+    // The cycle (the value holds a handle to itself) is the caller's; break it.
+    drop(Arc::into_inner(me));
+}
+
+#[test]
+fn values_dropped_and_read_while_other_threads_evict() {
+    // Threads allocate past the budget (evicting), read and drop values at once: every read
+    // sees its value's bytes, and every block is back at the end.
+    let pool = pool_with_budget(1 << 20);
+    let calls = Arc::new(AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (pool, calls) = (pool.clone(), Arc::clone(&calls));
+            s.spawn(move || {
+                for round in 0..200 {
+                    let value = (t * 1000 + round) as f32;
+                    let saved = leaf(&pool, 128 * KIB, value, &calls);
+                    let clone = saved.clone();
+                    let hog = pool.alloc(256 * KIB);
+                    assert_eq!(first_element(&clone), value);
+                    drop(hog);
+                    if round % 2 == 0 {
+                        drop(saved);
+                        assert_eq!(first_element(&clone), value);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(pool.stats().in_use_bytes, 0);
+    assert!(pool.stats().peak_reserved_bytes <= 1 << 20);
+}
+
+#[test]
+fn a_zero_budget_refuses_with_a_typed_error() {
+    let pool = pool_with_budget(0);
+    assert!(matches!(
+        filled(&pool, 4 * KIB, 1.0),
+        Err(Error::Tensor(TensorError::Pool(PoolError::BudgetExceeded(
+            _
+        ))))
+    ));
+    let small = pool_with_budget(8 * KIB);
+    let saved = leaf(&small, 4 * KIB, 1.0, &Arc::default());
+    assert!(
+        matches!(saved.container(), RetentionContainer::Evictable(held) if held.bytes() == 4096)
+    );
+}
