@@ -492,6 +492,10 @@ impl PoolInner {
     ) -> Result<PoolBuffer, PoolError> {
         // SAFETY: the caller holds a handle or a live buffer of the pool.
         let inner = unsafe { this.as_ref() };
+        // Whatever the eviction allocates (the search's short list) goes to the global
+        // front end's fallback, if that front end is ferropool's: never back into this pool
+        // while this thread holds the registry's lock.
+        let _scope = thread::Bookkeeping::open();
         let class = class::class_of(size).expect("a request the budget refused has a class");
         if inner.evictor.registered.load(Ordering::Relaxed) > 0 {
             // Bytes to free before the next try: what the budget lacked, unless a block of

@@ -28,6 +28,35 @@ pub enum Command {
     /// mimalloc (each in a child process that gets this command's training flags), and with
     /// `--torch` in PyTorch too; print them side by side.
     Compare(CompareArgs),
+    /// The trade-off between memory and speed: the training with each fixed
+    /// `--checkpoint-every` and fitted to each of a list of budgets (each in a child process,
+    /// alternated run by run), and with `--torch` in PyTorch at each fixed k; one table of
+    /// medians, and with `--plot` the frontier.
+    Sweep(SweepArgs),
+}
+
+/// `sweep`'s flags: the training's (without `--budget` and `--checkpoint-every`, which it
+/// chooses; `--plot` draws the frontier, steps/s against peak memory), and its own.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SweepArgs {
+    /// The training every run does.
+    #[command(flatten)]
+    pub train: Args,
+    /// Budgets of the fitted runs, comma-separated (default: 50, 60, 70, 75, 80 and 90% of
+    /// the peak live bytes of `--checkpoint-every 1`, measured first).
+    #[arg(long, value_delimiter = ',', value_parser = parse_bytes)]
+    pub budgets: Vec<u64>,
+    /// The fixed `--checkpoint-every` values, comma-separated (1 is always run: the
+    /// reference).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 3, 6], value_parser = at_least_one)]
+    pub every: Vec<usize>,
+    /// Runs of each configuration (the table shows medians).
+    #[arg(long, default_value_t = 3, value_parser = at_least_one)]
+    pub runs: usize,
+    /// A Python interpreter with PyTorch: also runs `scripts/torch_mlp.py` (the same recipe
+    /// with `torch.utils.checkpoint`) at each fixed k.
+    #[arg(long, value_name = "PYTHON")]
+    pub torch: Option<PathBuf>,
 }
 
 /// `compare`'s flags: the training's, and its own.
@@ -61,17 +90,22 @@ pub struct Args {
     #[arg(long, default_value_t = 6, value_parser = at_least_one)]
     pub layers: usize,
     /// Keep the input of every N-th layer; recompute the rest in the backward pass (N at
-    /// least 1).
-    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
-    pub checkpoint_every: usize,
+    /// least 1; default 2). With --budget and without this flag the job chooses instead: it
+    /// keeps every layer's input that fits under the budget, and the pool evicts the rest and
+    /// recomputes it when the backward pass reads it.
+    #[arg(long, value_parser = at_least_one)]
+    pub checkpoint_every: Option<usize>,
     /// Threads for the forward pass and the replay (at least 1; default: all cores).
     #[arg(long, value_parser = at_least_one)]
     pub threads: Option<usize>,
     /// Byte budget of the pool, e.g. 256MiB, 1.5GiB, 10MB or 1000000 (default: none).
     ///
     /// It caps what the process-wide pool reserves from the system: the training's tensors
-    /// (activations, checkpoints, gradients) come from that pool and must fit in it, and a run
-    /// whose tensors do not fit stops with an error (exit code 1) that says what it needed.
+    /// (activations, checkpoints, gradients) come from that pool and must fit in it. Without
+    /// --checkpoint-every the job fits them by eviction and recomputation, and a budget below
+    /// the least the run needs stops it with an error (exit code 1) that names that least;
+    /// with --checkpoint-every, a run whose tensors do not fit stops with an error that says
+    /// what it needed.
     /// The other large allocations (the model's parameters, the GEMM's packing buffers) use
     /// the pool while it has room and are served by the system allocator past the budget.
     /// Units, in any case: B; k, M, G, T, P, E or kB, MB, ... (powers of 1000); Ki, Mi, Gi,
@@ -97,7 +131,31 @@ pub struct Args {
     pub json: bool,
 }
 
+/// What the forward pass keeps for the backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// The input of every n-th layer, as `--checkpoint-every` says (or by default); the rest
+    /// is recomputed from them.
+    Every(usize),
+    /// Every layer's input as an evictable value: what fits under the budget stays, and the
+    /// pool evicts the rest, which the backward pass recomputes when it reads it.
+    Fitted,
+}
+
+/// `--checkpoint-every`'s default.
+pub const DEFAULT_CHECKPOINT_EVERY: usize = 2;
+
 impl Args {
+    /// What the forward pass keeps: the job fits it to the budget when there is one and no
+    /// `--checkpoint-every`.
+    pub fn keep(&self) -> Keep {
+        match (self.checkpoint_every, self.budget) {
+            (Some(every), _) => Keep::Every(every),
+            (None, Some(_)) => Keep::Fitted,
+            (None, None) => Keep::Every(DEFAULT_CHECKPOINT_EVERY),
+        }
+    }
+
     /// The threads to use.
     pub fn threads(&self) -> usize {
         self.threads

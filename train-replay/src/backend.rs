@@ -8,11 +8,15 @@ use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use ferropool::{
-    BufferPool, CheckpointNode, DType, OutOfMemory, PoolError, RetainedInputMap, RetainedValue,
-    SpanGuard, Tensor, TensorError, TensorValue,
+    BufferPool, CheckpointNode, DType, Error, OutOfMemory, PoolError, Recompute, RetainedInputMap,
+    RetainedValue, SpanGuard, Tensor, TensorError, TensorValue,
 };
 
 use crate::show::bytes;
+
+/// A layer's kernel, as a recompute runs it: writes every element of its output from its
+/// input's elements.
+pub type Kernel = Arc<dyn Fn(&[f32], &mut [MaybeUninit<f32>]) + Send + Sync>;
 
 /// Storage for one training step. Whatever can fail (an allocation, a read of a kept
 /// buffer) returns an error for the step to pass up, never a panic.
@@ -43,6 +47,16 @@ pub trait Backend: Sync {
     fn slice_mut(buf: &mut Self::Buf) -> &mut [f32];
     /// Keeps a buffer for the backward pass.
     fn save(&self, buf: Self::Buf) -> anyhow::Result<Self::Saved>;
+    /// Keeps a layer's output for the backward pass as a value the memory layer may evict
+    /// under its budget and recompute from `input` with `kernel`, which costs `cost`. A
+    /// backend without a memory layer keeps it as [`save`](Self::save) does.
+    fn save_recomputable(
+        &self,
+        buf: Self::Buf,
+        input: &Self::Saved,
+        cost: u64,
+        kernel: Kernel,
+    ) -> anyhow::Result<Self::Saved>;
     /// Reads a kept buffer.
     fn with_saved<R>(
         saved: &Self::Saved,
@@ -52,6 +66,9 @@ pub trait Backend: Sync {
     fn push_checkpoint(&self, chain: &mut Self::Chain, layer: usize, saved: Self::Saved);
     /// The kept input of `layer`.
     fn checkpoint(chain: &Self::Chain, layer: usize) -> anyhow::Result<Self::Saved>;
+    /// Gives back the chain's newest checkpoint, the input of `layer`, once the backward pass
+    /// is done with it.
+    fn pop_checkpoint(chain: &mut Self::Chain, layer: usize);
     /// A span of the step named `name` in the pool's trace, until the guard drops (`None`:
     /// a backend without a pool traces nothing).
     fn span(&self, _name: &'static str) -> Option<SpanGuard<'_>> {
@@ -72,7 +89,7 @@ impl PoolBackend {
     fn refused(&self, error: TensorError, rows: usize, cols: usize) -> anyhow::Error {
         match &error {
             TensorError::Pool(PoolError::BudgetExceeded(oom)) => {
-                anyhow!(over_budget(oom, self.pool.budget(), rows, cols))
+                anyhow::Error::new(OverBudget::new(oom, self.pool.budget(), rows, cols))
             }
             _ => anyhow::Error::new(error)
                 .context(format!("a {rows} x {cols} f32 tensor from the pool")),
@@ -127,14 +144,41 @@ impl Backend for PoolBackend {
             .map(Arc::new)
             .map_err(|e| anyhow!("retaining a checkpoint: {e}"))
     }
+    fn save_recomputable(
+        &self,
+        buf: Tensor,
+        input: &Arc<RetainedValue>,
+        cost: u64,
+        kernel: Kernel,
+    ) -> anyhow::Result<Arc<RetainedValue>> {
+        let shape = buf.shape().to_vec();
+        let pool = self.pool;
+        let recompute = Recompute::new([(**input).clone()], move |inputs| {
+            let input = inputs[0].as_slice::<f32>()?;
+            let mut out = Tensor::uninit_in::<f32>(pool, &shape)?;
+            kernel(input, out.as_uninit_mut());
+            // SAFETY: a layer's kernel writes every element of its output.
+            Ok(unsafe { out.assume_init() })
+        })
+        .with_cost(cost);
+        RetainedValue::evictable(pool, buf, recompute)
+            .map(Arc::new)
+            .map_err(|e| anyhow!("retaining a layer's output: {e}"))
+    }
     fn with_saved<R>(
         saved: &Arc<RetainedValue>,
         f: impl FnOnce(&[f32]) -> anyhow::Result<R>,
     ) -> anyhow::Result<R> {
-        let read = saved
-            .tensor_read()
-            .map_err(|e| anyhow!("reading a checkpoint: {e}"))?;
+        // A guard: an evictable value is pinned while `f` runs, and only then.
+        let read = saved.read().map_err(|error| match error {
+            // A recompute the budget refused: the pool's own error, typed for the caller.
+            Error::Tensor(TensorError::Pool(PoolError::BudgetExceeded(oom))) => {
+                anyhow::Error::new(OverBudget::new(&oom, oom.budget, 0, 0))
+            }
+            error => anyhow!("reading a checkpoint: {error}"),
+        })?;
         f(read
+            .tensor()
             .as_slice()
             .map_err(|e| anyhow!("reading a checkpoint: {e}"))?)
     }
@@ -155,23 +199,60 @@ impl Backend for PoolBackend {
         debug_assert!(head.iter().any(|node| node.graph.first_layer == layer));
         head.lookup_input(&layer).cloned().ok_or_else(missing)
     }
+    fn pop_checkpoint(chain: &mut Chain, layer: usize) {
+        debug_assert!(chain
+            .as_ref()
+            .is_some_and(|head| head.graph.first_layer == layer));
+        *chain = chain.take().and_then(CheckpointNode::pop);
+    }
 }
 
-/// The error of a `rows x cols` tensor the pool refused for its budget: the budget, the
-/// tensor, what was in use, and so what the run needed at least.
-fn over_budget(oom: &OutOfMemory, budget: Option<u64>, rows: usize, cols: usize) -> String {
-    let budget = oom.budget.or(budget).unwrap_or(u64::MAX);
-    let needed = oom.in_use.saturating_add(oom.block_bytes as u64);
-    format!(
-        "the pool's budget of {:.2} cannot hold this run: a {:.2} tensor ({rows} x {cols} f32) was \
-         refused with {:.2} in use: the run needed at least {:.2} at that point. Raise --budget (a \
-         run without it prints its peak reserved bytes), or lower --batch or --hidden.",
-        bytes(budget),
-        bytes(oom.block_bytes as u64),
-        bytes(oom.in_use),
-        bytes(needed),
-    )
+/// A tensor the pool refused for its budget, with nothing left to evict: the budget, the
+/// tensor, what was in use, and so what the run needed at least at that point.
+#[derive(Debug, Clone)]
+pub struct OverBudget {
+    /// The budget.
+    pub budget: u64,
+    /// What the run needed at that point: the bytes in use and the block refused.
+    pub needed: u64,
+    message: String,
 }
+
+impl OverBudget {
+    /// The refusal of a `rows x cols` tensor (0 x 0: one being recomputed) that `oom` reports.
+    fn new(oom: &OutOfMemory, budget: Option<u64>, rows: usize, cols: usize) -> Self {
+        let budget = oom.budget.or(budget).unwrap_or(u64::MAX);
+        let needed = oom.in_use.saturating_add(oom.block_bytes as u64);
+        let tensor = if rows == 0 {
+            "recomputed".to_owned()
+        } else {
+            format!("{rows} x {cols} f32")
+        };
+        let message = format!(
+            "the pool's budget of {:.2} cannot hold this run: a {:.2} tensor ({tensor}) was \
+             refused with {:.2} in use: the run needed at least {:.2} at that point. Raise \
+             --budget (a run without it prints its peak reserved bytes), or lower --batch or \
+             --hidden.",
+            bytes(budget),
+            bytes(oom.block_bytes as u64),
+            bytes(oom.in_use),
+            bytes(needed),
+        );
+        Self {
+            budget,
+            needed,
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for OverBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for OverBudget {}
 
 /// Plain `Vec<f32>` from the global allocator; checkpoints in a map.
 #[derive(Debug)]
@@ -208,6 +289,15 @@ impl Backend for VecBackend {
     fn save(&self, buf: Vec<f32>) -> anyhow::Result<Arc<Vec<f32>>> {
         Ok(Arc::new(buf))
     }
+    fn save_recomputable(
+        &self,
+        buf: Vec<f32>,
+        _input: &Arc<Vec<f32>>,
+        _cost: u64,
+        _kernel: Kernel,
+    ) -> anyhow::Result<Arc<Vec<f32>>> {
+        self.save(buf)
+    }
     fn with_saved<R>(
         saved: &Arc<Vec<f32>>,
         f: impl FnOnce(&[f32]) -> anyhow::Result<R>,
@@ -222,6 +312,9 @@ impl Backend for VecBackend {
             .get(&layer)
             .cloned()
             .ok_or_else(|| anyhow!("no checkpoint of layer {layer} on the step's chain"))
+    }
+    fn pop_checkpoint(chain: &mut Self::Chain, layer: usize) {
+        chain.remove(&layer);
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::allocator::{Choice, VARIABLE};
-use crate::args::{Args, CompareArgs};
+use crate::args::{Args, CompareArgs, Keep};
 use ferropool_figures::spread;
 
 use crate::measure::Summary;
@@ -79,7 +79,7 @@ fn training_flags(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
 }
 
 /// The PyTorch run of the same recipe.
-fn torch_command(python: &Path, train: &Args) -> Command {
+pub(crate) fn torch_command(python: &Path, train: &Args) -> Command {
     let mut command = Command::new(python);
     command.arg(TORCH_SCRIPT);
     for (flag, value) in [
@@ -87,7 +87,15 @@ fn torch_command(python: &Path, train: &Args) -> Command {
         ("--batch", train.batch.to_string()),
         ("--hidden", train.hidden.to_string()),
         ("--layers", train.layers.to_string()),
-        ("--checkpoint-every", train.checkpoint_every.to_string()),
+        (
+            "--checkpoint-every",
+            match train.keep() {
+                Keep::Every(every) => every.to_string(),
+                // PyTorch has no budget: it keeps every layer's input, as the pool does when
+                // the budget holds them all.
+                Keep::Fitted => "1".into(),
+            },
+        ),
         ("--threads", train.threads().to_string()),
         ("--lr", train.lr.to_string()),
         ("--seed", train.seed.to_string()),

@@ -18,3 +18,4 @@ pub mod model;
 pub mod plot;
 pub mod report;
 pub mod show;
+pub mod sweep;

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Some(Command::Compare(args)) => train_replay::compare::compare(args),
         Some(Command::Train(args)) => train_replay::report::run(args),
+        Some(Command::Sweep(args)) => train_replay::sweep::sweep(args),
         None => train_replay::report::run(&cli.train),
     };
     // Exit code 2 is clap's, for a command line it refused; a run that fails is 1.

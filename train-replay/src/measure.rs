@@ -4,6 +4,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use ferropool::{BufferPool, PoolAllocator};
+
 use crate::allocator;
 use crate::args::Args;
 use crate::backend::Backend;
@@ -34,6 +36,22 @@ pub struct Summary {
     pub pool_system_calls_per_step: Option<f64>,
     /// Peak resident memory of the process, bytes.
     pub peak_rss: u64,
+    /// The pool's peak bytes in use over the run (`None`: no pool).
+    #[serde(default)]
+    pub peak_live_bytes: Option<u64>,
+    /// The pool's peak bytes reserved from the system over the run (`None`: no pool).
+    #[serde(default)]
+    pub peak_reserved_bytes: Option<u64>,
+    /// Values the pool evicted per steady-state step (`None`: no pool).
+    #[serde(default)]
+    pub evictions_per_step: Option<f64>,
+    /// Bytes the pool recomputed per steady-state step (`None`: no pool).
+    #[serde(default)]
+    pub recomputed_bytes_per_step: Option<f64>,
+    /// The share of the steady-state time spent recomputing evicted values (`None`: no
+    /// pool).
+    #[serde(default)]
+    pub recompute_share: Option<f64>,
 }
 
 impl Summary {
@@ -50,15 +68,18 @@ impl Summary {
     }
 }
 
-/// Runs the training; `on_step` sees (step, loss). `system_calls` reads the calls made to
-/// the system so far by the backend's own allocator, if it has one apart from the global
-/// allocator (the pool's statistics).
+/// Runs the training; `on_step` sees (step, loss). `pool` is the backend's pool, if it has
+/// one: its statistics give the calls made to the system, the peaks and the evictions.
 pub fn train<B: Backend>(
     backend: &B,
     args: &Args,
-    system_calls: impl Fn() -> u64,
+    pool: Option<&BufferPool>,
     mut on_step: impl FnMut(usize, f32),
 ) -> anyhow::Result<Summary> {
+    let stats = || pool.map(BufferPool::stats);
+    // The pool's calls to the system, and the requests past its budget that went there.
+    let system_calls =
+        || stats().map_or(0, |s| s.system_allocations) + PoolAllocator::fallback_allocations();
     let mut trainer = Trainer::new(backend, args)?;
     let calls = || {
         (
@@ -73,10 +94,12 @@ pub fn train<B: Backend>(
         ..Summary::default()
     };
     let (mut faults, mut before, mut started) = (0, (0, 0, 0), Instant::now());
+    let mut pool_before = None;
     for step in 0..args.steps {
         if step == warmup {
             faults = minor_faults();
             before = calls();
+            pool_before = stats();
             started = Instant::now();
         }
         let loss = trainer.step(args.batch)?;
@@ -87,7 +110,17 @@ pub fn train<B: Backend>(
         on_step(step, loss);
     }
     let measured = (args.steps - warmup).max(1) as f64;
-    summary.steps_per_s = measured / started.elapsed().as_secs_f64();
+    let elapsed = started.elapsed().as_secs_f64();
+    summary.steps_per_s = measured / elapsed;
+    if let (Some(b), Some(a)) = (pool_before, stats()) {
+        summary.peak_live_bytes = Some(a.peak_in_use_bytes);
+        summary.peak_reserved_bytes = Some(a.peak_reserved_bytes);
+        summary.evictions_per_step = Some((a.evictions - b.evictions) as f64 / measured);
+        summary.recomputed_bytes_per_step =
+            Some((a.recomputed_bytes - b.recomputed_bytes) as f64 / measured);
+        summary.recompute_share =
+            Some((a.recompute_ns - b.recompute_ns) as f64 / 1e9 / elapsed.max(1e-9));
+    }
     summary.faults_per_step = (minor_faults() - faults) as f64 / measured;
     let after = calls();
     let per_step = |a: u64, b: u64| (a - b) as f64 / measured;

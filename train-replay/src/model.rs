@@ -1,11 +1,19 @@
 //! The model and its training step: an MLP (`INPUT -> layers x hidden -> CLASSES`, ReLU),
 //! softmax cross-entropy against a random linear teacher, Adam, and activation
-//! checkpointing: only the input of every `checkpoint_every`-th layer is kept through the
-//! forward pass; the backward pass recomputes the rest, segment by segment.
+//! checkpointing, in one of two ways ([`Keep`]):
+//!
+//! - every n-th layer: only the input of every `checkpoint_every`-th layer is kept through
+//!   the forward pass; the backward pass recomputes the rest, segment by segment, each thread
+//!   for its rows;
+//! - fitted to the budget: every layer's input is kept as an evictable value; the pool evicts
+//!   what does not fit, and the backward pass, layer by layer, reads each input (recomputed
+//!   by the pool if it was evicted) and gives it back once done.
+//!
+//! Both compute the same numbers in the same order: their losses are bit-identical.
 
 use anyhow::anyhow;
 use std::cell::RefCell;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bumpalo::Bump;
 use rand::{Rng as _, SeedableRng};
@@ -13,8 +21,8 @@ use rand_distr::StandardNormal;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 
-use crate::args::Args;
-use crate::backend::{Backend, VecBackend};
+use crate::args::{Args, Keep};
+use crate::backend::{Backend, Kernel, VecBackend};
 use crate::kernels::{self, adam, add_into, par_add_into, relu_mask, Mat};
 
 /// Input features.
@@ -31,13 +39,15 @@ fn normal(rng: &mut Rng) -> f32 {
     rng.sample(StandardNormal)
 }
 
-/// One linear layer's parameters and Adam state (allocated once, for the whole run).
+/// One linear layer's parameters and Adam state (allocated once, for the whole run). The
+/// weight and bias are shared with the recomputes of a step (see [`Trainer::kernel`]), which
+/// are gone by the optimizer's turn.
 #[derive(Debug)]
 struct Linear {
     inputs: usize,
     outputs: usize,
-    weight: Vec<f32>,
-    bias: Vec<f32>,
+    weight: Arc<Vec<f32>>,
+    bias: Arc<Vec<f32>>,
     /// Adam moments: weight m, weight v, bias m, bias v.
     moments: [Vec<f32>; 4],
 }
@@ -53,8 +63,8 @@ impl Linear {
         Ok(Self {
             inputs,
             outputs,
-            weight,
-            bias: zeros(1, outputs)?,
+            weight: Arc::new(weight),
+            bias: Arc::new(zeros(1, outputs)?),
             moments: [
                 zeros(inputs, outputs)?,
                 zeros(inputs, outputs)?,
@@ -70,7 +80,7 @@ impl Linear {
 pub struct Trainer<'a, B: Backend> {
     backend: &'a B,
     layers: Vec<Linear>,
-    checkpoint_every: usize,
+    keep: Keep,
     threads: usize,
     teacher: Vec<f32>,
     rng: Rng,
@@ -166,7 +176,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok(Self {
             backend,
             layers,
-            checkpoint_every: args.checkpoint_every.max(1),
+            keep: match args.keep() {
+                Keep::Every(every) => Keep::Every(every.max(1)),
+                Keep::Fitted => Keep::Fitted,
+            },
             threads,
             teacher,
             rng,
@@ -231,8 +244,38 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let backend = self.backend;
         let _step = backend.span("step");
         self.step += 1;
-        let count = self.layers.len();
-        // The batch: inputs from the backend, labels from the teacher.
+        let x = self.batch(batch)?;
+
+        // Forward, on every thread: keep the inputs of the layers `keep` says.
+        let forward = backend.span("forward");
+        let (logits, chain) = self.workers.install(|| match self.keep {
+            Keep::Every(every) => self.forward(x, batch, every),
+            Keep::Fitted => self.forward_fitted(x, batch),
+        })?;
+        drop(forward);
+
+        let loss_span = backend.span("loss");
+        let (grad, loss) = self.loss(&logits, batch)?;
+        drop(logits);
+        drop(loss_span);
+
+        // Backward: the layers' gradients, each thread's for its rows.
+        let shards = self.threads.clamp(1, batch);
+        let backward = backend.span("backward");
+        let replayed = match self.keep {
+            Keep::Every(every) => self.backward(chain, B::slice(&grad), batch, shards, every),
+            Keep::Fitted => self.backward_layers(chain, B::slice(&grad), batch, shards),
+        };
+        drop(backward);
+        replayed?;
+
+        let _optimizer = backend.span("optimizer");
+        self.optimize(shards)?;
+        Ok(loss / batch as f32)
+    }
+
+    /// A batch of inputs from the backend; its labels, from the teacher, in `labels`.
+    fn batch(&mut self, batch: usize) -> anyhow::Result<B::Buf> {
         let rng = &mut self.rng;
         // SAFETY: the closure writes every element.
         let x = unsafe {
@@ -255,17 +298,15 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 .map_or(0, |(c, _)| c);
             self.labels.push(label);
         }
+        Ok(x)
+    }
 
-        // Forward, on every thread: keep only the inputs of every checkpoint_every-th layer.
-        let forward = backend.span("forward");
-        let (logits, chain, current) = self.workers.install(|| self.forward(x, batch, count))?;
-        drop(forward);
-
-        // Loss and its gradient (softmax cross-entropy, mean over the batch).
-        let loss_span = backend.span("loss");
+    /// The loss's gradient with respect to the logits (softmax cross-entropy, mean over the
+    /// batch), and the summed loss.
+    fn loss(&self, logits: &B::Buf, batch: usize) -> anyhow::Result<(B::Buf, f32)> {
         let mut grad = self.backend.zeros(batch, CLASSES)?;
         let mut loss = 0.0f32;
-        for ((row, g), &label) in B::slice(&logits)
+        for ((row, g), &label) in B::slice(logits)
             .chunks_exact(CLASSES)
             .zip(B::slice_mut(&mut grad).chunks_exact_mut(CLASSES))
             .zip(&self.labels)
@@ -278,40 +319,142 @@ impl<'a, B: Backend> Trainer<'a, B> {
             }
             loss -= ((row[label] - max).exp() / sum).ln();
         }
-        drop(logits);
-        drop(loss_span);
+        Ok((grad, loss))
+    }
 
-        // Backward: each thread replays every segment for its rows, newest segment first,
-        // reading the retained checkpoints concurrently.
-        let shards = self.threads.clamp(1, batch);
-        let backward = backend.span("backward");
-        let replayed = {
-            let (chain, grad, this) = (&chain, B::slice(&grad), &*self);
-            self.workers.install(|| {
-                this.partials[..shards]
-                    .par_iter()
-                    .enumerate()
-                    .try_for_each(|(t, partial)| {
-                        let (r0, r1) = (t * batch / shards, (t + 1) * batch / shards);
-                        let mut partial = partial
-                            .lock()
-                            .map_err(|_| anyhow!("a replay thread panicked"))?;
-                        let _replay = this.backend.span("backward (replay)"); // on each worker
-                        let grad = &grad[r0 * CLASSES..r1 * CLASSES];
-                        with_scratch(|scratch| {
-                            this.replay(chain, grad, r0, r1, &mut partial, scratch)
-                        })
+    /// The backward pass of [`Keep::Every`]: each thread replays every segment for its rows,
+    /// newest segment first, reading the retained checkpoints concurrently.
+    fn backward(
+        &self,
+        chain: B::Chain,
+        grad: &[f32],
+        batch: usize,
+        shards: usize,
+        every: usize,
+    ) -> anyhow::Result<()> {
+        let replayed = self.workers.install(|| {
+            self.partials[..shards]
+                .par_iter()
+                .enumerate()
+                .try_for_each(|(t, partial)| {
+                    let (r0, r1) = (t * batch / shards, (t + 1) * batch / shards);
+                    let mut partial = partial
+                        .lock()
+                        .map_err(|_| anyhow!("a replay thread panicked"))?;
+                    let _replay = self.backend.span("backward (replay)"); // on each worker
+                    let grad = &grad[r0 * CLASSES..r1 * CLASSES];
+                    with_scratch(|scratch| {
+                        self.replay(&chain, grad, r0, r1, every, &mut partial, scratch)
                     })
-            })
-        };
+                })
+        });
         drop(chain); // the end of the step's retention: the checkpoints go back
-        drop(current);
-        drop(backward);
-        replayed?;
+        replayed
+    }
 
-        // Sum the threads' gradients into the first thread's and take an Adam step, both
-        // split over the threads; then the gradients go back.
-        let _optimizer = backend.span("optimizer");
+    /// The backward pass of [`Keep::Fitted`], layer by layer, newest first: each layer's
+    /// input is read once (the pool recomputes it if it evicted it, on the worker threads),
+    /// every thread back-propagates its rows through the layer, and the input goes back.
+    /// The same operations on the same rows as [`replay`](Self::replay), in the same order.
+    fn backward_layers(
+        &self,
+        mut chain: B::Chain,
+        grad: &[f32],
+        batch: usize,
+        shards: usize,
+    ) -> anyhow::Result<()> {
+        let rows = |t: usize| (t * batch / shards, (t + 1) * batch / shards);
+        // Each thread's gradient with respect to the current layer's output, for its rows.
+        let mut upstream = (0..shards)
+            .map(|t| {
+                let (r0, r1) = rows(t);
+                let mut g = self.backend.zeros(r1 - r0, CLASSES)?;
+                B::slice_mut(&mut g).copy_from_slice(&grad[r0 * CLASSES..r1 * CLASSES]);
+                Ok(g)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        for l in (0..self.layers.len()).rev() {
+            let layer = &self.layers[l];
+            let saved = B::checkpoint(&chain, l)?;
+            self.workers.install(|| {
+                B::with_saved(&saved, |input| {
+                    self.partials[..shards]
+                        .par_iter()
+                        .zip(upstream.par_iter_mut())
+                        .enumerate()
+                        .try_for_each(|(t, (partial, upstream))| {
+                            let (r0, r1) = rows(t);
+                            let mut partial = partial
+                                .lock()
+                                .map_err(|_| anyhow!("a backward thread panicked"))?;
+                            let _layer = self.backend.span("backward (layer)");
+                            let input = &input[r0 * layer.inputs..r1 * layer.inputs];
+                            let next = self.back_propagate(
+                                l,
+                                input,
+                                B::slice(upstream),
+                                r1 - r0,
+                                &mut partial,
+                            )?;
+                            if let Some(mut next) = next {
+                                // The gradient of layer l - 1's output, through its ReLU,
+                                // whose output is this layer's input.
+                                relu_mask(B::slice_mut(&mut next), input);
+                                *upstream = next;
+                            }
+                            Ok(())
+                        })
+                })
+            })?;
+            drop(saved);
+            B::pop_checkpoint(&mut chain, l); // this layer's input goes back now
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s weight and bias gradients for `rows` rows, from its `input` and the
+    /// (masked) gradient `g` of its output, into `partial`; and the gradient of its input
+    /// (`None` for the first layer, whose input is the data: nothing reads it).
+    fn back_propagate(
+        &self,
+        l: usize,
+        input: &[f32],
+        g: &[f32],
+        rows: usize,
+        partial: &mut Partial<B>,
+    ) -> anyhow::Result<Option<B::Buf>> {
+        let layer = &self.layers[l];
+        // dW = input^T * g
+        let wg = self.product(
+            layer.inputs,
+            rows,
+            layer.outputs,
+            Mat::transposed(input, layer.inputs),
+            Mat::rows(g, layer.outputs),
+        )?;
+        let mut bg = self.backend.zeros(1, layer.outputs)?;
+        for row in g.chunks_exact(layer.outputs) {
+            add_into(B::slice_mut(&mut bg), row);
+        }
+        partial.weight_grads[l] = Some(wg);
+        partial.bias_grads[l] = Some(bg);
+        // d input = g * W^T (the transpose is a stride, no copy).
+        if l == 0 {
+            return Ok(None);
+        }
+        self.product(
+            rows,
+            layer.outputs,
+            layer.inputs,
+            Mat::rows(g, layer.outputs),
+            Mat::transposed(&layer.weight, layer.outputs),
+        )
+        .map(Some)
+    }
+
+    /// Sums the threads' gradients into the first thread's and takes an Adam step, both split
+    /// over the threads; then the gradients go back.
+    fn optimize(&mut self, shards: usize) -> anyhow::Result<()> {
         // Adam's step count (its bias corrections are 1 long before 2^31 steps).
         let (t, lr) = (i32::try_from(self.step).unwrap_or(i32::MAX), self.lr);
         let (layers, workers, partials) = (&mut self.layers, &self.workers, &mut self.partials);
@@ -333,9 +476,13 @@ impl<'a, B: Backend> Trainer<'a, B> {
                     par_add_into(B::slice_mut(weight_grad), B::slice(w));
                     add_into(B::slice_mut(bias_grad), B::slice(b));
                 }
+                // The step's recomputes are gone with its values: the parameters are ours.
+                let shared = || anyhow!("layer {l}'s parameters are still shared");
+                let weight = Arc::get_mut(&mut layer.weight).ok_or_else(shared)?;
+                let bias = Arc::get_mut(&mut layer.bias).ok_or_else(shared)?;
                 let [mw, vw, mb, vb] = &mut layer.moments;
-                adam(&mut layer.weight, B::slice(weight_grad), mw, vw, lr, t);
-                adam(&mut layer.bias, B::slice(bias_grad), mb, vb, lr, t);
+                adam(weight, B::slice(weight_grad), mw, vw, lr, t);
+                adam(bias, B::slice(bias_grad), mb, vb, lr, t);
             }
             Ok(())
         })?;
@@ -345,17 +492,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 partial.bias_grads.iter_mut().for_each(|g| *g = None);
             }
         }
-        Ok(loss / batch as f32)
+        Ok(())
     }
 
-    /// The forward pass: returns the logits, the chain of checkpoints, and the last one.
-    #[allow(clippy::type_complexity)] // three results of one pass
-    fn forward(
-        &self,
-        x: B::Buf,
-        batch: usize,
-        count: usize,
-    ) -> anyhow::Result<(B::Buf, B::Chain, B::Saved)> {
+    /// The forward pass of [`Keep::Every`]: returns the logits and the chain of checkpoints.
+    fn forward(&self, x: B::Buf, batch: usize, every: usize) -> anyhow::Result<(B::Buf, B::Chain)> {
+        let count = self.layers.len();
         let mut chain = B::Chain::default();
         let mut current = self.backend.save(x)?;
         self.backend.push_checkpoint(&mut chain, 0, current.clone());
@@ -368,7 +510,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                     self.linear(l, input, batch, relu, self.threads)
                 })?,
             };
-            if l + 1 < count && (l + 1) % self.checkpoint_every == 0 {
+            if l + 1 < count && (l + 1) % every == 0 {
                 current = self.backend.save(out)?;
                 self.backend
                     .push_checkpoint(&mut chain, l + 1, current.clone());
@@ -377,32 +519,77 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 live = Some(out); // the previous non-checkpointed activation drops here
             }
         }
-        let logits = live.expect("the last layer is never a checkpoint");
-        Ok((logits, chain, current))
+        let logits = live.ok_or_else(|| anyhow!("the last layer is never a checkpoint"))?;
+        Ok((logits, chain))
+    }
+
+    /// The forward pass of [`Keep::Fitted`]: every layer's input is kept, each (but the
+    /// data) as a value the pool may evict and recompute from the one before. Returns the
+    /// logits and the chain.
+    fn forward_fitted(&self, x: B::Buf, batch: usize) -> anyhow::Result<(B::Buf, B::Chain)> {
+        let count = self.layers.len();
+        let mut chain = B::Chain::default();
+        let mut current = self.backend.save(x)?;
+        self.backend.push_checkpoint(&mut chain, 0, current.clone());
+        for l in 0..count {
+            let relu = l + 1 < count;
+            let out = B::with_saved(&current, |input| {
+                self.linear(l, input, batch, relu, self.threads)
+            })?;
+            if l + 1 == count {
+                return Ok((out, chain));
+            }
+            let layer = &self.layers[l];
+            let cost = (batch as u64)
+                .saturating_mul(layer.inputs as u64)
+                .saturating_mul(layer.outputs as u64);
+            current = self
+                .backend
+                .save_recomputable(out, &current, cost, self.kernel(l, batch))?;
+            self.backend
+                .push_checkpoint(&mut chain, l + 1, current.clone());
+        }
+        Err(anyhow!("a model without layers"))
+    }
+
+    /// Layer `l` on `rows` rows as a recompute runs it: the forward pass's own computation
+    /// (the same rows split over the same threads), so a recomputed value is bit-identical.
+    fn kernel(&self, l: usize, rows: usize) -> Kernel {
+        let layer = &self.layers[l];
+        let (k, n, relu, threads) = (
+            layer.inputs,
+            layer.outputs,
+            l + 1 < self.layers.len(),
+            self.threads,
+        );
+        let (weight, bias) = (Arc::clone(&layer.weight), Arc::clone(&layer.bias));
+        Arc::new(move |input, out| {
+            kernels::linear(rows, k, n, input, &weight, &bias, relu, out, threads);
+        })
     }
 
     /// Rows `r0..r1` of the backward pass: recompute each segment from its checkpoint (read
     /// through the retained handle, concurrently with the other threads), then back-propagate; its
     /// short lists live in `scratch`.
+    #[allow(clippy::too_many_arguments)] // a thread's rows, and where its results go
     fn replay(
         &self,
         chain: &B::Chain,
         logits_grad: &[f32],
         r0: usize,
         r1: usize,
+        every: usize,
         partial: &mut Partial<B>,
         scratch: &Bump,
     ) -> anyhow::Result<()> {
         let rows = r1 - r0;
         let count = self.layers.len();
-        let (weight_grads, bias_grads) = (&mut partial.weight_grads, &mut partial.bias_grads);
         let mut upstream = self.backend.zeros(rows, CLASSES)?;
         B::slice_mut(&mut upstream).copy_from_slice(logits_grad);
         // The recomputed inputs of a segment's layers after its first.
-        let mut inputs =
-            bumpalo::collections::Vec::with_capacity_in(self.checkpoint_every, scratch);
-        for start in (0..count).step_by(self.checkpoint_every).rev() {
-            let end = (start + self.checkpoint_every).min(count);
+        let mut inputs = bumpalo::collections::Vec::with_capacity_in(every, scratch);
+        for start in (0..count).step_by(every).rev() {
+            let end = (start + every).min(count);
             let width = self.layers[start].inputs;
             // The segment's first input is our rows of its checkpoint, read in place through
             // the retained handle (concurrently with the other threads) for the whole segment.
@@ -441,30 +628,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
                     } else {
                         B::slice(&inputs[l - start - 1])
                     };
-                    // dW = input^T * g
-                    let wg = self.product(
-                        layer.inputs,
-                        rows,
-                        layer.outputs,
-                        Mat::transposed(input, layer.inputs),
-                        Mat::rows(g, layer.outputs),
-                    )?;
-                    let mut bg = self.backend.zeros(1, layer.outputs)?;
-                    for row in g.chunks_exact(layer.outputs) {
-                        add_into(B::slice_mut(&mut bg), row);
-                    }
-                    weight_grads[l] = Some(wg);
-                    bias_grads[l] = Some(bg);
-                    // d input = g * W^T (the transpose is a stride, no copy); the first
-                    // layer's input is the data, whose gradient nothing reads.
-                    if l > 0 {
-                        upstream = self.product(
-                            rows,
-                            layer.outputs,
-                            layer.inputs,
-                            Mat::rows(g, layer.outputs),
-                            Mat::transposed(&layer.weight, layer.outputs),
-                        )?;
+                    if let Some(next) = self.back_propagate(l, input, g, rows, partial)? {
+                        upstream = next;
                     }
                 }
                 Ok(())

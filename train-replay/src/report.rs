@@ -8,9 +8,10 @@ use std::time::Instant;
 use ferropool::{BufferPool, PoolAllocator, PoolConfig, PoolEvent};
 
 use crate::allocator::{self, Choice};
-use crate::args::Args;
-use crate::backend::{PoolBackend, VecBackend};
+use crate::args::{Args, Keep};
+use crate::backend::{OverBudget, PoolBackend, VecBackend};
 use crate::measure::train;
+use crate::model::Trainer;
 use crate::model::{CLASSES, INPUT};
 use crate::plot::plot;
 use crate::show::{bytes, table};
@@ -20,7 +21,7 @@ use crate::show::{bytes, table};
 pub fn run(args: &Args) -> anyhow::Result<()> {
     if allocator::choice() != Choice::Pool {
         // The baselines: plain vectors from glibc or mimalloc.
-        let summary = train(&VecBackend, args, || 0, |_, _| {})?;
+        let summary = train(&VecBackend, args, None, |_, _| {})?;
         println!("{}", summary.line());
         return Ok(());
     }
@@ -47,11 +48,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .budget
             .map_or(String::new(), |b| format!(", budget {:.2}", bytes(b)));
         println!(
-            "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, checkpoint every {} layer(s), {} thread(s), {} steps{budget}",
+            "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, {}, {} thread(s), {} steps{budget}",
             args.layers,
             args.hidden,
             args.batch,
-            args.checkpoint_every,
+            match args.keep() {
+                Keep::Every(every) => format!("checkpoint every {every} layer(s)"),
+                Keep::Fitted => "inputs kept as the budget allows".to_owned(),
+            },
             args.threads(),
             args.steps
         );
@@ -68,9 +72,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     });
     let mut boundaries = Vec::with_capacity(args.steps);
     let started = Instant::now();
-    // The pool's calls to the system, and the requests past its budget that went there.
-    let system_calls = || pool.stats().system_allocations + PoolAllocator::fallback_allocations();
-    let summary = train(&backend, args, system_calls, |step, loss| {
+    let trained = train(&backend, args, Some(pool), |step, loss| {
         boundaries.extend(pool.trace_now_ns());
         pool.trace_mark(step as u64);
         let rate = (step + 1) as f64 / started.elapsed().as_secs_f64();
@@ -84,10 +86,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
             None => {}
         }
-    })?;
-    if let Some(bar) = bar {
+    });
+    if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
+    let summary = match trained {
+        Err(error) if args.keep() == Keep::Fitted && error.is::<OverBudget>() => {
+            return Err(below_least(&backend, args, &error));
+        }
+        trained => trained?,
+    };
     if quiet {
         println!("{}", summary.line());
         return Ok(());
@@ -156,6 +164,20 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ),
         ("peak RSS", peak_rss),
     ];
+    if args.keep() == Keep::Fitted {
+        rows.push((
+            "inputs evicted per step",
+            format!("{:.1}", summary.evictions_per_step.unwrap_or(0.0)),
+        ));
+        rows.push((
+            "recomputed per step",
+            bytes(summary.recomputed_bytes_per_step.unwrap_or(0.0) as u64).to_string(),
+        ));
+        rows.push((
+            "time recomputing",
+            format!("{:.1}%", summary.recompute_share.unwrap_or(0.0) * 100.0),
+        ));
+    }
     if args.budget.is_some() {
         rows.push((
             "allocations past the budget (glibc)",
@@ -202,4 +224,82 @@ fn trace_capacity(args: &Args) -> usize {
         .saturating_mul(per_step)
         .saturating_add(4096)
         .min(PoolConfig::MAX_TRACE_EVENTS)
+}
+
+/// The error of a run fitted to a budget that could not hold it even with every evictable
+/// input evicted: one message that names the least budget the run needs, found by trying
+/// steps of the same run at budgets between the one refused and what the run holds without
+/// evicting anything.
+fn below_least(backend: &PoolBackend, args: &Args, refused: &anyhow::Error) -> anyhow::Error {
+    let pool = backend.pool;
+    let budget = args.budget.unwrap_or(u64::MAX);
+    match least_budget(backend, args, budget) {
+        Ok(least) => anyhow!(
+            "the pool's budget of {:.2} is below the least this run needs, {:.2}: even with \
+             every layer input that may be recomputed evicted, the tensors a step reads at once \
+             do not fit. Raise --budget to at least {:.2}, or lower --batch or --hidden.",
+            bytes(budget),
+            bytes(least),
+            bytes(least),
+        ),
+        // The search itself failed (a refusal that is not the budget's): the first error.
+        Err(error) => {
+            pool.set_budget(args.budget);
+            anyhow!("{refused:#} (and finding the least budget failed: {error:#})")
+        }
+    }
+}
+
+/// Steps each try runs: the first step and one in steady state (every later step repeats it).
+const TRY_STEPS: usize = 2;
+/// The search's resolution.
+const LEAST_STEP: u64 = 1 << 20;
+
+/// The least budget (a whole number of MiB) at which [`TRY_STEPS`] steps of this run complete,
+/// above `refused`, by bisection between `refused` and the peak a run without eviction
+/// reserves; plus an eighth for the threads' timing: the GEMMs' packing buffers share the
+/// pool and come and go as the threads run, so the least that fits moves from run to run
+/// (`--batch 8192 --layers 8`, 2 threads: one run in six failed at 98 MiB, none at 99 or
+/// 100 MiB; the search names 110 to 112 MiB). Leaves the pool trimmed and without a budget.
+fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
+    let pool = backend.pool;
+    let fits = |budget: Option<u64>| -> anyhow::Result<Option<u64>> {
+        pool.trim();
+        pool.set_budget(budget);
+        let mut trial = args.clone();
+        trial.budget = Some(budget.unwrap_or(u64::MAX));
+        let mut trainer = Trainer::new(backend, &trial)?;
+        let peak_before = pool.stats().peak_reserved_bytes;
+        let mut outcome = Ok(Some(0));
+        for _ in 0..TRY_STEPS {
+            match trainer.step(args.batch) {
+                Ok(_) => {}
+                Err(error) if error.is::<OverBudget>() => {
+                    outcome = Ok(None);
+                    break;
+                }
+                Err(error) => {
+                    outcome = Err(error);
+                    break;
+                }
+            }
+        }
+        drop(trainer);
+        pool.trim();
+        pool.set_budget(None);
+        let peak = pool.stats().peak_reserved_bytes.max(peak_before);
+        outcome.map(|fitted| fitted.map(|_| peak))
+    };
+    // Without a budget nothing is evicted: the peak of that run always fits.
+    let unbounded = fits(None)?.unwrap_or(u64::MAX);
+    let mut low = refused.div_ceil(LEAST_STEP); // MiB that do not fit
+    let mut high = unbounded.div_ceil(LEAST_STEP).max(low + 1); // MiB that fit
+    while high - low > 1 {
+        let middle = low + (high - low) / 2;
+        match fits(Some(middle * LEAST_STEP))? {
+            Some(_) => high = middle,
+            None => low = middle,
+        }
+    }
+    Ok((high + high.div_ceil(8)) * LEAST_STEP)
 }

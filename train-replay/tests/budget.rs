@@ -1,10 +1,13 @@
 //! A budget that cannot hold the run ends it with exit code 1 and one message that names the
 //! budget and what the run needed, never a signal (it ended in SIGABRT from inside the GEMM,
-//! then in exit code 2 with the pool's own advice to raise `PoolConfig::budget`).
+//! then in exit code 2 with the pool's own advice to raise `PoolConfig::budget`). Without
+//! `--checkpoint-every` the run fits itself to the budget: it completes at or above the least
+//! it needs, with the losses of the run without a budget, and below it names that least.
 
 mod common;
 
 use common::{train_replay, train_small, SMALL_MODEL};
+use train_replay::measure::Summary;
 
 /// The run fails with exit code 1 and one budget message.
 fn over_budget(args: &[&str], budget: &str) {
@@ -46,14 +49,35 @@ fn over_budget(args: &[&str], budget: &str) {
 #[test]
 fn a_budget_too_small_for_the_first_tensors_is_an_error() {
     // The default model: its parameters alone (15 MiB) are more than the budget.
-    over_budget(&["--budget", "10MiB", "--steps", "2"], "10.00 MiB");
+    over_budget(
+        &[
+            "--budget",
+            "10MiB",
+            "--steps",
+            "2",
+            "--checkpoint-every",
+            "2",
+        ],
+        "10.00 MiB",
+    );
 }
 
 #[test]
 fn a_budget_that_runs_out_inside_a_step_is_an_error() {
     // Peak reserved without a budget: 8.4 MiB; 6 MiB runs out inside the first step, on the
     // worker threads, with GEMMs (whose packing buffers share the pool) running.
-    let args = [&["--budget", "6MiB", "--steps", "2"], SMALL_MODEL].concat();
+    let args = [
+        &[
+            "--budget",
+            "6MiB",
+            "--steps",
+            "2",
+            "--checkpoint-every",
+            "2",
+        ],
+        SMALL_MODEL,
+    ]
+    .concat();
     over_budget(&args, "6.00 MiB");
 }
 
@@ -80,4 +104,138 @@ fn the_comparison_reports_the_pool_run_over_budget() {
         stderr.contains("the pool run failed: the pool's budget of 10.00 MiB"),
         "{stderr}"
     );
+}
+
+/// A model whose layer inputs (1 MiB each) are most of what a step holds: a budget under its
+/// peak makes the pool evict some and recompute them.
+const EVICTING_MODEL: &[&str] = &[
+    "--batch",
+    "1024",
+    "--hidden",
+    "256",
+    "--layers",
+    "12",
+    "--threads",
+    "2",
+    "--steps",
+    "3",
+    "--json",
+];
+
+/// A run of [`EVICTING_MODEL`] with `extra`, which completes; its summary.
+fn fitted_run(extra: &[&str]) -> Summary {
+    let out = train_replay(&[EVICTING_MODEL, extra].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{extra:?}: {:?}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Summary::parse(&stdout).unwrap_or_else(|| panic!("no summary in {stdout}"))
+}
+
+#[test]
+fn a_fitted_run_evicts_recomputes_and_keeps_the_losses() {
+    // Without a budget, every layer input kept: peak live 35 MiB; the least: about 24 MiB.
+    let free = fitted_run(&["--checkpoint-every", "1"]);
+    let budget = 28u64 << 20;
+    let fitted = fitted_run(&["--budget", "28MiB"]);
+    assert!(fitted.evictions_per_step.unwrap() > 0.0, "{fitted:?}");
+    assert!(
+        fitted.recomputed_bytes_per_step.unwrap() > 0.0,
+        "{fitted:?}"
+    );
+    assert!(fitted.recompute_share.unwrap() > 0.0, "{fitted:?}");
+    let (live, reserved) = (
+        fitted.peak_live_bytes.unwrap(),
+        fitted.peak_reserved_bytes.unwrap(),
+    );
+    assert!(reserved <= budget, "{fitted:?}");
+    assert!(live <= reserved, "{fitted:?}");
+    assert_eq!(
+        (fitted.first_loss.to_bits(), fitted.last_loss.to_bits()),
+        (free.first_loss.to_bits(), free.last_loss.to_bits()),
+        "{fitted:?}\n{free:?}"
+    );
+    assert_eq!(free.evictions_per_step, Some(0.0), "{free:?}");
+}
+
+#[test]
+fn a_budget_below_the_least_a_fitted_run_needs_names_that_least() {
+    let out = train_replay(&[EVICTING_MODEL, &["--budget", "4MiB"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{:?}\n{stderr}", out.status);
+    assert_eq!(
+        stderr.lines().filter(|l| !l.trim().is_empty()).count(),
+        1,
+        "one message: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let prefix = "the pool's budget of 4.00 MiB is below the least this run needs, ";
+    let least = stderr
+        .split_once(prefix)
+        .and_then(|(_, rest)| rest.split_once(" MiB"))
+        .and_then(|(least, _)| least.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no least budget in {stderr}"));
+    assert!(
+        stderr.contains(&format!("Raise --budget to at least {least:.2} MiB")),
+        "{stderr}"
+    );
+    // What it names is enough, and not more than the run without a budget holds.
+    assert!(least > 4.0 && least <= 40.0, "{stderr}");
+    let budget = format!("{least}MiB");
+    let fitted = fitted_run(&["--budget", &budget]);
+    assert!(
+        fitted.peak_reserved_bytes.unwrap() as f64 <= least * 1048576.0,
+        "{fitted:?}"
+    );
+}
+
+#[test]
+fn the_sweep_prints_every_point_and_draws_the_frontier() {
+    let dir = std::env::temp_dir().join(format!("sweep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("frontier.svg");
+    let svg_arg = svg.to_str().unwrap();
+    let out = train_replay(
+        &[
+            &[
+                "sweep",
+                "--runs",
+                "1",
+                "--every",
+                "2",
+                "--budgets",
+                "28MiB,4MiB",
+            ],
+            &EVICTING_MODEL[..EVICTING_MODEL.len() - 1], // without --json
+            &["--plot", svg_arg],
+        ]
+        .concat(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for row in [
+        "| ferropool, checkpoint every 1 |", // the reference, though not asked for
+        "| ferropool, checkpoint every 2 |",
+        "| ferropool, fitted             | 28.0 MiB",
+        "| ferropool, fitted             | 4.0 MiB",
+        "failed (1)",
+        "is below the least this run needs",
+        "bit-identical to checkpoint every 1: yes",
+    ] {
+        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+    }
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.contains("<svg") && drawn.contains("fitted to the budget"),
+        "{drawn}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
