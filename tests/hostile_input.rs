@@ -152,3 +152,37 @@ fn a_buffer_handed_out_as_uninit_is_no_longer_readable() {
     buffer.fill(1);
     assert_eq!(buffer.as_bytes().unwrap()[3], 1);
 }
+
+#[test]
+fn tag_scopes_dropped_out_of_order_leave_no_stale_tag() {
+    use ferropool::{BufferPool, MemoryTag};
+    let pool = BufferPool::new();
+    let (outer, inner) = (
+        MemoryTag::new("out of order: outer"),
+        MemoryTag::new("out of order: inner"),
+    );
+    let outer_scope = outer.enter();
+    let inner_scope = inner.enter();
+    drop(outer_scope); // the outer scope first
+    let while_inner = pool.alloc(64).unwrap();
+    drop(inner_scope);
+    let after_both = pool.alloc(128).unwrap();
+    let by_tag = pool.memory_by_tag();
+    assert_eq!(by_tag.get(inner), 64, "{by_tag:?}");
+    assert_eq!(by_tag.get(outer), 0, "a stale tag: {by_tag:?}");
+    assert_eq!(by_tag.get(None), 128, "{by_tag:?}");
+    drop((while_inner, after_both));
+    // In order, the scopes still nest.
+    let outer_scope = outer.enter();
+    let tagged_outer = {
+        let _inner = inner.enter();
+        let _in_inner = pool.alloc(256).unwrap();
+        pool.alloc(512).unwrap() // still inner: the scope is alive
+    };
+    let back_to_outer = pool.alloc(1024).unwrap();
+    drop(outer_scope);
+    let by_tag = pool.memory_by_tag();
+    assert_eq!(by_tag.get(inner), 512, "{by_tag:?}");
+    assert_eq!(by_tag.get(outer), 1024, "{by_tag:?}");
+    drop((tagged_outer, back_to_outer));
+}

@@ -113,8 +113,11 @@ impl MemoryTag {
         names().by_id[self.0.get() as usize - 1]
     }
 
-    /// Tags the buffers this thread allocates until the returned scope drops (scopes nest:
-    /// dropping one restores the tag that was current before).
+    /// Tags the buffers this thread allocates until the returned scope drops. Scopes nest
+    /// whatever order they drop in: the thread's tag is always that of its newest live
+    /// scope (none once every scope has dropped), so dropping an outer scope first leaves
+    /// the inner one's tag, and dropping the inner one then leaves none, never the
+    /// outer one's again.
     ///
     /// ```
     /// use ferropool::{BufferPool, MemoryTag};
@@ -128,8 +131,22 @@ impl MemoryTag {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn enter(self) -> TagScope {
+        let tag = self.0.get();
+        // The list is bookkeeping: never in a pool. A thread whose thread-locals are being
+        // destroyed keeps no list, and its scope only sets the tag.
+        let _bookkeeping = crate::thread::Bookkeeping::open();
+        let number = SCOPES
+            .try_with(|scopes| {
+                let mut scopes = scopes.try_borrow_mut().ok()?;
+                let number = scopes.last().map_or(0, |&(n, _)| n.wrapping_add(1));
+                scopes.push((number, tag));
+                Some(number)
+            })
+            .ok()
+            .flatten();
+        crate::thread::set_tag(tag);
         TagScope {
-            previous: crate::thread::set_tag(self.0.get()),
+            number,
             _not_send: std::marker::PhantomData,
         }
     }
@@ -178,15 +195,35 @@ impl fmt::Display for MemoryTag {
 #[derive(Debug)]
 #[must_use = "the tag applies only while the scope lives"]
 pub struct TagScope {
-    previous: u32,
+    /// Its entry in this thread's [`SCOPES`] (`None`: the thread keeps no list any more).
+    number: Option<u64>,
     /// Not `Send`: the scope restores the tag of the thread that entered it.
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for TagScope {
     fn drop(&mut self) {
-        crate::thread::set_tag(self.previous);
+        let Some(number) = self.number else {
+            return;
+        };
+        let _ = SCOPES.try_with(|scopes| {
+            let Ok(mut scopes) = scopes.try_borrow_mut() else {
+                return;
+            };
+            if let Some(at) = scopes.iter().rposition(|&(n, _)| n == number) {
+                scopes.remove(at);
+            }
+            crate::thread::set_tag(scopes.last().map_or(0, |&(_, tag)| tag));
+        });
     }
+}
+
+std::thread_local! {
+    /// This thread's live tag scopes, oldest first: (number, tag), numbers rising. The
+    /// thread's tag is the last one's (0 when empty). Thread-local: no other thread reads it.
+    static SCOPES: std::cell::RefCell<Vec<(u64, u32)>> = const {
+        std::cell::RefCell::new(Vec::new())
+    };
 }
 
 /// Serialized as its name; deserializing gives the tag of that name (the one
