@@ -333,7 +333,8 @@ impl ThreadNames {
         })
     }
 
-    /// The thread with `tid` exited: its name moves to the exited ones.
+    /// The thread with `tid` exited: its name moves to the exited ones, whose room
+    /// [`name_this_thread`] reserved (this allocates nothing).
     fn exit(&mut self, tid: u32) {
         if let Some(name) = self.live.remove(&tid) {
             if self.exited.len() == EXITED_NAMES {
@@ -388,7 +389,13 @@ pub(super) fn name_this_thread() {
         let name = std::thread::current().name().map(Box::<str>::from);
         let tid = name.map(|name| {
             let tid = os_tid();
-            thread_names().live.insert(tid, name);
+            let mut names = thread_names();
+            names.live.insert(tid, name);
+            // The exited names' room, all of it now: a thread's exit moves its name there
+            // while its thread-locals are being destroyed, where no bookkeeping scope can be
+            // opened, so the queue must never grow then (it grew in the pool).
+            let room = EXITED_NAMES.saturating_sub(names.exited.len());
+            names.exited.reserve_exact(room);
             tid
         });
         *named = Some(Named(tid));
