@@ -267,6 +267,37 @@ fn peak_reserved_while_a_reservation_races_a_trim() {
     });
 }
 
+/// **a reservation the system refuses, racing a statistics read**: a worker asks for 1 TiB
+/// (the budget allows it, the system refuses it) while the main thread reads the statistics.
+/// Neither that read nor one after it reports the refused bytes: `peak_reserved_bytes` stays
+/// what the pool held, a 64-byte block, and `reserved_bytes` at most that. (The race needs one
+/// preemption: the worker's, between its reservation and the system's answer.)
+///
+/// Planted bug caught: `peak_before_grant` (the reservation raises the peak before the
+/// system is asked, as the pool did: the peak then reads 1 TiB and 64 bytes for good).
+#[test]
+fn a_reservation_the_system_refuses_never_reaches_the_figures() {
+    model(|| {
+        let pool = pool();
+        drop(pool.alloc(64).unwrap()); // cached on the list: 64 bytes held
+        let asker = {
+            let pool = pool.clone();
+            thread::spawn(move || assert!(pool.alloc(1 << 40).is_err()))
+        };
+        let during = pool.stats();
+        asker.join().unwrap();
+        let after = pool.stats();
+        for stats in [&during, &after] {
+            // The refusal releases the cached block first: reserved is 64 or 0.
+            assert!(
+                stats.reserved_bytes <= 64 && stats.peak_reserved_bytes == 64,
+                "a refused block in the figures: {stats:?}"
+            );
+        }
+        trim_releases_everything(&pool);
+    });
+}
+
 /// **a statistics read while a buffer crosses threads**: one thread allocates a buffer and
 /// hands it to another, which frees it, while a third reads the statistics. The read never
 /// counts the free without the allocation: `frees <= allocations` and `freed <= allocated`

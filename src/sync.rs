@@ -92,8 +92,12 @@ pub(crate) mod system {
     #[inline]
     pub(crate) unsafe fn alloc(layout: Layout) -> *mut u8 {
         #[cfg(loom)]
-        // SAFETY: the caller's contract is loom's.
-        return unsafe { loom::alloc::alloc(layout) };
+        return if super::system_grants(layout) {
+            // SAFETY: the caller's contract is loom's.
+            unsafe { loom::alloc::alloc(layout) }
+        } else {
+            std::ptr::null_mut()
+        };
         #[cfg(not(loom))]
         // SAFETY: the caller's contract is `GlobalAlloc::alloc`'s.
         unsafe {
@@ -109,8 +113,12 @@ pub(crate) mod system {
     #[inline]
     pub(crate) unsafe fn alloc_zeroed(layout: Layout) -> *mut u8 {
         #[cfg(loom)]
-        // SAFETY: the caller's contract is loom's.
-        return unsafe { loom::alloc::alloc_zeroed(layout) };
+        return if super::system_grants(layout) {
+            // SAFETY: the caller's contract is loom's.
+            unsafe { loom::alloc::alloc_zeroed(layout) }
+        } else {
+            std::ptr::null_mut()
+        };
         #[cfg(not(loom))]
         // SAFETY: the caller's contract is `GlobalAlloc::alloc_zeroed`'s.
         unsafe {
@@ -141,9 +149,28 @@ pub(crate) mod system {
 /// blocks. Under loom, loom's tracking wrappers.
 pub(crate) mod global {
     #[cfg(loom)]
-    pub(crate) use loom::alloc::{alloc, alloc_zeroed, dealloc};
+    pub(crate) use super::system::{alloc, alloc_zeroed, dealloc};
     #[cfg(not(loom))]
     pub(crate) use std::alloc::{alloc, alloc_zeroed, dealloc};
+}
+
+/// Under loom: whether the system would grant `layout` now (asked, then given back). Loom
+/// tracks every pointer its allocator returns, a null one too, and a second refusal then
+/// fails its bookkeeping ("pointer already tracked"): a request the system refuses must be
+/// answered before loom sees it.
+#[cfg(loom)]
+fn system_grants(layout: std::alloc::Layout) -> bool {
+    use std::alloc::{GlobalAlloc, System};
+    // SAFETY: `layout` has a non-zero size (the callers' contract); the block, if any, is
+    // given back at once with the same layout.
+    unsafe {
+        let probe = System.alloc(layout);
+        if probe.is_null() {
+            return false;
+        }
+        System.dealloc(probe, layout);
+    }
+    true
 }
 
 /// Asymmetric fences: a pair of fences for a Dekker-style handshake between a *frequent* side

@@ -111,6 +111,22 @@ fn refused_system_allocations_are_typed_and_leave_the_pool_consistent() {
         (0, 0, 0, 1),
         "nothing counted but the retry"
     );
+    // Nor is the refused block in the peak: the pool never held it (it read 2 MiB here when
+    // the reservation raised the peak before the system was asked).
+    assert_eq!(stats.peak_reserved_bytes, 0, "{stats:?}");
+    let held = pool.alloc(LARGE).unwrap();
+    arm(1);
+    assert!(pool.alloc(4 * LARGE).is_err());
+    disarm();
+    let stats = pool.stats();
+    let one_block = BufferPool::class_size_for(LARGE).unwrap() as u64;
+    assert_eq!(
+        (stats.reserved_bytes, stats.peak_reserved_bytes),
+        (one_block, one_block),
+        "{stats:?}"
+    );
+    drop(held);
+    pool.trim();
 
     // 2. From the N-th of a run of allocations on, the system refuses: the earlier ones are
     //    intact and usable, the later ones typed errors.

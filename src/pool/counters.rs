@@ -181,13 +181,18 @@ mod tests {
 /// exact bytes in use with their peaks.
 #[derive(Default, Debug)]
 pub(super) struct PoolCounters {
-    /// Bytes held from the system, reservations in flight included (moved by `reserve` and
-    /// `unreserve` only).
+    /// Bytes held from the system, reservations in flight included: what the budget
+    /// counts (moved by `reserve` and `unreserve` only).
     pub(super) reserved: AtomicU64,
-    /// Invariant: at least every value `reserved` took since the last reset once its mover
-    /// or a reader raised it, and no more than the largest of them: `reserve` raises it with
-    /// the value its compare-exchange wrote, and every read of `reserved` that is reported
-    /// raises it with the value read first.
+    /// Bytes held from the system, reservations in flight left out: what reads report.
+    /// Raised by a system allocation once the system granted its block, lowered by a
+    /// release; never above `reserved`.
+    pub(super) held: AtomicU64,
+    /// Invariant: at least every value `held` took since the last reset once its mover or
+    /// a reader raised it, and no more than the largest of them: a system allocation raises
+    /// it with the value its add wrote, and every read of `held` that is reported raises it
+    /// with the value read first. So it never decreases, and it never counts a block the
+    /// system has not granted (a request the system refuses leaves it as it was).
     pub(super) peak_reserved: AtomicU64,
     /// The bytes in use (with `exact_peaks`) and requested (with `exact_requested`), on a
     /// cache line of their own: the hot path writes them.
@@ -268,8 +273,14 @@ impl PoolCounters {
     /// `reserved` now, with its peak raised to it (so that no later read reports a lower
     /// peak than this value).
     pub(super) fn reserved_and_peak(&self) -> (u64, u64) {
-        let reserved = self.reserved.load(Ordering::Relaxed);
-        (reserved, raise(&self.peak_reserved, reserved))
+        let held = self.held.load(Ordering::Relaxed);
+        (held, raise(&self.peak_reserved, held))
+    }
+
+    /// Counts a block of `bytes` the system granted, and raises the peak with the sum.
+    pub(super) fn hold(&self, bytes: u64) {
+        let held = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        raise(&self.peak_reserved, held);
     }
 
     /// Starts the peaks again from the current values. A concurrent allocation may raise a
@@ -280,7 +291,7 @@ impl PoolCounters {
             peak.store(current.load(Ordering::Relaxed), Ordering::Relaxed);
             raise(peak, current.load(Ordering::Relaxed));
         };
-        restart(&self.peak_reserved, &self.reserved);
+        restart(&self.peak_reserved, &self.held);
         if config.exact_peaks {
             restart(&self.live.peak_in_use, &self.live.in_use);
         }

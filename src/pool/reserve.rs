@@ -6,7 +6,6 @@ use std::ptr::NonNull;
 
 use super::blocks::Record;
 use super::cache::ThreadCache;
-use super::counters::raise;
 use super::inner::PoolInner;
 use super::ops::Taken;
 use super::{advise, class, OutOfMemory, PoolError, PoolEventKind};
@@ -78,6 +77,7 @@ impl PoolInner {
                 config.prefault,
             );
         }
+        self.counters.hold(class_bytes as u64);
         self.counters
             .system_allocations
             .fetch_add(1, Ordering::Relaxed);
@@ -137,13 +137,9 @@ impl PoolInner {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => {
-                    // The peak moves with the counter: a read may report `next` from now
-                    // on, so no peak reported later may be below it (even if the system
-                    // then refuses the block and the reservation is undone).
-                    raise(&self.counters.peak_reserved, next);
-                    return true;
-                }
+                // The peak moves once the system granted the block (`PoolCounters::hold`):
+                // reads report `held`, which leaves this reservation out until then.
+                Ok(_) => return true,
                 Err(actual) => current = actual,
             }
         }
@@ -162,6 +158,9 @@ impl PoolInner {
         unsafe { self.dealloc_block(rec.addr().as_ptr(), self.layout(class_bytes)) };
         rec.clear_block();
         self.blocks.release(record);
+        self.counters
+            .held
+            .fetch_sub(class_bytes as u64, Ordering::Relaxed);
         self.unreserve(class_bytes as u64);
         self.counters.system_frees.fetch_add(1, Ordering::Relaxed);
         self.trace(PoolEventKind::SystemFree, class_bytes as u64, class);
@@ -261,7 +260,7 @@ impl PoolInner {
             }
         });
         let (in_use, _) = self.in_use_now();
-        let reserved = self.counters.reserved.load(Ordering::Relaxed);
+        let reserved = self.counters.held.load(Ordering::Relaxed);
         CacheSnapshot {
             in_threads,
             in_lists: reserved.saturating_sub(in_use).saturating_sub(in_threads),
