@@ -599,3 +599,34 @@ fn exact_peaks_count_a_slotless_allocation() {
     assert_eq!(pool.stats().peak_in_use_bytes, 1024);
     drop(held);
 }
+
+/// A request the budget refuses releases listed blocks, largest first, only until it fits:
+/// the smaller cached block stays for the requests that come next (every cached block went
+/// back before, and the next step faulted it in again).
+#[test]
+fn a_refused_request_releases_only_what_it_needs() {
+    const MIB: usize = 1 << 20;
+    let class = |size| BufferPool::class_size_for(size).unwrap();
+    let (small, large, asked) = (class(MIB), class(2 * MIB), class(3 * MIB / 2));
+    assert!(
+        small < asked && asked < large,
+        "three classes: {small} {asked} {large}"
+    );
+    let pool = BufferPool::with_config(PoolConfig {
+        thread_cache_bytes: 0,                // every free goes to the shared lists
+        budget: Some((large + asked) as u64), // room for `asked` beside `small` once `large` goes
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    drop((pool.alloc(MIB).unwrap(), pool.alloc(2 * MIB).unwrap()));
+    let before = pool.stats();
+    assert_eq!(before.cached_bytes, (small + large) as u64);
+    let served = pool.alloc(3 * MIB / 2).unwrap();
+    let after = pool.stats();
+    assert_eq!(
+        (after.system_frees - before.system_frees, after.cached_bytes),
+        (1, small as u64),
+        "the large block only: {after:?}"
+    );
+    drop(served);
+}
