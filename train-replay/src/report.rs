@@ -259,8 +259,8 @@ const LEAST_STEP: u64 = 1 << 20;
 /// above `refused`, by bisection between `refused` and the peak a run without eviction
 /// reserves; plus an eighth for the threads' timing: the GEMMs' packing buffers share the
 /// pool and come and go as the threads run, so the least that fits moves from run to run
-/// (`--batch 8192 --layers 8`, 2 threads: one run in six failed at 98 MiB, none at 99 or
-/// 100 MiB; the search names 110 to 112 MiB). Leaves the pool trimmed and without a budget.
+/// (`--batch 8192 --layers 8`, 2 threads: 100 MiB failed three runs in three, 105 MiB
+/// completed; the search names 110 to 115 MiB). Leaves the pool trimmed and without a budget.
 fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
     let pool = backend.pool;
     let fits = |budget: Option<u64>| -> anyhow::Result<Option<u64>> {
