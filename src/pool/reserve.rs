@@ -23,9 +23,10 @@ impl PoolInner {
         zeroed: bool,
     ) -> Result<Taken<'_>, PoolError> {
         let mut released = None;
-        if !self.reserve(class_bytes as u64)
-            && !(self.release_listed_for(class_bytes as u64) && self.reserve(class_bytes as u64))
-        {
+        // First the listed blocks the budget lacks (largest first), then everything.
+        let bytes = class_bytes as u64;
+        let room = self.reserve(bytes) || (self.release_listed_for(bytes) && self.reserve(bytes));
+        if !room {
             // Release every cached block, other threads' caches included, and try once more.
             released = Some(self.release_cached_for_retry());
             self.counters.retries.fetch_add(1, Ordering::Relaxed);
