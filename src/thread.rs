@@ -311,6 +311,43 @@ pub(crate) fn set_tag(_tag: u32) -> u32 {
 pub(crate) static INDEX_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[cfg(all(test, not(loom)))]
+/// Runs `f` on a thread whose thread index is at least `threads - 1`: `threads` threads
+/// claim an index each and wait until the one with the highest index has run `f`.
+pub(crate) fn on_a_high_index(threads: usize, f: impl Fn() + Send + Sync) {
+    // Not while the index-reuse test watches indices (this floods them).
+    let _alone = INDEX_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let barrier = std::sync::Barrier::new(threads);
+    let highest = std::sync::Mutex::new(0usize);
+    let done = std::sync::Barrier::new(threads);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            std::thread::Builder::new()
+                .stack_size(64 << 10)
+                .spawn_scoped(scope, || {
+                    let index = index().expect("a live thread has an index");
+                    {
+                        let mut highest = highest.lock().unwrap();
+                        *highest = (*highest).max(index);
+                    }
+                    barrier.wait();
+                    // A failure must end the test, not leave the others waiting.
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        if *highest.lock().unwrap() == index {
+                            assert!(index + 1 >= threads);
+                            f();
+                        }
+                    }));
+                    done.wait();
+                    if let Err(panic) = outcome {
+                        std::panic::resume_unwind(panic);
+                    }
+                })
+                .unwrap();
+        }
+    });
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

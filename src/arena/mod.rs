@@ -818,6 +818,29 @@ impl<T: Send + 'static> Drop for SlotArena<T> {
 mod tests {
     use super::*;
 
+    #[test]
+    #[cfg_attr(miri, ignore = "2,200 threads: too slow under Miri")]
+    fn one_thread_with_a_high_index_costs_an_arena_little() {
+        crate::thread::on_a_high_index(2_200, || {
+            let arena = SlotArena::new();
+            let key = arena.insert(1u64).unwrap();
+            assert!(
+                arena.thread_state_bytes() <= 64 << 10,
+                "{} bytes of thread caches for one thread",
+                arena.thread_state_bytes()
+            );
+            let guard = arena.pin();
+            assert!(arena.remove(key, &guard).is_ok());
+            let fences = crate::sync::asymmetric::heavy_fences_here();
+            arena.flush(&guard).unwrap();
+            assert_eq!(
+                crate::sync::asymmetric::heavy_fences_here() - fences,
+                1,
+                "one fence per flush"
+            );
+        });
+    }
+
     /// `trim` gives the vacant slots it keeps back to the shards they came from, not to the
     /// trimming thread's: a thread whose slots went elsewhere would find its shard dry and
     /// claim fresh slots.

@@ -379,50 +379,12 @@ pub(super) struct CacheSnapshot {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use crate::sync::asymmetric::heavy_fences_here;
-    use crate::{BufferPool, PoolConfig, SlotArena};
-
-    /// Runs `f` on a thread whose thread index is at least `threads - 1`: `threads` threads
-    /// claim an index each and wait until the one with the highest index has run `f`.
-    fn on_a_high_index(threads: usize, f: impl Fn() + Send + Sync) {
-        // Not while the index-reuse test watches indices (this floods them).
-        let _alone = crate::thread::INDEX_TESTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let barrier = std::sync::Barrier::new(threads);
-        let highest = std::sync::Mutex::new(0usize);
-        let done = std::sync::Barrier::new(threads);
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                std::thread::Builder::new()
-                    .stack_size(64 << 10)
-                    .spawn_scoped(scope, || {
-                        let index = crate::thread::index().expect("a live thread has an index");
-                        {
-                            let mut highest = highest.lock().unwrap();
-                            *highest = (*highest).max(index);
-                        }
-                        barrier.wait();
-                        // A failure must end the test, not leave the others waiting.
-                        let outcome =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                if *highest.lock().unwrap() == index {
-                                    assert!(index + 1 >= threads);
-                                    f();
-                                }
-                            }));
-                        done.wait();
-                        if let Err(panic) = outcome {
-                            std::panic::resume_unwind(panic);
-                        }
-                    })
-                    .unwrap();
-            }
-        });
-    }
+    use crate::thread::on_a_high_index;
+    use crate::{BufferPool, PoolConfig};
 
     #[test]
     #[cfg_attr(miri, ignore = "2,200 threads: too slow under Miri")]
-    fn one_thread_with_a_high_index_costs_a_pool_and_an_arena_little() {
+    fn one_thread_with_a_high_index_costs_a_pool_little() {
         on_a_high_index(2_200, || {
             let pool = BufferPool::new();
             drop(pool.alloc(4096).unwrap()); // into this thread's cache
@@ -438,19 +400,6 @@ mod tests {
             let fences = heavy_fences_here();
             drop(pool); // the close: one fence, for `closed`
             assert_eq!(heavy_fences_here() - fences, 1, "one fence per close");
-
-            let arena = SlotArena::new();
-            let key = arena.insert(1u64).unwrap();
-            assert!(
-                arena.thread_state_bytes() <= 64 << 10,
-                "{} bytes of thread caches for one thread",
-                arena.thread_state_bytes()
-            );
-            let guard = arena.pin();
-            assert!(arena.remove(key, &guard).is_ok());
-            let fences = heavy_fences_here();
-            arena.flush(&guard).unwrap();
-            assert_eq!(heavy_fences_here() - fences, 1, "one fence per flush");
         });
     }
 
