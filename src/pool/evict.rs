@@ -16,286 +16,13 @@
 //! so no lock is held across a recursive request. The allocation fast path is untouched:
 //! eviction starts only once the budget has refused a request.
 
-use std::fmt;
 use std::ptr::NonNull;
 
+use super::evictable::{Evictable, Held, NotPinned, Phase};
 use super::inner::PoolInner;
 use super::{class, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
-use crate::sync::{
-    thread_id, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering,
-    ThreadId, UnsafeCell,
-};
+use crate::sync::{Arc, Ordering};
 use crate::thread;
-
-/// Where an evictable value's bytes are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Phase {
-    /// In a block of the pool.
-    Resident,
-    /// Given back to the pool; a reader must recompute it.
-    Evicted,
-    /// Being recomputed by one thread; other readers wait for it.
-    Recomputing,
-}
-
-/// What the lock of an evictable value guards.
-#[derive(Debug)]
-struct State {
-    phase: Phase,
-    /// Pins held: reads in progress, and inputs of recomputes in progress. A value with
-    /// readers is never evicted.
-    readers: usize,
-    /// The thread recomputing the value, while the phase is `Recomputing`.
-    recomputer: Option<ThreadId>,
-}
-
-/// One evictable value as the pool sees it: its block, while resident, and what the eviction
-/// policy weighs. Shared (`Arc`) by its owner and the pool's registry.
-pub(crate) struct Evictable {
-    /// Its entry in the pool's registry (fixed at registration).
-    slot: usize,
-    /// The class of its block and the block's bytes.
-    class: usize,
-    bytes: u64,
-    /// The cost of recomputing it, in the owner's unit.
-    cost: u64,
-    /// The evictable values it is recomputed from: their cost counts in its score while
-    /// they are evicted too.
-    parents: Box<[Arc<Evictable>]>,
-    state: Mutex<State>,
-    /// Signalled when a recompute ends (in success or failure).
-    ready: Condvar,
-    /// Whether the phase is `Resident`, for the policy's estimates read without the lock.
-    resident: AtomicBool,
-    /// The pool clock at its last pin.
-    last_use: AtomicU64,
-    /// Invariant: `Some` exactly while the phase is `Resident`. Written only with `state`
-    /// locked and no reader (an eviction taking it, a recompute storing it); read by whoever
-    /// holds a pin (`readers` counts it for the whole read) or the lock.
-    buffer: UnsafeCell<Option<PoolBuffer>>,
-}
-
-// SAFETY: the buffer is written only under the lock with no reader, and read only under a pin
-// or the lock (invariant on `buffer`); a `PoolBuffer` is `Send + Sync`; every other field is
-// a lock, an atomic or immutable.
-unsafe impl Send for Evictable {}
-// SAFETY: as above.
-unsafe impl Sync for Evictable {}
-
-impl fmt::Debug for Evictable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Evictable")
-            .field("bytes", &self.bytes)
-            .field("cost", &self.cost)
-            .field("resident", &self.resident.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
-/// Why a pin could not be taken.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum NotPinned {
-    /// Evicted: the caller may recompute it.
-    Evicted,
-    /// The calling thread is recomputing it (a recompute that reads its own output).
-    RecomputingHere,
-}
-
-impl Evictable {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A poisoned lock: a panic while it was held, and none of the sections below can
-        // panic between their writes, so the state is consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The block's bytes (its class size).
-    pub(crate) fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Whether the bytes are in a block now (a snapshot).
-    pub(crate) fn is_resident(&self) -> bool {
-        self.lock().phase == Phase::Resident
-    }
-
-    /// Pins the value if it is resident (one more reader); else says why not, waiting first
-    /// for a recompute another thread has in flight.
-    pub(crate) fn try_pin(&self, pool: &PoolInner) -> Result<(), NotPinned> {
-        let mut state = self.lock();
-        loop {
-            match state.phase {
-                Phase::Resident => {
-                    state.readers += 1;
-                    self.last_use.store(pool.evictor.tick(), Ordering::Relaxed);
-                    return Ok(());
-                }
-                Phase::Evicted => return Err(NotPinned::Evicted),
-                Phase::Recomputing if state.recomputer == Some(thread_id()) => {
-                    return Err(NotPinned::RecomputingHere)
-                }
-                Phase::Recomputing => {
-                    state = self.ready.wait(state).unwrap_or_else(|e| e.into_inner());
-                }
-            }
-        }
-    }
-
-    /// Gives a pin back.
-    pub(crate) fn unpin(&self) {
-        let mut state = self.lock();
-        debug_assert!(state.readers > 0, "an unpin without a pin");
-        state.readers = state.readers.saturating_sub(1);
-    }
-
-    /// Claims the recompute of an evicted value: true if the caller must now recompute it and
-    /// then [`fill`](Self::fill) or [`abandon`](Self::abandon) it; false if it is no longer
-    /// evicted (the caller tries to pin it again).
-    pub(crate) fn claim(&self) -> bool {
-        let mut state = self.lock();
-        if state.phase != Phase::Evicted {
-            return false;
-        }
-        state.phase = Phase::Recomputing;
-        state.recomputer = Some(thread_id());
-        true
-    }
-
-    /// Ends a claimed recompute with its block: the value is resident, pinned once for the
-    /// caller, and the threads waiting for it wake.
-    pub(crate) fn fill(&self, pool: &PoolInner, buffer: PoolBuffer) {
-        let mut state = self.lock();
-        debug_assert_eq!(state.phase, Phase::Recomputing);
-        // SAFETY: the lock is held and the value has no reader (it was not resident), as the
-        // invariant on `buffer` requires for a write.
-        self.buffer.with_mut(|slot| unsafe { *slot = Some(buffer) });
-        state.phase = Phase::Resident;
-        state.recomputer = None;
-        state.readers += 1;
-        self.resident.store(true, Ordering::Relaxed);
-        self.last_use.store(pool.evictor.tick(), Ordering::Relaxed);
-        drop(state);
-        self.ready.notify_all();
-    }
-
-    /// Ends a claimed recompute that failed: the value is evicted again, and a waiting
-    /// thread may try itself.
-    pub(crate) fn abandon(&self) {
-        let mut state = self.lock();
-        debug_assert_eq!(state.phase, Phase::Recomputing);
-        state.phase = Phase::Evicted;
-        state.recomputer = None;
-        drop(state);
-        self.ready.notify_all();
-    }
-
-    /// The block of a pinned value.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds a pin on the value (from [`try_pin`](Self::try_pin) or
-    /// [`fill`](Self::fill)) for as long as it uses the reference.
-    pub(crate) unsafe fn pinned_buffer(&self) -> &PoolBuffer {
-        // SAFETY: the caller's pin keeps the phase `Resident`, so the buffer is `Some` and
-        // nobody writes it (invariant on `buffer`).
-        self.buffer
-            .with(|slot| unsafe { (*slot).as_ref() })
-            .expect("a pinned value is resident")
-    }
-
-    /// Takes the block of a resident value no reader pins, as the lock-holder `state` shows;
-    /// the caller drops it once every lock is released.
-    fn take(&self, state: &mut State) -> Option<PoolBuffer> {
-        if state.phase != Phase::Resident || state.readers > 0 {
-            return None;
-        }
-        state.phase = Phase::Evicted;
-        self.resident.store(false, Ordering::Relaxed);
-        // SAFETY: the lock is held (`state` borrows its guard) and there is no reader.
-        self.buffer.with_mut(|slot| unsafe { (*slot).take() })
-    }
-
-    /// The cost of recomputing the value now: its own, plus that of its evicted ancestors
-    /// (DTR's evicted neighbourhood), looked at through at most 64 of them.
-    fn cost_now(&self) -> u64 {
-        let mut cost = self.cost;
-        let mut stack: Vec<&Evictable> = self.parents.iter().map(|p| &**p).collect();
-        let mut visited = 0;
-        while let Some(parent) = stack.pop() {
-            visited += 1;
-            if visited > 64 {
-                break;
-            }
-            if !parent.resident.load(Ordering::Relaxed) {
-                cost = cost.saturating_add(parent.cost);
-                stack.extend(parent.parents.iter().map(|p| &**p));
-            }
-        }
-        cost.max(1)
-    }
-}
-
-/// The registry of a pool's evictable values, and what eviction counts.
-pub(crate) struct Evictor {
-    registry: Mutex<Registry>,
-    /// Values registered now (read without the lock to skip eviction when there are none).
-    registered: AtomicUsize,
-    /// The clock of staleness: one tick per pin.
-    clock: AtomicU64,
-    pub(super) evictions: AtomicU64,
-    pub(super) evicted_bytes: AtomicU64,
-    pub(super) recomputations: AtomicU64,
-    pub(super) recomputed_bytes: AtomicU64,
-    pub(super) recompute_ns: AtomicU64,
-}
-
-/// The registered values by slot; vacant slots are reused.
-#[derive(Default)]
-struct Registry {
-    slots: Vec<Option<Arc<Evictable>>>,
-    vacant: Vec<usize>,
-}
-
-impl fmt::Debug for Evictor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Evictor")
-            .field("registered", &self.registered.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
-impl Evictor {
-    pub(super) fn new() -> Self {
-        Self {
-            registry: Mutex::new(Registry::default()),
-            registered: AtomicUsize::new(0),
-            clock: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
-            evicted_bytes: AtomicU64::new(0),
-            recomputations: AtomicU64::new(0),
-            recomputed_bytes: AtomicU64::new(0),
-            recompute_ns: AtomicU64::new(0),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Registry> {
-        // Nothing panics while the registry is locked but a failed allocation of its
-        // tables, which leaves it as it was.
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn tick(&self) -> u64 {
-        self.clock.fetch_add(1, Ordering::Relaxed) + 1
-    }
-}
-
-/// What evictable values held when a request failed: bytes pinned by readers (or recomputes),
-/// and bytes resident and unpinned (which the pool could not take: another thread held them
-/// for a moment).
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Held {
-    pub(super) pinned: u64,
-    pub(super) evictable: u64,
-}
 
 impl PoolInner {
     /// Registers a resident value of `buffer`'s block, recomputed at `cost` from `parents`.
@@ -316,25 +43,26 @@ impl PoolInner {
                 registry.slots.len() - 1
             }
         };
-        let value = Arc::new(Evictable {
+        let value = Arc::new(Evictable::new(
             slot,
-            class: buffer.class(),
-            bytes: buffer.capacity() as u64,
+            buffer,
             cost,
             parents,
-            state: Mutex::new(State {
-                phase: Phase::Resident,
-                readers: 0,
-                recomputer: None,
-            }),
-            ready: Condvar::new(),
-            resident: AtomicBool::new(true),
-            last_use: AtomicU64::new(self.evictor.tick()),
-            buffer: UnsafeCell::new(Some(buffer)),
-        });
+            self.evictor.tick(),
+        ));
         registry.slots[slot] = Some(Arc::clone(&value));
         self.evictor.registered.fetch_add(1, Ordering::Relaxed);
         value
+    }
+
+    /// Pins `value` if it is resident (see [`Evictable::try_pin`]), on this pool's clock.
+    pub(crate) fn pin_evictable(&self, value: &Evictable) -> Result<(), NotPinned> {
+        value.try_pin(&self.evictor)
+    }
+
+    /// Ends the claimed recompute of `value` with its block (see [`Evictable::fill`]).
+    pub(crate) fn fill_evictable(&self, value: &Evictable, buffer: PoolBuffer) {
+        value.fill(&self.evictor, buffer);
     }
 
     /// Takes a value out of the registry (its owner is dropping it); its block goes back to

@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use super::blocks::BlockTable;
 use super::cache::ThreadCache;
 use super::counters::{OpCounters, PoolCounters, CACHELESS};
-use super::evict::Evictor;
+use super::evictable::Evictor;
 use super::trace::{PoolEventKind, Trace};
 use super::{class, PoolConfig};
 use crate::roster::Roster;

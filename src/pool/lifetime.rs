@@ -29,7 +29,7 @@ use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
 use super::counters::{OpCounters, PoolCounters};
-use super::evict::Evictor;
+use super::evictable::Evictor;
 use super::inner::PoolInner;
 use super::trace::Trace;
 use super::{class, PoolConfig};

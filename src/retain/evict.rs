@@ -227,7 +227,7 @@ impl EvictableTensor {
     /// Pins the value resident (one more reader, which the caller gives back with
     /// [`unpin`](Self::unpin)), recomputing it and its evicted inputs first if it was evicted.
     pub(super) fn pin(&self) -> Result<()> {
-        match self.core.try_pin(self.pool.inner()) {
+        match self.pool.inner().pin_evictable(&self.core) {
             Ok(()) => return Ok(()),
             Err(NotPinned::RecomputingHere) => return Err(reentered()),
             Err(NotPinned::Evicted) => {}
@@ -249,7 +249,7 @@ impl EvictableTensor {
         'values: loop {
             let top = stack.len() - 1;
             let value = stack[top].value;
-            match value.core.try_pin(pool) {
+            match pool.pin_evictable(&value.core) {
                 Ok(()) => {
                     // Resident: done with this frame (another thread recomputed it, or it
                     // was never evicted, or this loop just did).
@@ -274,7 +274,7 @@ impl EvictableTensor {
                     stack[top].next += 1; // always readable
                     continue;
                 };
-                match input.core.try_pin(input.pool.inner()) {
+                match input.pool.inner().pin_evictable(&input.core) {
                     Ok(()) => {
                         stack[top].pins.push(input);
                         stack[top].next += 1;
@@ -292,7 +292,7 @@ impl EvictableTensor {
             match value.run() {
                 Ok(buffer) => {
                     // Resident and pinned once, for this frame's parent (or the caller).
-                    value.core.fill(pool, buffer);
+                    pool.fill_evictable(&value.core, buffer);
                     if let Some(done) = stack.pop() {
                         done.release();
                     }
