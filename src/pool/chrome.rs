@@ -1,5 +1,5 @@
 //! The trace in the Chrome Trace Event format (the JSON that Perfetto and `chrome://tracing`
-//! open), serialized by `serde_json` from the records below: one `Record` per exported
+//! open), serialized by `serde_json` from the records below: one `TraceRecord` per exported
 //! event, streamed from the ring's events without building the document in memory first.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,11 +15,11 @@ struct Document<'a> {
     #[serde(rename = "displayTimeUnit")]
     display_time_unit: &'static str,
     #[serde(rename = "traceEvents")]
-    trace_events: Records<'a>,
+    trace_events: TraceRecords<'a>,
 }
 
 /// The records of one pool's events, serialized as a sequence as they are made.
-struct Records<'a> {
+struct TraceRecords<'a> {
     pool: u64,
     events: &'a [PoolEvent],
     /// Each thread seen, by OS tid, in the order the threads first appear, with its name.
@@ -31,7 +31,7 @@ struct Records<'a> {
 /// One record of the format; `ph` is its phase letter.
 #[derive(serde::Serialize)]
 #[serde(tag = "ph")]
-enum Record<'a> {
+enum TraceRecord<'a> {
     /// Metadata: the process's or a thread's name.
     #[serde(rename = "M")]
     Metadata {
@@ -97,7 +97,7 @@ struct CounterArgs {
     reserved: u64,
 }
 
-impl<'a> Records<'a> {
+impl<'a> TraceRecords<'a> {
     fn new(pool: u64, events: &'a [PoolEvent]) -> Self {
         let mut seen = BTreeSet::new();
         let first_seen: Vec<(u32, u32)> = events
@@ -128,19 +128,19 @@ impl<'a> Records<'a> {
     }
 }
 
-impl Serialize for Records<'_> {
+impl Serialize for TraceRecords<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let pid = self.pool;
         let mut seq = serializer.serialize_seq(None)?;
         let process = format!("ferropool pool {pid}");
-        seq.serialize_element(&Record::Metadata {
+        seq.serialize_element(&TraceRecord::Metadata {
             name: "process_name",
             pid,
             tid: 0,
             args: NameArg { name: &process },
         })?;
         for (tid, name) in &self.threads {
-            seq.serialize_element(&Record::Metadata {
+            seq.serialize_element(&TraceRecord::Metadata {
                 name: "thread_name",
                 pid,
                 tid: *tid,
@@ -165,17 +165,17 @@ impl Serialize for Records<'_> {
                     };
                     let record = if e.kind == PoolEventKind::SpanBegin {
                         *depth += 1;
-                        Record::Begin(span)
+                        TraceRecord::Begin(span)
                     } else if *depth > 0 {
                         *depth -= 1;
-                        Record::End(span)
+                        TraceRecord::End(span)
                     } else {
                         continue;
                     };
                     seq.serialize_element(&record)?;
                 }
                 kind => {
-                    seq.serialize_element(&Record::Instant {
+                    seq.serialize_element(&TraceRecord::Instant {
                         name: kind.name(),
                         cat: "pool",
                         s: "t",
@@ -189,7 +189,7 @@ impl Serialize for Records<'_> {
                             tag: e.tag.map(|tag| tag.name()),
                         },
                     })?;
-                    seq.serialize_element(&Record::Counter {
+                    seq.serialize_element(&TraceRecord::Counter {
                         name: &self.memory_track,
                         ts,
                         pid,
@@ -215,7 +215,7 @@ impl Serialize for Records<'_> {
 fn document(pool: u64, events: &[PoolEvent]) -> Document<'_> {
     Document {
         display_time_unit: "ns",
-        trace_events: Records::new(pool, events),
+        trace_events: TraceRecords::new(pool, events),
     }
 }
 
