@@ -417,3 +417,90 @@ fn a_zero_budget_refuses_with_a_typed_error() {
         matches!(saved.container(), RetentionContainer::Evictable(held) if held.bytes() == 4096)
     );
 }
+
+#[test]
+fn a_long_chain_dropped_from_its_last_handle_unlinks_without_recursion() {
+    // 20,000 links, each holding the one before through its recompute: dropped link by link
+    // from one handle, the chain overflowed a small stack.
+    let outcome = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(|| {
+            let pool = BufferPool::new();
+            let calls = Arc::new(AtomicUsize::new(0));
+            let mut last = leaf(&pool, 4, 0.0, &calls);
+            for _ in 0..20_000 {
+                last = plus_one(&pool, &last, &calls);
+            }
+            assert_eq!(first_element(&last), 20_000.0);
+            drop(last);
+            assert_eq!(pool.stats().in_use_bytes, 0, "every block back");
+        })
+        .unwrap()
+        .join();
+    assert!(outcome.is_ok(), "the drop failed");
+}
+
+#[test]
+fn a_request_that_cannot_fit_evicts_nothing() {
+    let pool = pool_with_budget(1 << 20);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let values: Vec<_> = (0..4)
+        .map(|i| leaf(&pool, 128 * KIB, i as f32, &calls))
+        .collect();
+    assert!(pool.alloc(2 << 20).is_err(), "more than the budget");
+    assert_eq!(
+        pool.stats().evictions,
+        0,
+        "evicted for a request that could not fit"
+    );
+    assert!(values.iter().all(RetainedValue::is_resident));
+    // One that fits once a value goes still evicts.
+    let served = pool.alloc(600 * KIB).unwrap();
+    assert!(pool.stats().evictions > 0);
+    drop((served, values));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// An external payload whose drop panics.
+#[derive(Debug)]
+struct Bomb;
+
+impl ferropool::ExternalPayload for Bomb {
+    fn tag(&self) -> u32 {
+        7
+    }
+    fn shape(&self) -> &[usize] {
+        &[1]
+    }
+}
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        panic!("a payload's drop panicked");
+    }
+}
+
+#[test]
+fn a_recompute_whose_wrong_result_panics_as_it_drops_leaves_the_value_readable() {
+    let pool = pool_with_budget(1 << 20);
+    let recompute = Recompute::new([], |_| Ok(Tensor::external(Bomb)?));
+    let saved =
+        RetainedValue::evictable(&pool, filled(&pool, 64 * KIB, 1.0).unwrap(), recompute).unwrap();
+    assert!(saved.evict());
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| saved.read().map(drop)));
+    let error = read.expect("no panic out of the read").unwrap_err();
+    assert!(error.to_string().contains("panicked"), "{error}");
+    assert!(!saved.is_resident());
+    // Another thread's read does not wait for a recompute nobody runs.
+    let (done, finished) = mpsc::channel();
+    let other = saved.clone();
+    std::thread::spawn(move || {
+        let _ = done.send(other.read().map(drop).is_err());
+    });
+    let failed_again = finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the second read returned");
+    assert!(failed_again, "the recompute still fails");
+    drop(saved);
+    assert_eq!(pool.stats().in_use_bytes, 0);
+}

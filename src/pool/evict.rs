@@ -225,7 +225,13 @@ impl PoolInner {
         // while this thread holds the registry's lock.
         let _scope = thread::Bookkeeping::open();
         let class = class::class_of(size).expect("a request the budget refused has a class");
-        if inner.evictor.registered.load(Ordering::Relaxed) > 0 {
+        // A request that would not fit with every unpinned value evicted evicts none.
+        let could_fit = || {
+            let pinned = inner.evictables_held().pinned;
+            let budget = report.budget.unwrap_or(u64::MAX);
+            (report.block_bytes as u64).saturating_add(pinned) <= budget
+        };
+        if inner.evictor.registered.load(Ordering::Relaxed) > 0 && could_fit() {
             // Bytes to free before the next try: what the budget lacked, unless a block of
             // the class itself comes back (it serves the request directly).
             let mut freed = 0u64;

@@ -70,6 +70,19 @@ unsafe impl Send for Evictable {}
 // SAFETY: as above.
 unsafe impl Sync for Evictable {}
 
+impl Drop for Evictable {
+    fn drop(&mut self) {
+        // Values hold their ancestors through `parents`: unlink a chain one value at a time,
+        // not one stack frame per ancestor.
+        let mut pending = std::mem::take(&mut self.parents).into_vec();
+        while let Some(parent) = pending.pop() {
+            if let Ok(mut parent) = Arc::try_unwrap(parent) {
+                pending.append(&mut std::mem::take(&mut parent.parents).into_vec());
+            }
+        }
+    }
+}
+
 impl fmt::Debug for Evictable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Evictable")

@@ -13,7 +13,7 @@ use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use super::RetainedValue;
+use super::{RetainedValue, RetentionContainer};
 use crate::error::{Error, ErrorPhase, Result};
 use crate::pool::{BufferPool, Evictable, NotPinned};
 use crate::sync::Arc;
@@ -123,6 +123,18 @@ impl fmt::Debug for EvictableTensor {
 impl Drop for EvictableTensor {
     fn drop(&mut self) {
         self.pool.inner().unregister_evictable(&self.core);
+        // A chain of evictable values owns its inputs through the recomputes: take it apart
+        // one link at a time here, or dropping a long chain's last handle would recurse once
+        // per link (the inputs of an input this drop owns alone come out before it goes).
+        let mut pending = std::mem::take(&mut self.recompute.inputs);
+        while let Some(mut input) = pending.pop() {
+            if let Some(retained) = Arc::get_mut(&mut input.inner) {
+                if let RetentionContainer::Evictable(tensor) = &mut retained.container {
+                    pending.append(&mut tensor.recompute.inputs);
+                }
+            }
+            drop(input);
+        }
     }
 }
 
@@ -245,10 +257,12 @@ impl EvictableTensor {
     /// and recomputed (or pinned, if another thread made it resident meanwhile). On an error
     /// the frames left on the stack still hold their pins, for the caller to release.
     fn materialize<'v>(&'v self, stack: &mut Vec<Frame<'v>>) -> Result<()> {
-        let pool = self.pool.inner();
         'values: loop {
             let top = stack.len() - 1;
             let value = stack[top].value;
+            // Each value is pinned and filled on its own pool's clock (inputs may come from
+            // other pools).
+            let pool = value.pool.inner();
             match pool.pin_evictable(&value.core) {
                 Ok(()) => {
                     // Resident: done with this frame (another thread recomputed it, or it
@@ -329,10 +343,14 @@ impl EvictableTensor {
             .collect::<Result<Vec<_>>>()?;
         let span = self.pool.trace_span("recompute");
         let started = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(|| (self.recompute.compute)(&reads)));
+        // The caller's code runs in here, the drop of what it returned included (a refused
+        // external payload's `Drop` may panic): a panic must not escape the claimed recompute.
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            self.checked((self.recompute.compute)(&reads)?)
+        }));
         let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         drop(span);
-        let tensor = match outcome {
+        let buffer = match outcome {
             Ok(result) => result?,
             Err(panic) => {
                 let message = panic
@@ -349,6 +367,15 @@ impl EvictableTensor {
                 ));
             }
         };
+        self.pool
+            .inner()
+            .count_recompute(buffer.capacity() as u64, ns);
+        Ok(buffer)
+    }
+
+    /// The block of what a recompute returned, if it is a tensor of the value's dtype and
+    /// shape in a block of the value's pool.
+    fn checked(&self, tensor: Tensor) -> Result<crate::pool::PoolBuffer> {
         let mismatch = |dtype: DType, shape: &[usize]| {
             Error::runtime_state(
                 READ,
@@ -374,9 +401,6 @@ impl EvictableTensor {
                 "the recompute of an evicted value returned a tensor of another pool",
             ));
         }
-        self.pool
-            .inner()
-            .count_recompute(buffer.capacity() as u64, ns);
         Ok(buffer)
     }
 }
