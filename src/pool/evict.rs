@@ -21,7 +21,7 @@ use std::ptr::NonNull;
 use super::evictable::{Evictable, Held, NotPinned, Phase};
 use super::inner::PoolInner;
 use super::{class, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, Ordering, TryLockError};
 use crate::thread;
 
 impl PoolInner {
@@ -71,7 +71,17 @@ impl PoolInner {
         let entry = {
             let _scope = thread::Bookkeeping::open();
             let mut registry = self.evictor.lock();
-            let entry = registry.slots.get_mut(value.slot).and_then(Option::take);
+            // Only this value's own entry (its slot is fixed at registration, and vacant
+            // slots are reused).
+            let entry = registry
+                .slots
+                .get_mut(value.slot)
+                .filter(|entry| {
+                    entry
+                        .as_deref()
+                        .is_some_and(|held| std::ptr::eq(held, value))
+                })
+                .and_then(Option::take);
             if entry.is_some() {
                 registry.vacant.push(value.slot);
                 self.evictor.registered.fetch_sub(1, Ordering::Relaxed);
@@ -137,9 +147,15 @@ impl PoolInner {
             // among all if none of `class` can go.
             let mut best: Option<(f64, bool, &Arc<Evictable>)> = None;
             for value in registry.slots.iter().flatten() {
-                let Ok(state) = value.state.try_lock() else {
-                    busy = true;
-                    continue; // busy this instant: a reader or a recompute is on it
+                let state = match value.state.try_lock() {
+                    Ok(state) => state,
+                    // A panic while it was held left the state consistent (see
+                    // `Evictable::lock`): the value stays a candidate.
+                    Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                    Err(TryLockError::WouldBlock) => {
+                        busy = true;
+                        continue; // busy this instant: a reader or a recompute is on it
+                    }
                 };
                 if state.phase != Phase::Resident || state.readers > 0 {
                     continue;
