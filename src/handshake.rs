@@ -1,6 +1,6 @@
-//! The owner/drainer handshake behind per-thread state that other threads must be able to
-//! take back: a pool thread cache's bins of cached blocks, an arena thread cache's hand of vacant slots and
-//! its removal batch.
+//! The owner/drainer handshake behind per-thread state that other threads must be able to take
+//! back: a pool thread cache's bins of cached blocks, an arena thread cache's hand of vacant slots
+//! and its removal batch.
 //!
 //! The *owner* (the thread whose thread index names the state) reads and writes its state
 //! with plain (relaxed) atomic accesses, inside an *operation* bracketed by

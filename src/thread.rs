@@ -1,7 +1,7 @@
-//! Per-thread state, in one thread-local: the thread's *index* (a small number, reused after
-//! the thread exits, held by one live thread at a time), the pool's and the arena's thread caches it
-//! used last (so an operation on the same pool or arena finds its record with this one
-//! thread-local read), and the memory tag current on the thread.
+//! Per-thread state, in one thread-local: the thread's *index* (a small number, reused after the
+//! thread exits, held by one live thread at a time), the pool's and the arena's thread caches it
+//! used last (so an operation on the same pool or arena finds its record with this one thread-local
+//! read), and the memory tag current on the thread.
 //!
 //! The state has no destructor, so it stays readable while thread-locals are destroyed. A
 //! second thread-local, with a destructor, gives the index back when the thread exits; from
@@ -48,9 +48,9 @@ mod std_state {
         bookkeeping: Cell<u32>,
     }
 
-    /// One owner's per-thread record (a pool's thread cache, an arena's thread cache) for the thread's
-    /// current index, remembered so that the next operation on the same owner finds it with
-    /// this one thread-local read.
+    /// One owner's per-thread record (a pool's thread cache, an arena's thread cache) for the
+    /// thread's current index, remembered so that the next operation on the same owner finds it
+    /// with this one thread-local read.
     struct Cached {
         /// The owner's identity (0: none). Identities are never reused, so a record of an
         /// owner that is gone never matches a live one. Invariant: 0 while the thread's

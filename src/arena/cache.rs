@@ -1,13 +1,13 @@
 //! ThreadCaches: each thread's private front of an arena, named by its thread index (see
 //! `crate::thread`: a small number held by one live thread at a time, reused after the thread
-//! exits). A cache holds the thread's *hand* (vacant slots its next inserts take) and its
-//! *removal batch* (slots it removed, not yet handed to the epoch collector). Its owner works
-//! on them with plain loads and stores, no read-modify-write, inside operations of the cache's
-//! [`Handshake`]; a `flush`, `trim` or `shrink` takes them back from any thread, idle or
-//! exited ones included, and so does a *sweep*: every 64th refill of a thread in an arena
-//! takes the caches whose hand or batch did not change since its previous sweep. So nothing
-//! waits in a cache for its owner to come back while other threads use the arena. A hand holds at most a chunk
-//! (64 slots): chains are never longer.
+//! exits). A cache holds the thread's *hand* (vacant slots its next inserts take) and its *removal
+//! batch* (slots it removed, not yet handed to the epoch collector). Its owner works on them with
+//! plain loads and stores, no read-modify-write, inside operations of the cache's [`Handshake`]; a
+//! `flush`, `trim` or `shrink` takes them back from any thread, idle or exited ones included, and
+//! so does a *sweep*: every 64th refill of a thread in an arena takes the caches whose hand or
+//! batch did not change since its previous sweep. So nothing waits in a cache for its owner to come
+//! back while other threads use the arena. A hand holds at most a chunk (64 slots): chains are
+//! never longer.
 //!
 //! Without caches every insert popped a shared free list and every removal pushed onto a
 //! shared batch, each a compare-exchange; with them an insert pays one for a whole chain of

@@ -30,17 +30,16 @@ pub struct ArenaConfig {
     /// vacant slots, before it takes theirs. Default 1 MiB; 0 takes other shards' slots
     /// first.
     ///
-    /// A thread whose shard runs dry (its removals are still in their grace period) could
-    /// take vacant slots from another shard, but then two threads write slots that share
-    /// cache lines, and each insert that runs dry pays a refill (benches/README.md has the
-    /// figures). Claiming a fresh chunk instead
-    /// keeps every thread on its own slots. The bound keeps the arena from growing without
-    /// end when one thread only inserts while another frees: past it, a dry shard takes
-    /// other shards' slots as it would with 0. A claim counts the memory it takes: a chunk,
-    /// or the whole page (each twice the one before) when the chunk starts a new one; a
-    /// claim that would pass the bound is not made. So the arena holds at most this many
-    /// bytes per shard (see `shards`) beyond what it would hold with 0, give or take a page when two threads of
-    /// one shard run dry at the same moment.
+    /// A thread whose shard runs dry (its removals are still in their grace period) could take
+    /// vacant slots from another shard, but then two threads write slots that share cache lines,
+    /// and each insert that runs dry pays a refill (benches/README.md has the figures). Claiming a
+    /// fresh chunk instead keeps every thread on its own slots. The bound keeps the arena from
+    /// growing without end when one thread only inserts while another frees: past it, a dry shard
+    /// takes other shards' slots as it would with 0. A claim counts the memory it takes: a chunk,
+    /// or the whole page (each twice the one before) when the chunk starts a new one; a claim that
+    /// would pass the bound is not made. So the arena holds at most this many bytes per shard (see
+    /// `shards`) beyond what it would hold with 0, give or take a page when two threads of one
+    /// shard run dry at the same moment.
     pub growth_before_stealing: usize,
     /// The epoch collector that protects readers. `None` uses crossbeam-epoch's global one.
     pub collector: Option<Collector>,

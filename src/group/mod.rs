@@ -636,10 +636,10 @@ impl AllocationGroup {
     }
 
     /// Returns the descriptor arena's vacant trailing pages to the system (see
-    /// [`SlotArena::trim`](crate::SlotArena::trim)) and returns the descriptor slots released. The arena is shared
-    /// by every group of the process and grows to the most descriptors ever live at once;
-    /// call this after a phase that held many (say, a large model torn down). Safe to call
-    /// at any time, from any thread.
+    /// [`SlotArena::trim`](crate::SlotArena::trim)) and returns the descriptor slots released. The
+    /// arena is shared by every group of the process and grows to the most descriptors ever live at
+    /// once; call this after a phase that held many (say, a large model torn down). Safe to call at
+    /// any time, from any thread.
     ///
     /// ```
     /// use ferropool::{AllocationGroup, DType, Tensor};

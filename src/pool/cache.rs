@@ -1,17 +1,17 @@
-//! Per-thread caches: in every pool a thread uses, the thread's *thread index* (a small
-//! number, reused after the thread exits) names one cache, found with one table lookup. A cache holds
-//! the thread's cache of blocks (a *bin* per small class: blocks this thread allocated and
-//! freed again) and its counters.
+//! Per-thread caches: in every pool a thread uses, the thread's *thread index* (a small number,
+//! reused after the thread exits) names one cache, found with one table lookup. A cache holds the
+//! thread's cache of blocks (a *bin* per small class: blocks this thread allocated and freed again)
+//! and its counters.
 //!
 //! # Who touches a cache
 //!
 //! Its *owner* (the thread with its index) reads and writes it, with plain (relaxed) atomic
-//! accesses, inside an operation bracketed by [`ThreadCache::enter`] and [`ThreadCache::leave`]. Other
-//! threads *drain* it (trim, budget pressure, the pool's close) without waiting for the owner
-//! to come back, through the cache's [`Handshake`] (see `crate::handshake`): afterwards either
-//! the drainer sees the owner busy (and waits for that one operation to end) or the owner sees
-//! the drain (and leaves the bins alone while it lasts). The pool's close pairs its `closed`
-//! flag with the same fences.
+//! accesses, inside an operation bracketed by [`ThreadCache::enter`] and [`ThreadCache::leave`].
+//! Other threads *drain* it (trim, budget pressure, the pool's close) without waiting for the owner
+//! to come back, through the cache's [`Handshake`] (see `crate::handshake`): afterwards either the
+//! drainer sees the owner busy (and waits for that one operation to end) or the owner sees the
+//! drain (and leaves the bins alone while it lasts). The pool's close pairs its `closed` flag with
+//! the same fences.
 //!
 //! Nothing between `enter` and `leave` may panic (arithmetic there wraps, nothing there
 //! allocates or runs user code): a panic would leave the owner busy for good, and a drain or

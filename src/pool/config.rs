@@ -34,8 +34,8 @@ pub struct PoolConfig {
     pub thread_cache_max_block: usize,
     /// Blocks each thread may keep cached per size class. Default 8.
     pub thread_cache_blocks_per_class: usize,
-    /// Events kept by the trace ring, at most [`PoolConfig::MAX_TRACE_EVENTS`]; 0 (the default) turns
-    /// tracing off. The ring is allocated in full when tracing starts.
+    /// Events kept by the trace ring, at most [`PoolConfig::MAX_TRACE_EVENTS`]; 0 (the default)
+    /// turns tracing off. The ring is allocated in full when tracing starts.
     pub trace_capacity: usize,
     /// Ask for transparent huge pages (`madvise(MADV_HUGEPAGE)` on Linux) for blocks of at
     /// least `advise_min_block` bytes, which are then also aligned to 2 MiB, so that a large

@@ -1,10 +1,10 @@
 //! Allocation by layout, for Rust's allocator interfaces (`GlobalAlloc`, `Allocator`): the
 //! caller gets a pointer and later gives back the pointer and the same layout, nothing else.
 //!
-//! A block allocated this way holds a header, just before the caller's pointer, that records
-//! what a [`PoolBuffer`] would hold (the pool, the block's record, class and length). The pointer is
-//! the first address with the layout's alignment that leaves room for the header before it.
-//! Giving it back reads the header at `ptr - HEADER`: O(1), no lock, no lookup table.
+//! A block allocated this way holds a header, just before the caller's pointer, that records what a
+//! [`PoolBuffer`] would hold (the pool, the block's record, class and length). The pointer is the
+//! first address with the layout's alignment that leaves room for the header before it. Giving it
+//! back reads the header at `ptr - HEADER`: O(1), no lock, no lookup table.
 
 // Raw blocks serve the `GlobalAlloc` and `Allocator` front ends, which loom builds leave
 // out (loom's atomics cannot back a process-wide allocator): parts of this file go unused.

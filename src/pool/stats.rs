@@ -100,7 +100,8 @@ pub struct PoolStats {
     /// Allocations that first failed for the budget, released cached memory, and were tried
     /// again.
     pub alloc_retries: u64,
-    /// Allocations refused for the budget, after that retry.
+    /// Allocations refused for the budget, after that retry; one that evicting values then
+    /// served counts here too (see `evictions`).
     pub budget_failures: u64,
     /// Calls to `trim`.
     pub trims: u64,
