@@ -140,7 +140,7 @@ impl PoolInner {
     /// One look at the registry for [`evict_one`](Self::evict_one).
     fn try_evict_one(&self, class: usize) -> Looked {
         let mut busy = false;
-        let taken = {
+        let buffer = {
             let registry = self.evictor.lock();
             let now = self.evictor.clock.load(Ordering::Relaxed);
             // (score, same class, value): the lowest score among the values of `class`, or
@@ -180,9 +180,8 @@ impl PoolInner {
             let Some(buffer) = taken else {
                 return Looked::Busy;
             };
-            (buffer, Arc::clone(value))
+            buffer
         };
-        let (buffer, _value) = taken;
         let freed = (buffer.capacity() as u64, buffer.class());
         self.evicted(Some(buffer));
         Looked::Evicted(freed)

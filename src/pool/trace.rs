@@ -43,8 +43,8 @@ pub enum PoolEventKind {
     /// Perfetto, takes it as the end of the thread's innermost open span: spans nest as
     /// their guards drop in reverse order, as locals do.
     SpanEnd,
-    /// The budget refused a request and the pool evicted an evictable value to make room
-    /// (`bytes` and `class` are its block's; see
+    /// The pool evicted an evictable value, to make room for a request the budget refused
+    /// or on its owner's request (`bytes` and `class` are its block's; see
     /// [`RetainedValue::evictable`](crate::RetainedValue::evictable)).
     Evict,
 }

@@ -158,6 +158,25 @@ impl<'v> Frame<'v> {
     fn release(self) {
         self.pins.into_iter().for_each(EvictableTensor::unpin);
     }
+
+    /// The top frame's value is pinned: the frame gives its inputs' pins back, and the
+    /// value's pin passes to the frame below, whose input it is. Whether the stack is now
+    /// empty (the pin is then the caller's).
+    fn finish(stack: &mut Vec<Self>) -> bool {
+        let Some(done) = stack.pop() else {
+            return true;
+        };
+        let value = done.value;
+        done.release();
+        match stack.last_mut() {
+            None => true,
+            Some(parent) => {
+                parent.pins.push(value);
+                parent.next += 1;
+                false
+            }
+        }
+    }
 }
 
 const READ: &str = "RetainedValue::tensor_read";
@@ -266,16 +285,9 @@ impl EvictableTensor {
             match pool.pin_evictable(&value.core) {
                 Ok(()) => {
                     // Resident: done with this frame (another thread recomputed it, or it
-                    // was never evicted, or this loop just did).
-                    if let Some(done) = stack.pop() {
-                        done.release();
-                    }
-                    match stack.last_mut() {
-                        None => return Ok(()),
-                        Some(parent) => {
-                            parent.pins.push(value);
-                            parent.next += 1;
-                        }
+                    // was never evicted).
+                    if Frame::finish(stack) {
+                        return Ok(());
                     }
                     continue;
                 }
@@ -307,15 +319,8 @@ impl EvictableTensor {
                 Ok(buffer) => {
                     // Resident and pinned once, for this frame's parent (or the caller).
                     pool.fill_evictable(&value.core, buffer);
-                    if let Some(done) = stack.pop() {
-                        done.release();
-                    }
-                    match stack.last_mut() {
-                        None => return Ok(()),
-                        Some(parent) => {
-                            parent.pins.push(value);
-                            parent.next += 1;
-                        }
+                    if Frame::finish(stack) {
+                        return Ok(());
                     }
                 }
                 Err(error) => {

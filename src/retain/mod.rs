@@ -55,8 +55,9 @@ impl Clone for RetainedValue {
 
 impl Drop for RetainedValue {
     fn drop(&mut self) {
-        if self.pinned.load(Ordering::Acquire) {
-            if let Some(value) = self.evictable_tensor() {
+        // Only an evictable value's handle can hold a pin: other handles read no atomic.
+        if let Some(value) = self.evictable_tensor() {
+            if self.pinned.load(Ordering::Acquire) {
                 value.unpin();
             }
         }
