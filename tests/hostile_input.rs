@@ -186,3 +186,39 @@ fn tag_scopes_dropped_out_of_order_leave_no_stale_tag() {
     assert_eq!(by_tag.get(outer), 1024, "{by_tag:?}");
     drop((tagged_outer, back_to_outer));
 }
+
+#[test]
+fn a_tag_scope_in_a_thread_local_destructor_leaves_no_stale_tag() {
+    use ferropool::{BufferPool, MemoryTag};
+    use std::sync::mpsc;
+    /// Enters a tag scope, leaves it, and allocates, as its thread's thread-locals go.
+    struct LateScope(BufferPool, mpsc::Sender<u64>);
+    impl Drop for LateScope {
+        fn drop(&mut self) {
+            let tag = MemoryTag::new("late scope");
+            drop(tag.enter());
+            let _buffer = self.0.alloc(64).unwrap();
+            let _ = self.1.send(self.0.memory_by_tag().get(tag));
+        }
+    }
+    std::thread_local! {
+        static LATE: std::cell::RefCell<Option<LateScope>> = const { std::cell::RefCell::new(None) };
+    }
+    let pool = BufferPool::new();
+    let (sender, tagged) = mpsc::channel();
+    let worker = pool.clone();
+    std::thread::spawn(move || {
+        // The pool's per-thread state first, then this destructor, then the scope list: the
+        // list goes first at exit, the pool's state last.
+        drop(worker.alloc(64).unwrap());
+        LATE.with(|late| *late.borrow_mut() = Some(LateScope(worker, sender)));
+        drop(MemoryTag::new("early scope").enter());
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        tagged.recv().unwrap(),
+        0,
+        "an allocation after the scope ended was tagged"
+    );
+}

@@ -132,8 +132,8 @@ impl MemoryTag {
     /// ```
     pub fn enter(self) -> TagScope {
         let tag = self.0.get();
-        // The list is bookkeeping: never in a pool. A thread whose thread-locals are being
-        // destroyed keeps no list, and its scope only sets the tag.
+        // The list is bookkeeping: never in a pool. A thread whose list is gone (its
+        // thread-locals are being destroyed) gets a scope that puts the tag before it back.
         let _bookkeeping = crate::thread::Bookkeeping::open();
         let number = SCOPES
             .try_with(|scopes| {
@@ -144,9 +144,9 @@ impl MemoryTag {
             })
             .ok()
             .flatten();
-        crate::thread::set_tag(tag);
         TagScope {
             number,
+            previous: crate::thread::set_tag(tag),
             _not_send: std::marker::PhantomData,
         }
     }
@@ -197,24 +197,27 @@ impl fmt::Display for MemoryTag {
 pub struct TagScope {
     /// Its entry in this thread's [`SCOPES`] (`None`: the thread keeps no list any more).
     number: Option<u64>,
+    /// The thread's tag before it, put back if the list is gone when it drops.
+    previous: u32,
     /// Not `Send`: the scope restores the tag of the thread that entered it.
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for TagScope {
     fn drop(&mut self) {
-        let Some(number) = self.number else {
-            return;
-        };
-        let _ = SCOPES.try_with(|scopes| {
-            let Ok(mut scopes) = scopes.try_borrow_mut() else {
-                return;
-            };
-            if let Some(at) = scopes.iter().rposition(|&(n, _)| n == number) {
-                scopes.remove(at);
-            }
-            crate::thread::set_tag(scopes.last().map_or(0, |&(_, tag)| tag));
+        // The newest live scope's tag, from the list; without the list (gone with the
+        // thread's thread-locals), the tag this scope replaced.
+        let newest = self.number.and_then(|number| {
+            let newest = SCOPES.try_with(|scopes| {
+                let mut scopes = scopes.try_borrow_mut().ok()?;
+                if let Some(at) = scopes.iter().rposition(|&(n, _)| n == number) {
+                    scopes.remove(at);
+                }
+                Some(scopes.last().map_or(0, |&(_, tag)| tag))
+            });
+            newest.ok().flatten()
         });
+        crate::thread::set_tag(newest.unwrap_or(self.previous));
     }
 }
 
