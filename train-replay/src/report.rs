@@ -263,42 +263,35 @@ const LEAST_STEP: u64 = 1 << 20;
 /// completed; the search names 110 to 115 MiB). Leaves the pool trimmed and without a budget.
 fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
     let pool = backend.pool;
-    let fits = |budget: Option<u64>| -> anyhow::Result<Option<u64>> {
+    // Whether `TRY_STEPS` steps of a fresh run complete under `budget`.
+    let fits = |budget: Option<u64>| -> anyhow::Result<bool> {
         pool.trim();
         pool.set_budget(budget);
         let mut trial = args.clone();
         trial.budget = Some(budget.unwrap_or(u64::MAX));
         let mut trainer = Trainer::new(backend, &trial)?;
-        let peak_before = pool.stats().peak_reserved_bytes;
-        let mut outcome = Ok(Some(0));
-        for _ in 0..TRY_STEPS {
-            match trainer.step(args.batch) {
-                Ok(_) => {}
-                Err(error) if error.is::<OverBudget>() => {
-                    outcome = Ok(None);
-                    break;
-                }
-                Err(error) => {
-                    outcome = Err(error);
-                    break;
-                }
-            }
-        }
+        let outcome = (0..TRY_STEPS).try_for_each(|_| trainer.step(args.batch).map(drop));
         drop(trainer);
         pool.trim();
         pool.set_budget(None);
-        let peak = pool.stats().peak_reserved_bytes.max(peak_before);
-        outcome.map(|fitted| fitted.map(|_| peak))
+        match outcome {
+            Ok(()) => Ok(true),
+            Err(error) if error.is::<OverBudget>() => Ok(false),
+            Err(error) => Err(error),
+        }
     };
-    // Without a budget nothing is evicted: the peak of that run always fits.
-    let unbounded = fits(None)?.unwrap_or(u64::MAX);
+    // Without a budget nothing is evicted, and that run's peak always fits: the pool's peak
+    // over the process is at least that.
+    fits(None)?;
+    let unbounded = pool.stats().peak_reserved_bytes;
     let mut low = refused.div_ceil(LEAST_STEP); // MiB that do not fit
     let mut high = unbounded.div_ceil(LEAST_STEP).max(low + 1); // MiB that fit
     while high - low > 1 {
         let middle = low + (high - low) / 2;
-        match fits(Some(middle * LEAST_STEP))? {
-            Some(_) => high = middle,
-            None => low = middle,
+        if fits(Some(middle * LEAST_STEP))? {
+            high = middle;
+        } else {
+            low = middle;
         }
     }
     Ok((high + high.div_ceil(8)) * LEAST_STEP)
