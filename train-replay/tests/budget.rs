@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{train_replay, train_small, SMALL_MODEL};
+use common::{succeeded, train_replay, train_small, SMALL_MODEL};
 use train_replay::measure::Summary;
 
 /// The run fails with exit code 1 and one budget message.
@@ -83,14 +83,7 @@ fn a_budget_that_runs_out_inside_a_step_is_an_error() {
 
 #[test]
 fn a_budget_that_holds_the_run_trains() {
-    let out = train_small("2", &["--budget", "16MiB"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{:?}\n{stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&train_small("2", &["--budget", "16MiB"]), "--budget 16MiB");
     assert!(stdout.contains("budget 16.00 MiB"), "{stdout}");
     assert!(stdout.contains("allocations past the budget"), "{stdout}");
 }
@@ -124,14 +117,7 @@ const EVICTING_MODEL: &[&str] = &[
 
 /// A run of [`EVICTING_MODEL`] with `extra`, which completes; its summary.
 fn fitted_run(extra: &[&str]) -> Summary {
-    let out = train_replay(&[EVICTING_MODEL, extra].concat());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{extra:?}: {:?}\n{stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&train_replay(&[EVICTING_MODEL, extra].concat()), extra);
     Summary::parse(&stdout).unwrap_or_else(|| panic!("no summary in {stdout}"))
 }
 
@@ -214,13 +200,7 @@ fn the_sweep_prints_every_point_and_draws_the_frontier() {
         ]
         .concat(),
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{:?}\n{stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out, "sweep");
     for row in [
         "| ferropool, checkpoint every 1 |", // the reference, though not asked for
         "| ferropool, checkpoint every 2 |",

@@ -32,3 +32,16 @@ pub fn train_small(steps: &str, extra: &[&str]) -> Output {
     args.extend_from_slice(extra);
     train_replay(&args)
 }
+
+/// The standard output of a run that must have succeeded; else fails with `context`, the
+/// exit status and both outputs.
+pub fn succeeded(out: &Output, context: impl std::fmt::Debug) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{context:?}: {:?}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
