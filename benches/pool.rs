@@ -205,9 +205,53 @@ fn thread_index_table() {
     println!("one-user pool by thread index: trim {low_trim:.1} us / close {low_close:.1} us at a low index; trim {high_trim:.1} us / close {high_close:.1} us on the last of {HELD} live threads to claim an index (about {HELD})");
 }
 
+/// The thread-scaling workload (`pool_common::scaling`: mixed sizes, half of the frees by the
+/// neighbour thread), touching no byte (what the allocator costs), at 1 and 2 threads, with the default configuration and with
+/// `exact_peaks: false`: a fresh pool per run, warmed by a quarter-length run first; rounds
+/// alternate the four variants. Prints the medians and the 2-thread / 1-thread ratios.
+fn cross_thread_table() {
+    const ROUNDS: usize = 7;
+    const PER_RUN: usize = 200_000;
+    let variants = [(true, 1), (true, 2), (false, 1), (false, 2)];
+    let mut runs = vec![Vec::new(); variants.len()];
+    for _ in 0..ROUNDS {
+        for (runs, &(exact_peaks, threads)) in runs.iter_mut().zip(&variants) {
+            let config = ferropool::PoolConfig {
+                exact_peaks,
+                ..Default::default()
+            };
+            let pool = Pool(BufferPool::with_config(config).unwrap());
+            scaling(&pool, threads, PER_RUN / 4 / threads, false);
+            runs.push(scaling(&pool, threads, PER_RUN / threads, false) / 1e6);
+        }
+    }
+    let medians: Vec<f64> = runs
+        .iter_mut()
+        .map(|runs| {
+            runs.sort_by(f64::total_cmp);
+            runs[ROUNDS / 2]
+        })
+        .collect();
+    for (pair, name) in [(0, "default (exact_peaks)"), (2, "exact_peaks: false")] {
+        let (one, two) = (medians[pair], medians[pair + 1]);
+        println!(
+            "cross-thread frees, no touch, {name:<22} 1 thread {one:6.2}, 2 threads {two:6.2} M allocations/s ({:.2}x; runs {:.2}-{:.2} / {:.2}-{:.2})",
+            two / one,
+            runs[pair][0],
+            runs[pair][ROUNDS - 1],
+            runs[pair + 1][0],
+            runs[pair + 1][ROUNDS - 1],
+        );
+    }
+}
+
 fn main() {
     if std::env::var_os("FERROPOOL_BENCH_ONLY_INDEX").is_some() {
         thread_index_table();
+        return;
+    }
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_CROSS").is_some() {
+        cross_thread_table();
         return;
     }
     let pool = Pool(BufferPool::new());
@@ -234,6 +278,7 @@ fn main() {
     scaling_table(&pool);
     scaling_table(&glibc);
     thread_index_table();
+    cross_thread_table();
     let stats = pool.0.stats();
     println!(
         "ferropool stats: {} allocations, hit rate {:.3}, {} system allocations, peak reserved {:.2}",

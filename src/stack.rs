@@ -7,22 +7,22 @@
 //! Used by the arena's free list and the pool's per-class block lists.
 
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
-use crossbeam_utils::CachePadded;
 
 /// A link: `index + 1`, or [`NIL`].
 pub(crate) type Link = u32;
 /// The end of a list.
 pub(crate) const NIL: Link = 0;
 
-/// The stack head, padded to its own cache line.
+/// The stack head: one word, unpadded (a user that needs it on a cache line of its own wraps
+/// it in `CachePadded`; the pool packs the heads of one shard's classes densely).
 pub(crate) struct TaggedStack {
-    head: CachePadded<AtomicU64>,
+    head: AtomicU64,
 }
 
 impl TaggedStack {
     pub(crate) fn new() -> Self {
         Self {
-            head: CachePadded::new(AtomicU64::new(0)),
+            head: AtomicU64::new(0),
         }
     }
 

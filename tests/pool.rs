@@ -630,3 +630,36 @@ fn a_refused_request_releases_only_what_it_needs() {
     );
     drop(served);
 }
+
+#[test]
+fn trim_and_a_refused_request_reach_blocks_another_thread_listed() {
+    const MIB: usize = 1 << 20;
+    let pool = BufferPool::with_config(PoolConfig {
+        budget: Some(8 * MIB as u64),
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    // Blocks freed by another thread go to that thread's shard of the shared lists.
+    let free_elsewhere = |buffers: Vec<ferropool::PoolBuffer>| {
+        std::thread::spawn(move || drop(buffers)).join().unwrap();
+    };
+    free_elsewhere((0..4).map(|_| pool.alloc(2 * MIB).unwrap()).collect());
+    assert_eq!(pool.stats().cached_in_lists_bytes, 8 * MIB as u64);
+    // A request of another class that the budget refuses releases two of them, no more.
+    let served = pool.alloc(4 * MIB).unwrap();
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.system_frees, stats.cached_in_lists_bytes),
+        (2, 4 * MIB as u64),
+        "{stats:?}"
+    );
+    free_elsewhere(vec![served]);
+    assert_eq!(pool.trim(), 8 * MIB as u64);
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.reserved_bytes, stats.cached_bytes),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert_pool_consistent(&stats);
+}

@@ -196,11 +196,11 @@ pub fn fault_table<S: Source>(source: &S) {
 
 /// The thread-scaling workload: `threads` threads, each allocating buffers of mixed sizes
 /// (4 KiB to 3 MiB, a fixed pseudo-random sequence per thread), writing their first and last
-/// byte, and freeing half of them itself and handing the other half to its neighbour, which
+/// byte if `touch` (else touching none: the allocator alone), and freeing half of them itself and handing the other half to its neighbour, which
 /// frees them (when its inbox holds fewer than 64; else it frees them itself, so that a
 /// descheduled neighbour cannot make the live set grow). Returns allocations per second, all
 /// threads together.
-pub fn scaling<S: Source>(source: &S, threads: usize, per_thread: usize) -> f64 {
+pub fn scaling<S: Source>(source: &S, threads: usize, per_thread: usize, touch: bool) -> f64 {
     let inboxes: Vec<Mutex<Vec<S::Buf>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
     let elapsed = common::run_threads(threads, per_thread as u64, &|t, iters| {
         let neighbour = &inboxes[(t + 1) % threads];
@@ -212,11 +212,13 @@ pub fn scaling<S: Source>(source: &S, threads: usize, per_thread: usize) -> f64 
             rng ^= rng << 17;
             let size = 4 * KIB + (rng % (3 * MIB as u64 - 4 * KIB as u64)) as usize;
             let mut buf = source.get(size);
-            let ptr = S::ptr(&mut buf);
-            // SAFETY: (bench) the buffer holds `size` bytes.
-            unsafe {
-                ptr.write_volatile(1);
-                ptr.add(size - 1).write_volatile(1);
+            if touch {
+                let ptr = S::ptr(&mut buf);
+                // SAFETY: (bench) the buffer holds `size` bytes.
+                unsafe {
+                    ptr.write_volatile(1);
+                    ptr.add(size - 1).write_volatile(1);
+                }
             }
             if rng & (1 << 40) == 0 {
                 drop(buf);
@@ -247,7 +249,7 @@ pub fn scaling_table<S: Source>(source: &S) {
     let mut one = 0.0;
     for threads in [1, 2, 4, 8, 16] {
         let mut runs: Vec<f64> = (0..5)
-            .map(|_| scaling(source, threads, per_thread / threads.min(4)))
+            .map(|_| scaling(source, threads, per_thread / threads.min(4), true))
             .collect();
         runs.sort_by(f64::total_cmp);
         let median = runs[2];

@@ -8,11 +8,11 @@ use crossbeam_utils::CachePadded;
 use crate::stack::{Link, TaggedStack};
 use crate::sync::AtomicU64;
 
-/// One shard's lists. Each head has a cache line of its own (`grown` shares the free list's:
-/// the shard's own threads write both).
+/// One shard's lists. Each head has a cache line of its own (the shard's own threads write
+/// `grown` and `seen_removed` beside them).
 pub(super) struct Shard {
     /// Vacant slots, ready for `insert`.
-    pub(super) free: TaggedStack,
+    pub(super) free: CachePadded<TaggedStack>,
     /// Slots of memory this shard claimed while other shards had vacant ones (a chunk, or
     /// the whole page a chunk started), up to `Arena::growth_before_stealing`. Only grows (a
     /// `trim` does not give it back), so a shard that keeps running dry ends up taking other
@@ -55,7 +55,7 @@ impl SharedBatch {
 impl Shard {
     pub(super) fn new() -> Self {
         Self {
-            free: TaggedStack::new(),
+            free: CachePadded::new(TaggedStack::new()),
             grown: AtomicU64::new(0),
             removed: CachePadded::new(AtomicU64::new(0)),
             seen_removed: AtomicU64::new(0),

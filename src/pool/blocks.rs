@@ -7,6 +7,8 @@
 //! [`BufferPool::snapshot`](super::BufferPool::snapshot)): written with relaxed stores by
 //! whoever moves the block, read as a best-effort picture.
 
+use crossbeam_utils::CachePadded;
+
 use super::PoolError;
 use crate::paged::PagedTable;
 use crate::stack::{TaggedStack, NIL};
@@ -44,7 +46,7 @@ pub(super) struct BlockTable {
     /// Records below this index have been handed out at least once.
     claimed: AtomicU32,
     /// Records whose block went back to the system.
-    spare: TaggedStack,
+    spare: CachePadded<TaggedStack>,
 }
 
 impl BlockTable {
@@ -52,7 +54,7 @@ impl BlockTable {
         Self {
             records: PagedTable::new(FIRST_PAGE),
             claimed: AtomicU32::new(0),
-            spare: TaggedStack::new(),
+            spare: CachePadded::new(TaggedStack::new()),
         }
     }
 

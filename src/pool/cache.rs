@@ -24,6 +24,7 @@
 use super::blocks::Record;
 use super::config::BIN_CLASSES;
 use super::counters::{bump, OpCounters};
+use super::inner::LIST_SHARDS;
 use crate::handshake::Handshake;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -50,6 +51,10 @@ pub(super) struct ThreadCache {
     /// Consecutive idle rounds (`trim_idle` calls that found `seen_operations` unchanged);
     /// written by the idle policy only.
     pub(super) idle_rounds: AtomicU32,
+    /// The shard of the shared lists this thread pushes to and pops from first: the cache's
+    /// number in the pool modulo `LIST_SHARDS`, so threads spread over the shards in the
+    /// order they first use the pool. Fixed at creation.
+    pub(super) shard: usize,
 }
 
 /// One class's stack of cached blocks.
@@ -70,8 +75,10 @@ pub(super) enum Entry {
 }
 
 impl ThreadCache {
-    pub(super) fn new() -> Self {
+    /// The cache numbered `number` in its pool.
+    pub(super) fn new(number: u32) -> Self {
         Self {
+            shard: number as usize & (LIST_SHARDS - 1),
             handshake: Handshake::new(),
             bins: std::array::from_fn(|_| Bin {
                 head: AtomicPtr::new(std::ptr::null_mut()),

@@ -17,6 +17,20 @@ use crate::roster::Roster;
 use crate::stack::TaggedStack;
 use crate::sync::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize};
 
+/// Shards of the shared lists (a power of two; two under loom, whose models run two or three
+/// threads, so that a model still sees a block cross shards).
+#[cfg(not(loom))]
+pub(super) const LIST_SHARDS: usize = 8;
+#[cfg(loom)]
+pub(super) const LIST_SHARDS: usize = 2;
+
+/// The shard of threads without a cache (they have no cache number).
+pub(super) const CACHELESS_SHARD: usize = 0;
+
+/// One shard of the shared lists: a list per size class, packed (each shard on cache lines
+/// of its own; classes of one shard share lines, as the shard's threads write them).
+pub(super) type ClassLists = [TaggedStack; class::CLASSES];
+
 /// The shared state of one pool.
 pub(crate) struct PoolInner {
     pub(super) id: u64,
@@ -31,9 +45,12 @@ pub(crate) struct PoolInner {
     /// Live blocks after the close, less the frees since: see `lifetime`.
     pub(super) remaining: AtomicI64,
     pub(super) blocks: BlockTable,
-    /// One list of blocks per size class. Invariant: every block on list `c` holds
-    /// `class_size(c)` bytes and is owned by the list.
-    pub(super) lists: [CachePadded<TaggedStack>; class::CLASSES],
+    /// The shared lists: [`LIST_SHARDS`] shards of one list of blocks per size class.
+    /// Invariant: every block on a shard's list `c` holds `class_size(c)` bytes and is owned
+    /// by the list. A thread pushes the blocks it frees to its own shard (its cache's
+    /// [`ThreadCache::shard`]) and pops from its own shard first, then from the others: any
+    /// thread can take any listed block, and threads on different shards share no list head.
+    pub(super) lists: [CachePadded<ClassLists>; LIST_SHARDS],
     /// Per class, the `idle_round` in which an allocation last drew on its list or the
     /// system: a heuristic for `trim_idle`, never a safety matter.
     pub(super) last_drawn: [AtomicU64; class::CLASSES],

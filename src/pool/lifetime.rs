@@ -30,7 +30,7 @@ use crossbeam_utils::CachePadded;
 use super::blocks::BlockTable;
 use super::counters::{OpCounters, PoolCounters};
 use super::evictable::Evictor;
-use super::inner::PoolInner;
+use super::inner::{ClassLists, PoolInner, LIST_SHARDS};
 use super::trace::Trace;
 use super::{class, PoolConfig};
 use crate::identity::next_identity;
@@ -79,10 +79,13 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
         addr_of_mut!((*p).closed).write(AtomicBool::new(false));
         addr_of_mut!((*p).remaining).write(AtomicI64::new(0));
         addr_of_mut!((*p).blocks).write(BlockTable::new());
-        let lists = addr_of_mut!((*p).lists).cast::<CachePadded<TaggedStack>>();
+        let lists = addr_of_mut!((*p).lists).cast::<CachePadded<ClassLists>>();
+        for shard in 0..LIST_SHARDS {
+            let empty: ClassLists = std::array::from_fn(|_| TaggedStack::new());
+            lists.add(shard).write(CachePadded::new(empty));
+        }
         let last_drawn = addr_of_mut!((*p).last_drawn).cast::<AtomicU64>();
         for class in 0..class::CLASSES {
-            lists.add(class).write(CachePadded::new(TaggedStack::new()));
             last_drawn.add(class).write(AtomicU64::new(0));
         }
         addr_of_mut!((*p).idle_round).write(AtomicU64::new(0));

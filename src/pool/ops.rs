@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use super::blocks::Record;
 use super::cache::{Entry, ThreadCache};
 use super::counters::{Writers, CACHELESS};
-use super::inner::PoolInner;
+use super::inner::{PoolInner, CACHELESS_SHARD, LIST_SHARDS};
 use super::{class, lifetime, tag, PoolBuffer, PoolError, PoolEventKind};
 use crate::sync::Ordering;
 use crate::thread;
@@ -74,7 +74,7 @@ impl PoolInner {
         let thread = u32::try_from(thread::index()?).ok()?;
         let cache = self
             .caches
-            .get_or_claim(thread, |_| CachePadded::new(ThreadCache::new()))?;
+            .get_or_claim(thread, |number| CachePadded::new(ThreadCache::new(number)))?;
         thread::remember_pool_cache(self.id, std::ptr::from_ref::<ThreadCache>(cache).cast());
         Some((cache, thread))
     }
@@ -144,7 +144,7 @@ impl PoolInner {
         tag: u32,
     ) -> Result<Taken<'_>, PoolError> {
         self.note_class_drawn(class);
-        let taken = match self.pop_list(class) {
+        let taken = match self.pop_list(cache.shard, class) {
             Some(taken) => taken,
             None => self.system_alloc(class, class_bytes, size, zeroed)?,
         };
@@ -232,7 +232,7 @@ impl PoolInner {
                         config.thread_cache_bytes,
                     );
                 if !cached {
-                    self.push_list(class, record);
+                    self.push_list(cache.shard, class, record);
                 }
                 cache
                     .counters
@@ -274,7 +274,7 @@ impl PoolInner {
             return Err(PoolError::Closed);
         }
         let taken = self
-            .pop_list(class)
+            .pop_list(CACHELESS_SHARD, class)
             .map_or_else(|| self.system_alloc(class, class_bytes, size, zeroed), Ok);
         if let Ok(taken) = &taken {
             taken.record.hand_out(CACHELESS, tag, class, size);
@@ -311,16 +311,19 @@ impl PoolInner {
             lifetime::release_after_close(self, record, class);
             return true;
         }
-        self.push_list(class, self.blocks.record(record));
+        self.push_list(CACHELESS_SHARD, class, self.blocks.record(record));
         self.count_cacheless(class::class_size(class), requested, false);
         self.cacheless_busy.fetch_sub(1, Ordering::Release);
         false
     }
 
-    /// Pops a block from the shared list of `class`.
+    /// Pops a block from the shared lists of `class`: from `shard`'s first, then from the
+    /// other shards in turn.
     #[inline]
-    pub(super) fn pop_list(&self, class: usize) -> Option<Taken<'_>> {
-        let index = self.lists[class].pop(|i| &self.blocks.record(i).next)?;
+    pub(super) fn pop_list(&self, shard: usize, class: usize) -> Option<Taken<'_>> {
+        let index = (0..LIST_SHARDS).find_map(|k| {
+            self.lists[(shard + k) & (LIST_SHARDS - 1)][class].pop(|i| &self.blocks.record(i).next)
+        })?;
         let record = self.blocks.record(index);
         // SAFETY: a listed record holds its block's non-null address (written before the
         // Release push that our Acquire pop synchronises with).
@@ -332,9 +335,9 @@ impl PoolInner {
         })
     }
 
-    /// Puts a block on the shared list of its class.
+    /// Puts a block on `shard`'s shared list of its class.
     #[inline]
-    pub(super) fn push_list(&self, class: usize, record: &Record) {
-        self.lists[class].push_chain(record.index + 1, &record.next);
+    pub(super) fn push_list(&self, shard: usize, class: usize, record: &Record) {
+        self.lists[shard][class].push_chain(record.index + 1, &record.next);
     }
 }

@@ -180,29 +180,34 @@ impl PoolInner {
             return false;
         };
         for class in (0..class::CLASSES).rev() {
-            loop {
-                let reserved = self.counters.reserved.load(Ordering::Relaxed);
-                if reserved.saturating_add(need) <= budget {
-                    return true;
-                }
-                match self.lists[class].pop(|i| &self.blocks.record(i).next) {
-                    Some(record) => self.release(record, class),
-                    None => break,
+            for list in self.lists.iter().map(|shard| &shard[class]) {
+                loop {
+                    let reserved = self.counters.reserved.load(Ordering::Relaxed);
+                    if reserved.saturating_add(need) <= budget {
+                        return true;
+                    }
+                    match list.pop(|i| &self.blocks.record(i).next) {
+                        Some(record) => self.release(record, class),
+                        None => break,
+                    }
                 }
             }
         }
         false
     }
 
-    /// Releases every block on the list of `class`. Returns the bytes released.
+    /// Releases every block on the lists of `class`, every shard's. Returns the bytes
+    /// released.
     pub(super) fn release_list(&self, class: usize) -> u64 {
         let mut released = 0;
-        let mut link = self.lists[class].take_all();
-        while link != NIL {
-            let record = link - 1;
-            link = self.blocks.record(record).next.load(Ordering::Relaxed);
-            released += class::class_size(class) as u64;
-            self.release(record, class);
+        for shard in &self.lists {
+            let mut link = shard[class].take_all();
+            while link != NIL {
+                let record = link - 1;
+                link = self.blocks.record(record).next.load(Ordering::Relaxed);
+                released += class::class_size(class) as u64;
+                self.release(record, class);
+            }
         }
         released
     }
