@@ -231,11 +231,11 @@ fn churn_ops(threads: usize, rounds: usize) -> usize {
     threads * rounds * KEYS * 3
 }
 
-fn churn_table(rounds: usize) {
+fn churn_table(rounds: usize, thread_counts: &[usize]) {
     println!("churn, aggregate M operations/s (each thread: insert {KEYS} own keys, read, remove; {rounds} rounds)");
     println!("| threads | ferropool | sharded-slab | concurrent-slotmap | RwLock<Slab> |");
     println!("|---|---|---|---|---|");
-    for threads in THREADS {
+    for &threads in thread_counts {
         let ops = churn_ops(threads, rounds);
         let ours = mops(ops, || {
             let arena = SlotArena::new();
@@ -486,9 +486,14 @@ fn cross_thread_table(batches: usize) {
 }
 
 fn main() {
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_CHURN").is_some() {
+        // The churn table at 1 and 2 threads alone (about 20 s), for alternated runs.
+        churn_table(500, &[1, 2]);
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
-    churn_table(500);
+    churn_table(500, &THREADS);
     shared_read_table(2000);
     cross_thread_table(2000);
 }
