@@ -3,6 +3,7 @@
 //! After criterion's groups, a table of minor page faults per cycle and per training step.
 #![allow(missing_docs)] // criterion's macros generate undocumented items
 
+mod common;
 mod pool_common;
 
 use std::hint::black_box;

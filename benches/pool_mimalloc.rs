@@ -1,6 +1,7 @@
 //! The `Vec<u8>` workloads of `benches/pool.rs` with mimalloc as the global allocator.
 #![allow(missing_docs)]
 
+mod common;
 mod pool_common;
 
 use criterion::Criterion;

@@ -12,8 +12,7 @@ pub const MIB: usize = 1 << 20;
 pub const SIZES: [usize; 5] = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB];
 pub const PAGE: usize = 4096;
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 pub use ferropool_figures::minor_faults;
 
 /// Writes one byte per 4 KiB page.

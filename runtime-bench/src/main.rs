@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 
 #[global_allocator]
-static GLOBAL: allocator::Selected = allocator::Selected;
+static GLOBAL: &ferropool_choice::ChosenAllocator = &allocator::ALLOCATOR;
 
 /// Trains an MLP with burn's ndarray backend under the allocator chosen by
 /// RUNTIME_BENCH_ALLOCATOR (glibc, mimalloc, pool, pool-mimalloc; unset: pool) and prints one

@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 
-use crate::allocator::{Choice, VARIABLE};
+use crate::allocator::{COMPARED, VARIABLE};
 use crate::args::{Args, CompareArgs, Keep};
 use ferropool_figures::spread;
 
@@ -27,7 +27,7 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<()> {
     }
     let exe = std::env::current_exe().context("locating this program to run its children")?;
     let forwarded = training_flags(std::env::args_os().skip(1));
-    let mut variants: Vec<(&str, Command)> = [Choice::Pool, Choice::Glibc, Choice::Mimalloc]
+    let mut variants: Vec<(&str, Command)> = COMPARED
         .into_iter()
         .map(|choice| {
             let mut command = Command::new(&exe);
@@ -35,7 +35,13 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<()> {
                 .env(VARIABLE, choice.name())
                 .args(["train", "--json"])
                 .args(&forwarded);
-            (choice.name(), command)
+            // The pool's variant is "pool" in messages and tables (it runs over mimalloc).
+            let name = if choice.is_pool() {
+                "pool"
+            } else {
+                choice.name()
+            };
+            (name, command)
         })
         .collect();
     if let Some(python) = &args.torch {

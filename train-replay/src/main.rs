@@ -4,11 +4,11 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use train_replay::allocator::Selected;
+use ferropool_choice::ChosenAllocator;
 use train_replay::args::{Cli, Command};
 
 #[global_allocator]
-static ALLOCATOR: Selected = Selected;
+static GLOBAL: &ChosenAllocator = &train_replay::allocator::ALLOCATOR;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -17,7 +17,7 @@ pub use ferropool_figures::{minor_faults, peak_rss};
 /// it as one line, which `compare` reads back.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct Summary {
-    /// What ran: `pool`, `glibc`, `mimalloc` or `pytorch`.
+    /// What ran: `pool-mimalloc`, `glibc`, `mimalloc` or `pytorch`.
     pub allocator: String,
     /// Loss of the first step.
     pub first_loss: f32,
@@ -126,8 +126,9 @@ pub fn train<B: Backend>(
     let per_step = |a: u64, b: u64| (a - b) as f64 / measured;
     summary.glibc_calls_per_step = Some(per_step(after.0, before.0));
     summary.mimalloc_calls_per_step = Some(per_step(after.1, before.1));
-    summary.pool_system_calls_per_step =
-        (allocator::choice() == allocator::Choice::Pool).then(|| per_step(after.2, before.2));
+    summary.pool_system_calls_per_step = allocator::choice()
+        .is_pool()
+        .then(|| per_step(after.2, before.2));
     summary.peak_rss = peak_rss();
     Ok(summary)
 }

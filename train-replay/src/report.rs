@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use ferropool::{BufferPool, PoolAllocator, PoolConfig, PoolEvent};
 
-use crate::allocator::{self, Choice};
+use crate::allocator;
 use crate::args::{Args, Keep};
 use crate::backend::{OverBudget, PoolBackend, VecBackend};
 use crate::measure::train;
@@ -19,7 +19,7 @@ use crate::show::{bytes, table};
 /// Runs the training on this process's allocator (see [`allocator`]); prints the summary
 /// line only if `--json`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    if allocator::choice() != Choice::Pool {
+    if !allocator::choice().is_pool() {
         // The baselines: plain vectors from glibc or mimalloc.
         let summary = train(&VecBackend, args, None, |_, _| {})?;
         println!("{}", summary.line());

@@ -158,7 +158,7 @@ pub fn sweep(args: &SweepArgs) -> anyhow::Result<()> {
 fn child(exe: &Path, train: &Args, point: Point) -> Command {
     let mut command = Command::new(exe);
     command
-        .env(VARIABLE, Choice::Pool.name())
+        .env(VARIABLE, Choice::PoolMimalloc.name())
         .args(["train", "--json"]);
     for (flag, value) in [
         ("--steps", train.steps.to_string()),

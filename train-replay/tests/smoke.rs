@@ -92,7 +92,7 @@ fn compares_the_pool_with_glibc_and_mimalloc() {
 fn a_pool_run_prints_its_figures_as_one_json_line_and_calls_glibc_never() {
     let text = run(&["train", "--json"]);
     let line: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
-    assert_eq!(line["allocator"], "pool", "{text}");
+    assert_eq!(line["allocator"], "pool-mimalloc", "{text}");
     assert!(line["steps_per_s"].as_f64().unwrap() > 0.0, "{text}");
     // Small requests go to mimalloc under the pool's front end, large ones to the pool, so
     // none of the process's calls reaches glibc; the pool itself goes to glibc only for a
