@@ -24,7 +24,6 @@
 use super::blocks::Record;
 use super::config::BIN_CLASSES;
 use super::counters::{bump, OpCounters};
-use super::inner::LIST_SHARDS;
 use crate::handshake::Handshake;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -52,8 +51,8 @@ pub(super) struct ThreadCache {
     /// written by the idle policy only.
     pub(super) idle_rounds: AtomicU32,
     /// The shard of the shared lists this thread pushes to and pops from first: the cache's
-    /// number in the pool modulo `LIST_SHARDS`, so threads spread over the shards in the
-    /// order they first use the pool. Fixed at creation.
+    /// number in the pool modulo the shard count (see `PoolInner::lists`), so threads spread
+    /// over the shards in the order they first use the pool. Fixed at creation.
     pub(super) shard: usize,
 }
 
@@ -75,10 +74,10 @@ pub(super) enum Entry {
 }
 
 impl ThreadCache {
-    /// The cache numbered `number` in its pool.
-    pub(super) fn new(number: u32) -> Self {
+    /// A cache whose thread uses `shard` of the shared lists.
+    pub(super) fn new(shard: usize) -> Self {
         Self {
-            shard: number as usize & (LIST_SHARDS - 1),
+            shard,
             handshake: Handshake::new(),
             bins: std::array::from_fn(|_| Bin {
                 head: AtomicPtr::new(std::ptr::null_mut()),

@@ -1,7 +1,8 @@
 //! The shared state of one pool, [`PoolInner`]: what every handle, buffer and thread cache
 //! of the pool points to. Its methods live with their concern: `ops` (alloc and free),
-//! `raw` (the front ends' blocks), `reserve` (memory from the system, the budget, drains),
-//! `stats` and `lifetime` (the close); the one here records a trace event.
+//! `raw` (the front ends' blocks), `reserve` (memory from the system, the budget), `drain`
+//! (trim, the idle policy, budget pressure), `stats` and `lifetime` (the close); the one
+//! here records a trace event.
 
 use std::fmt;
 

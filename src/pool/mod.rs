@@ -48,6 +48,7 @@ mod chrome;
 mod class;
 mod config;
 mod counters;
+mod drain;
 mod error;
 mod evict;
 mod evictable;

@@ -72,9 +72,10 @@ impl PoolInner {
     #[inline(never)]
     pub(super) fn my_cache_slow(&self) -> Option<(&ThreadCache, u32)> {
         let thread = u32::try_from(thread::index()?).ok()?;
-        let cache = self
-            .caches
-            .get_or_claim(thread, |number| CachePadded::new(ThreadCache::new(number)))?;
+        let cache = self.caches.get_or_claim(thread, |number| {
+            let shard = number as usize & (LIST_SHARDS - 1);
+            CachePadded::new(ThreadCache::new(shard))
+        })?;
         thread::remember_pool_cache(self.id, std::ptr::from_ref::<ThreadCache>(cache).cast());
         Some((cache, thread))
     }
