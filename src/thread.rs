@@ -168,10 +168,20 @@ mod std_state {
         });
     }
 
-    /// The thread cache remembered for pool `pool`, with the thread's index.
+    /// The thread cache remembered for pool `pool`, with the thread's index and its memory
+    /// tag: the pool's hot path reads the thread-local state once.
     #[inline(always)]
-    pub(crate) fn remembered_pool_cache(pool: u64) -> Option<(*const (), u32)> {
-        cached(|state| &state.pool, pool).map(|(record, index)| (record, index as u32))
+    pub(crate) fn remembered_pool_cache(pool: u64) -> Option<(*const (), u32, u32)> {
+        STATE
+            .try_with(|state| {
+                // `Owner::drop` clears `owner` with the index, so a match implies one.
+                (state.pool.owner.get() == pool).then(|| {
+                    let index = state.index.get() as u32;
+                    (state.pool.record.get(), index, state.tag.get())
+                })
+            })
+            .ok()
+            .flatten()
     }
 
     /// Remembers `record` as this thread's cache of pool `pool`.
@@ -268,7 +278,7 @@ pub(crate) fn index() -> Option<usize> {
 }
 
 #[cfg(loom)]
-pub(crate) fn remembered_pool_cache(_pool: u64) -> Option<(*const (), u32)> {
+pub(crate) fn remembered_pool_cache(_pool: u64) -> Option<(*const (), u32, u32)> {
     None
 }
 

@@ -11,7 +11,7 @@ use super::blocks::Record;
 use super::cache::{Entry, ThreadCache};
 use super::counters::{Writers, CACHELESS};
 use super::inner::{PoolInner, CACHELESS_SHARD, LIST_SHARDS};
-use super::{class, lifetime, tag, PoolBuffer, PoolError, PoolEventKind};
+use super::{class, lifetime, PoolBuffer, PoolError, PoolEventKind};
 use crate::sync::Ordering;
 use crate::thread;
 
@@ -44,15 +44,15 @@ impl Taken<'_> {
 }
 
 impl PoolInner {
-    /// The calling thread's cache and index: one thread-local read when this thread's last
-    /// pool operation was on this pool. `None` if the thread holds no index.
+    /// The calling thread's cache, index and memory tag: one thread-local read when this
+    /// thread's last pool operation was on this pool. `None` if the thread holds no index.
     #[inline(always)]
-    pub(super) fn my_cache(&self) -> Option<(&ThreadCache, u32)> {
-        if let Some((cache, thread)) = thread::remembered_pool_cache(self.id) {
+    pub(super) fn my_cache(&self) -> Option<(&ThreadCache, u32, u32)> {
+        if let Some((cache, thread, tag)) = thread::remembered_pool_cache(self.id) {
             // SAFETY: `my_cache_slow` cached this pointer from this pool's cache table (pool
             // identities are never reused), whose pages never move or free while the pool
             // lives; the caller keeps the pool alive.
-            return Some((unsafe { &*cache.cast::<ThreadCache>() }, thread));
+            return Some((unsafe { &*cache.cast::<ThreadCache>() }, thread, tag));
         }
         self.my_cache_slow()
     }
@@ -60,7 +60,7 @@ impl PoolInner {
     /// The calling thread's cache if it has one already (a thread that never used the pool
     /// gets none, and no cache is made).
     pub(super) fn my_existing_cache(&self) -> Option<&ThreadCache> {
-        if let Some((cache, _)) = thread::remembered_pool_cache(self.id) {
+        if let Some((cache, _, _)) = thread::remembered_pool_cache(self.id) {
             // SAFETY: as in `my_cache`.
             return Some(unsafe { &*cache.cast::<ThreadCache>() });
         }
@@ -70,14 +70,14 @@ impl PoolInner {
 
     #[cold]
     #[inline(never)]
-    pub(super) fn my_cache_slow(&self) -> Option<(&ThreadCache, u32)> {
+    pub(super) fn my_cache_slow(&self) -> Option<(&ThreadCache, u32, u32)> {
         let thread = u32::try_from(thread::index()?).ok()?;
         let cache = self.caches.get_or_claim(thread, |number| {
             let shard = number as usize & (LIST_SHARDS - 1);
             CachePadded::new(ThreadCache::new(shard))
         })?;
         thread::remember_pool_cache(self.id, std::ptr::from_ref::<ThreadCache>(cache).cast());
-        Some((cache, thread))
+        Some((cache, thread, thread::tag()))
     }
 
     /// Allocates a buffer from the pool at `this`.
@@ -94,8 +94,8 @@ impl PoolInner {
             max: class::MAX_SIZE,
         })?;
         let class_bytes = class::class_size(class);
-        let tag = tag::current();
-        let Some((cache, thread)) = inner.my_cache() else {
+        let Some((cache, thread, tag)) = inner.my_cache() else {
+            let tag = thread::tag();
             return inner.alloc_cacheless(this, class, class_bytes, size, zeroed, tag);
         };
         let mut taken = None;
@@ -187,7 +187,7 @@ impl PoolInner {
     /// counted (its counters are final).
     pub(super) fn count_resize(&self, record: &Record, old: usize, new: usize) {
         record.set_requested(new);
-        let Some((cache, _)) = self.my_cache() else {
+        let Some((cache, _, _)) = self.my_cache() else {
             if self.enter_cacheless() {
                 self.cacheless.count_resize(old, new, Writers::Shared);
                 self.counters
@@ -212,7 +212,7 @@ impl PoolInner {
     pub(super) fn free(&self, record: &Record, class: usize, requested: usize) -> bool {
         let class_bytes = class::class_size(class);
         let allocator = record.take_back();
-        let Some((cache, thread)) = self.my_cache() else {
+        let Some((cache, thread, _)) = self.my_cache() else {
             return self.free_cacheless(record.index, class, requested);
         };
         match cache.enter(&self.closed) {

@@ -156,12 +156,6 @@ impl MemoryTag {
     }
 }
 
-/// The tag of buffers allocated now on this thread (0 for none).
-#[inline(always)]
-pub(super) fn current() -> u32 {
-    crate::thread::tag()
-}
-
 impl fmt::Debug for MemoryTag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "MemoryTag({:?})", self.name())

@@ -222,7 +222,7 @@ impl Trace {
         thread: u32,
         name: &'static str,
     ) {
-        let tag = MemoryTag::from_raw(super::tag::current());
+        let tag = MemoryTag::from_raw(crate::thread::tag());
         let os_tid = os_tid();
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         // The time is read under the lock, so the ring is in time order (`events` is oldest
