@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use allocator_api2::alloc::{AllocError, Allocator};
 
 use super::inner::PoolInner;
-use super::raw::MAX_ALIGN;
+use super::raw::{self, MAX_ALIGN};
 use super::BufferPool;
 
 /// Allocates blocks for collections from the pool: blocks are raw pool blocks whose header
@@ -60,7 +60,7 @@ unsafe impl Allocator for BufferPool {
         if old_layout.size() != 0 && old_layout.align() == new_layout.align() {
             // SAFETY: a raw pool block from `allocate` (the caller's contract), in use.
             let capacity = unsafe { PoolInner::raw_capacity(ptr) };
-            if new_layout.size() <= capacity {
+            if raw::resizes_in_place(capacity, new_layout.size(), false) {
                 // SAFETY: a raw pool block in use, which holds `new_layout.size()` bytes.
                 unsafe { PoolInner::resize_raw(ptr, old_layout.size(), new_layout.size()) };
                 return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
@@ -71,7 +71,8 @@ unsafe impl Allocator for BufferPool {
     }
 
     /// Shrinks in place: the block keeps its bytes, and no new memory is asked for (which
-    /// the budget could refuse).
+    /// the budget could refuse). This is `raw::resizes_in_place` without a move, which a
+    /// shrink always meets.
     unsafe fn shrink(
         &self,
         ptr: NonNull<u8>,

@@ -357,7 +357,7 @@ unsafe impl<F: GlobalAlloc> GlobalAlloc for PoolAllocator<F> {
                     // SAFETY: as above: `ptr` is non-null.
                     block
                         .pooled_capacity(unsafe { NonNull::new_unchecked(ptr) })
-                        .is_some_and(|capacity| new_size <= capacity && new_size >= capacity / 2)
+                        .is_some_and(|capacity| raw::resizes_in_place(capacity, new_size, true))
                 } =>
             {
                 // SAFETY: a raw pool block that holds `new_size` bytes; the caller gives it

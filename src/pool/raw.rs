@@ -55,6 +55,17 @@ const FALLBACK: usize = 0x4641_4C4C; // "FALL"
 /// The largest alignment a raw allocation serves (larger ones would waste most of a block).
 pub(super) const MAX_ALIGN: usize = 4096;
 
+/// The rule for resizing a raw pool block in place, for both front ends: the new size fits
+/// the block from the caller's pointer on (`capacity` bytes), and, if the front end may
+/// move the bytes at no risk (`PoolAllocator::realloc`, whose fallback serves what the
+/// budget refuses), it uses at least half of the block, so that a block shrunk below half
+/// goes back for a smaller one. The `Allocator` implementation cannot fall back: a move
+/// asks the pool for memory its budget may refuse, so it keeps every block that fits
+/// (`grow` and `shrink`).
+pub(super) fn resizes_in_place(capacity: usize, new_size: usize, may_move: bool) -> bool {
+    new_size <= capacity && (!may_move || new_size >= capacity / 2)
+}
+
 /// Bytes of the header, which sits right before the caller's pointer.
 const HEADER: usize = std::mem::size_of::<Header>();
 
