@@ -51,6 +51,37 @@ pub fn peak_rss() -> u64 {
     0
 }
 
+/// CPU time of this process so far, user and system, every thread, in seconds
+/// (`ru_utime + ru_stime`; 0 on a platform without `getrusage`).
+pub fn cpu_seconds() -> f64 {
+    #[cfg(unix)]
+    return usage().map_or(0.0, |u| {
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        seconds(u.ru_utime) + seconds(u.ru_stime)
+    });
+    #[cfg(not(unix))]
+    0.0
+}
+
+/// Bytes of this process's anonymous memory that transparent huge pages back now
+/// (`AnonHugePages` in `/proc/self/smaps_rollup`; 0 where that cannot be read).
+///
+/// ```
+/// let huge = ferropool_figures::anon_huge_bytes();
+/// assert!(huge % 4096 == 0);
+/// ```
+pub fn anon_huge_bytes() -> u64 {
+    let Ok(rollup) = std::fs::read_to_string("/proc/self/smaps_rollup") else {
+        return 0;
+    };
+    rollup
+        .lines()
+        .find_map(|line| line.strip_prefix("AnonHugePages:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
 /// The median and the range (min, max) of `values`; `NaN`s sort last. All three are `NaN`
 /// for no values.
 ///

@@ -56,9 +56,14 @@ pub fn run(recipe: &Recipe, thread_counts: &[usize], rounds: usize) -> anyhow::R
 fn table(recipe: &Recipe, threads: usize, rounds: usize, runs: &[Vec<Summary>]) -> String {
     type Figure = fn(&Summary) -> f64;
     type Show = fn(f64) -> String;
-    let figures: [(Figure, Show); 3] = [
+    let figures: [(Figure, Show); 5] = [
         (|s| s.steps_per_s, |v| format!("{v:.2}")),
         (|s| s.faults_per_step, |v| format!("{v:.0}")),
+        (|s| s.cpu_ms_per_step, |v| format!("{v:.1}")),
+        (
+            |s| s.thp_bytes as f64 / f64::from(1 << 20),
+            |v| format!("{v:.0}"),
+        ),
         (
             |s| s.peak_rss as f64 / f64::from(1 << 20),
             |v| format!("{v:.0}"),
@@ -69,7 +74,7 @@ fn table(recipe: &Recipe, threads: usize, rounds: usize, runs: &[Vec<Summary>]) 
         .position(|&c| c == Choice::Mimalloc)
         .expect("mimalloc is a choice");
     // Each allocator's median and range of each figure.
-    let spreads: Vec<[(f64, f64, f64); 3]> = runs
+    let spreads: Vec<[(f64, f64, f64); 5]> = runs
         .iter()
         .map(|r| figures.map(|(get, _)| spread(r.iter().map(get).collect())))
         .collect();
@@ -90,6 +95,10 @@ fn table(recipe: &Recipe, threads: usize, rounds: usize, runs: &[Vec<Summary>]) 
             "steps/s",
             "vs mimalloc",
             "faults/step",
+            "vs mimalloc",
+            "CPU ms/step",
+            "vs mimalloc",
+            "in huge pages (MiB)",
             "vs mimalloc",
             "peak RSS (MiB)",
             "vs mimalloc",

@@ -9,7 +9,7 @@ use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{Device, Distribution, Int, Tensor};
-use ferropool_figures::{minor_faults, peak_rss};
+use ferropool_figures::{anon_huge_bytes, cpu_seconds, minor_faults, peak_rss};
 use serde::{Deserialize, Serialize};
 
 use crate::allocator;
@@ -114,6 +114,12 @@ pub struct Summary {
     pub steps_per_s: f64,
     /// Minor page faults per steady-state step.
     pub faults_per_step: f64,
+    /// CPU time (user and system, every thread) per steady-state step, in milliseconds.
+    #[serde(default)]
+    pub cpu_ms_per_step: f64,
+    /// Anonymous memory backed by transparent huge pages at the end of the run, in bytes.
+    #[serde(default)]
+    pub thp_bytes: u64,
     /// Peak resident set size of the process, in bytes.
     pub peak_rss: u64,
     /// Loss of the first step.
@@ -149,9 +155,11 @@ pub fn run(recipe: &Recipe) -> Summary {
         ..Summary::default()
     };
     let (mut faults, mut stats, mut started) = (0, pool.stats(), Instant::now());
+    let mut cpu = 0.0;
     for step in 0..recipe.steps {
         if step == warmup {
             faults = minor_faults();
+            cpu = cpu_seconds();
             stats = pool.stats();
             started = Instant::now();
         }
@@ -178,6 +186,8 @@ pub fn run(recipe: &Recipe) -> Summary {
     let measured = (recipe.steps - warmup).max(1) as f64;
     summary.steps_per_s = measured / started.elapsed().as_secs_f64();
     summary.faults_per_step = (minor_faults() - faults) as f64 / measured;
+    summary.cpu_ms_per_step = (cpu_seconds() - cpu) * 1e3 / measured;
+    summary.thp_bytes = anon_huge_bytes();
     summary.peak_rss = peak_rss();
     if choice.is_pool() {
         let after = pool.stats();
