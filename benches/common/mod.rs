@@ -4,7 +4,11 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 /// Runs `body(thread, iters)` on `threads` threads released together; returns the wall time.
-pub fn run_threads(threads: usize, iters: u64, body: &(impl Fn(usize, u64) + Sync)) -> Duration {
+pub(crate) fn run_threads(
+    threads: usize,
+    iters: u64,
+    body: &(impl Fn(usize, u64) + Sync),
+) -> Duration {
     let start_line = Barrier::new(threads);
     // Each worker times itself; the run lasts from the first start to the last end. (Timing
     // from the spawning thread would miss the work done before it is scheduled again, which

@@ -7,17 +7,17 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
 
-pub const KIB: usize = 1 << 10;
-pub const MIB: usize = 1 << 20;
-pub const SIZES: [usize; 5] = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB];
-pub const PAGE: usize = 4096;
+pub(crate) const KIB: usize = 1 << 10;
+pub(crate) const MIB: usize = 1 << 20;
+pub(crate) const SIZES: [usize; 5] = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB];
+pub(crate) const PAGE: usize = 4096;
 
 use crate::common;
-pub use ferropool_figures::minor_faults;
+pub(crate) use ferropool_figures::minor_faults;
 
 /// Writes one byte per 4 KiB page.
 #[inline]
-pub fn touch(ptr: *mut u8, len: usize) {
+pub(crate) fn touch(ptr: *mut u8, len: usize) {
     let mut offset = 0;
     while offset < len {
         // SAFETY: (bench) callers pass the start and length of a buffer they own.
@@ -27,7 +27,7 @@ pub fn touch(ptr: *mut u8, len: usize) {
 }
 
 /// The training-step trace: 48 buffer sizes from 16 KiB to 48 MiB (about 400 MiB in all).
-pub fn step_sizes() -> Vec<usize> {
+pub(crate) fn step_sizes() -> Vec<usize> {
     (0..48)
         .map(|i| {
             let t = i as f64 / 47.0;
@@ -38,7 +38,7 @@ pub fn step_sizes() -> Vec<usize> {
 }
 
 /// A way to get and give back buffers, for the generic workloads.
-pub trait Source: Sync {
+pub(crate) trait Source: Sync {
     type Buf: Send;
     fn name(&self) -> &'static str;
     fn get(&self, size: usize) -> Self::Buf;
@@ -46,7 +46,7 @@ pub trait Source: Sync {
 }
 
 /// `Vec<u8>` from whatever the global allocator is.
-pub struct System(pub &'static str);
+pub(crate) struct System(pub &'static str);
 
 impl Source for System {
     type Buf = Vec<u8>;
@@ -61,7 +61,7 @@ impl Source for System {
     }
 }
 
-pub fn no_touch<S: Source>(c: &mut Criterion, source: &S) {
+pub(crate) fn no_touch<S: Source>(c: &mut Criterion, source: &S) {
     let mut group = c.benchmark_group("alloc_free_no_touch");
     for size in SIZES {
         group.bench_with_input(BenchmarkId::new(source.name(), size), &size, |b, &size| {
@@ -75,7 +75,7 @@ pub fn no_touch<S: Source>(c: &mut Criterion, source: &S) {
     group.finish();
 }
 
-pub fn with_touch<S: Source>(c: &mut Criterion, source: &S) {
+pub(crate) fn with_touch<S: Source>(c: &mut Criterion, source: &S) {
     let mut group = c.benchmark_group("alloc_touch_free");
     group.sample_size(10);
     for size in SIZES {
@@ -93,9 +93,9 @@ pub fn with_touch<S: Source>(c: &mut Criterion, source: &S) {
 /// Large buffers written in full (every byte, as a kernel writing its output does): where
 /// huge pages pay off. `with_touch` writes one byte per page at the same offset in every
 /// page, which on huge pages (physically contiguous) falls into a few cache sets.
-pub const FILL_SIZES: [usize; 2] = [16 * MIB, 64 * MIB];
+pub(crate) const FILL_SIZES: [usize; 2] = [16 * MIB, 64 * MIB];
 
-pub fn with_fill<S: Source>(c: &mut Criterion, source: &S) {
+pub(crate) fn with_fill<S: Source>(c: &mut Criterion, source: &S) {
     let mut group = c.benchmark_group("alloc_fill_free");
     group.sample_size(10);
     for size in FILL_SIZES {
@@ -113,7 +113,11 @@ pub fn with_fill<S: Source>(c: &mut Criterion, source: &S) {
 }
 
 /// One step of the trace: allocate and touch every buffer, free them on another thread.
-pub fn run_step<S: Source>(source: &S, sizes: &[usize], to_freer: &mpsc::SyncSender<Vec<S::Buf>>) {
+pub(crate) fn run_step<S: Source>(
+    source: &S,
+    sizes: &[usize],
+    to_freer: &mpsc::SyncSender<Vec<S::Buf>>,
+) {
     let mut bufs = Vec::with_capacity(sizes.len());
     for &size in sizes {
         let mut buf = source.get(size);
@@ -125,7 +129,7 @@ pub fn run_step<S: Source>(source: &S, sizes: &[usize], to_freer: &mpsc::SyncSen
 
 /// Runs `steps` steps with a freer thread; returns (time per step, faults per step), measured
 /// after `warmup` steps.
-pub fn trace_steps<S: Source>(source: &S, warmup: u64, steps: u64) -> (Duration, f64) {
+pub(crate) fn trace_steps<S: Source>(source: &S, warmup: u64, steps: u64) -> (Duration, f64) {
     let sizes = step_sizes();
     let (tx, rx) = mpsc::sync_channel::<Vec<S::Buf>>(1);
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -153,7 +157,7 @@ pub fn trace_steps<S: Source>(source: &S, warmup: u64, steps: u64) -> (Duration,
     })
 }
 
-pub fn training_trace<S: Source>(c: &mut Criterion, source: &S) {
+pub(crate) fn training_trace<S: Source>(c: &mut Criterion, source: &S) {
     let mut group = c.benchmark_group("training_step_trace");
     group.sample_size(10);
     group.bench_function(source.name(), |b| {
@@ -163,7 +167,7 @@ pub fn training_trace<S: Source>(c: &mut Criterion, source: &S) {
 }
 
 /// Minor faults per cycle of alloc + touch + free in steady state, per size.
-pub fn fault_table<S: Source>(source: &S) {
+pub(crate) fn fault_table<S: Source>(source: &S) {
     for size in SIZES {
         let cycle = || {
             let mut buf = source.get(size);
@@ -199,7 +203,12 @@ pub fn fault_table<S: Source>(source: &S) {
 /// frees them (when its inbox holds fewer than 64; else it frees them itself, so that a
 /// descheduled neighbour cannot make the live set grow). Returns allocations per second, all
 /// threads together.
-pub fn scaling<S: Source>(source: &S, threads: usize, per_thread: usize, touch: bool) -> f64 {
+pub(crate) fn scaling<S: Source>(
+    source: &S,
+    threads: usize,
+    per_thread: usize,
+    touch: bool,
+) -> f64 {
     let inboxes: Vec<Mutex<Vec<S::Buf>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
     let elapsed = common::run_threads(threads, per_thread as u64, &|t, iters| {
         let neighbour = &inboxes[(t + 1) % threads];
@@ -243,7 +252,7 @@ pub fn scaling<S: Source>(source: &S, threads: usize, per_thread: usize, touch: 
 }
 
 /// Prints the scaling workload's throughput at 1, 2, 4, 8 and 16 threads (medians of 5).
-pub fn scaling_table<S: Source>(source: &S) {
+pub(crate) fn scaling_table<S: Source>(source: &S) {
     let per_thread = 200_000;
     let mut one = 0.0;
     for threads in [1, 2, 4, 8, 16] {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 /// blocks in use fit in what is reserved, and bytes are in use exactly when some allocation
 /// has not been freed. (`cached_bytes` is `reserved - in_use` by definition; tests check it
 /// against what a trim actually releases.)
-pub fn assert_pool_consistent(stats: &ferropool::PoolStats) {
+pub(crate) fn assert_pool_consistent(stats: &ferropool::PoolStats) {
     assert!(stats.requested_bytes <= stats.in_use_bytes, "{stats:#?}");
     assert!(stats.in_use_bytes <= stats.reserved_bytes, "{stats:#?}");
     assert_eq!(
@@ -19,7 +19,7 @@ pub fn assert_pool_consistent(stats: &ferropool::PoolStats) {
 }
 
 /// Scales an iteration count down under Miri, where every step is thousands of times slower.
-pub fn scaled(n: usize) -> usize {
+pub(crate) fn scaled(n: usize) -> usize {
     if cfg!(miri) {
         (n / 100).max(4)
     } else {
@@ -29,35 +29,35 @@ pub fn scaled(n: usize) -> usize {
 
 /// Per-id drop counters: proves each record is dropped exactly once.
 #[derive(Clone, Debug)]
-pub struct DropLedger(Arc<Vec<AtomicUsize>>);
+pub(crate) struct DropLedger(Arc<Vec<AtomicUsize>>);
 
 impl DropLedger {
-    pub fn new(ids: usize) -> Self {
+    pub(crate) fn new(ids: usize) -> Self {
         Self(Arc::new((0..ids).map(|_| AtomicUsize::new(0)).collect()))
     }
 
-    pub fn record(&self, id: usize) -> Tracked {
+    pub(crate) fn record(&self, id: usize) -> Tracked {
         Tracked {
             id,
             ledger: self.clone(),
         }
     }
 
-    pub fn drops(&self, id: usize) -> usize {
+    pub(crate) fn drops(&self, id: usize) -> usize {
         self.0[id].load(Ordering::SeqCst)
     }
 
     /// Forgets the drops of `id` (for a value dropped on purpose before its real use).
-    pub fn reset(&self, id: usize) {
+    pub(crate) fn reset(&self, id: usize) {
         self.0[id].store(0, Ordering::SeqCst);
     }
 
-    pub fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.0.iter().map(|c| c.load(Ordering::SeqCst)).sum()
     }
 
     /// Panics unless every id in `ids` was dropped exactly once and no other id was dropped.
-    pub fn assert_exactly_once(&self, ids: impl IntoIterator<Item = usize>) {
+    pub(crate) fn assert_exactly_once(&self, ids: impl IntoIterator<Item = usize>) {
         let mut expected = vec![0usize; self.0.len()];
         for id in ids {
             expected[id] += 1;
@@ -75,7 +75,7 @@ impl DropLedger {
 
 /// A record that counts its drop in a [`DropLedger`].
 #[derive(Debug)]
-pub struct Tracked {
+pub(crate) struct Tracked {
     pub id: usize,
     ledger: DropLedger,
 }
