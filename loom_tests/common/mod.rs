@@ -6,13 +6,13 @@ use std::sync::Arc;
 /// Runs `f` under loom: preemption bound from `LOOM_MAX_PREEMPTIONS`, else 2; at most
 /// `max_branches` branches per execution (loom's default is 1,000); and prints how many
 /// executions were explored (`--nocapture` shows it).
-pub fn model(max_branches: usize, f: impl Fn() + Send + Sync + 'static) {
+pub(crate) fn model(max_branches: usize, f: impl Fn() + Send + Sync + 'static) {
     model_within(usize::MAX, max_branches, f);
 }
 
 /// [`model`] with the preemption bound at most `max_preemptions`, for a model whose race
 /// needs fewer preemptions than its state space can afford at the suite's bound.
-pub fn model_within(
+pub(crate) fn model_within(
     max_preemptions: usize,
     max_branches: usize,
     f: impl Fn() + Send + Sync + 'static,

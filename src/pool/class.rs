@@ -1,92 +1,70 @@
-//! Size classes: eight per power of two, so a request of 64 bytes or more is rounded up by at
-//! most 12.5%. Requests of 1..=64 bytes use classes of 8, 16, ..., 64 bytes.
+//! The seam for size classes. A *policy* is one module that provides four items, and
+//! nothing else in the pool knows how classes are cut:
+//!
+//! - `CLASSES`, the number of classes (at most 2^16: a block record and a buffer keep the
+//!   class in 16 bits; checked below at compile time);
+//! - `MAX_SIZE`, the largest request served, which is the last class's size;
+//! - `const fn class_of(size) -> Option<usize>`, the smallest class holding `size` bytes
+//!   (`None` above `MAX_SIZE`; size 0 has class 0);
+//! - `fn class_size(class) -> usize`, a class's block bytes, increasing with the class.
+//!
+//! The pool uses [`eighths`] (eight classes per power of two). [`powers`] (powers of two) is
+//! a second policy for the tests, which hold both to the contract above.
 
-/// Classes of 8..=64 bytes, in steps of 8.
-const SMALL: usize = 8;
-/// The largest class is `2^MAX_POWER` bytes.
-pub(crate) const MAX_POWER: u32 = 40;
-/// Number of classes.
-pub(crate) const CLASSES: usize = SMALL + (MAX_POWER as usize - 6) * 8;
-/// The largest request a pool serves.
-pub(crate) const MAX_SIZE: usize = 1 << MAX_POWER;
+mod eighths;
+#[cfg(all(test, not(loom)))]
+mod powers;
 
-/// The class of a request of `size` bytes, or `None` above [`MAX_SIZE`].
-#[inline]
-pub(crate) const fn class_of(size: usize) -> Option<usize> {
-    if size <= 64 {
-        return Some(if size == 0 { 0 } else { size.div_ceil(8) - 1 });
-    }
-    if size > MAX_SIZE {
-        return None;
-    }
-    // size is in (2^p, 2^(p+1)]; its class steps are 2^(p-3) apart.
-    let p = (usize::BITS - 1 - (size - 1).leading_zeros()) as usize;
-    let step = p - 3;
-    let sub = (size - (1 << p)).div_ceil(1 << step); // 1..=8
-    Some(SMALL + (p - 6) * 8 + sub - 1)
-}
+pub(crate) use eighths::{class_of, class_size, CLASSES, MAX_SIZE};
 
-/// The bytes a block of `class` holds (a table lookup).
-#[inline]
-pub(crate) fn class_size(class: usize) -> usize {
-    CLASS_SIZES[class]
-}
-
-/// Block bytes of every class, computed at compile time.
-static CLASS_SIZES: [usize; CLASSES] = {
-    let mut sizes = [0; CLASSES];
-    let mut class = 0;
-    while class < CLASSES {
-        sizes[class] = if class < SMALL {
-            (class + 1) * 8
-        } else {
-            let k = class - SMALL;
-            let p = 6 + k / 8;
-            (1 << p) + ((k % 8 + 1) << (p - 3))
-        };
-        class += 1;
-    }
-    sizes
+const _: () = {
+    assert!(CLASSES <= 1 << 16, "a class must fit in 16 bits");
+    assert!(matches!(class_of(MAX_SIZE), Some(last) if last == CLASSES - 1));
+    assert!(class_of(MAX_SIZE + 1).is_none());
 };
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn classes_round_up_by_at_most_an_eighth() {
-        let mut sizes: Vec<usize> = (1..5000).collect();
-        for p in 12..MAX_POWER {
-            let base = 1usize << p;
-            sizes.extend([base - 1, base, base + 1, base + base / 3, 2 * base - 1]);
-        }
-        for size in sizes {
-            let class = class_of(size).unwrap();
-            let got = class_size(class);
-            assert!(got >= size, "size {size} -> class {class} of {got}");
-            if size >= 64 {
-                assert!(
-                    got - size <= size / 8,
-                    "size {size}: class {got} wastes more than 1/8"
-                );
+    /// The contract of a policy module (see the module docs), checked on sizes around
+    /// every power of two and every class boundary.
+    macro_rules! holds_the_contract {
+        ($policy:ident) => {{
+            use super::$policy::{class_of, class_size, CLASSES, MAX_SIZE};
+            assert!(CLASSES >= 1 && CLASSES <= 1 << 16);
+            assert_eq!(class_size(CLASSES - 1), MAX_SIZE);
+            assert_eq!(class_of(MAX_SIZE), Some(CLASSES - 1));
+            assert_eq!(class_of(MAX_SIZE + 1), None);
+            assert_eq!(class_of(usize::MAX), None);
+            assert_eq!(class_of(0), Some(0));
+            for class in 1..CLASSES {
+                assert!(class_size(class) > class_size(class - 1), "{class}");
             }
-            if class > 0 {
-                assert!(
-                    class_size(class - 1) < size,
-                    "size {size} skipped a smaller class"
-                );
+            let mut sizes: Vec<usize> = (1..5000).collect();
+            for p in 12..MAX_SIZE.trailing_zeros() {
+                let base = 1usize << p;
+                sizes.extend([base - 1, base, base + 1, base + base / 3, 2 * base - 1]);
             }
-        }
+            for class in 0..CLASSES {
+                let size = class_size(class);
+                sizes.extend([size - 1, size, size + 1]);
+            }
+            for size in sizes.into_iter().filter(|&s| (1..=MAX_SIZE).contains(&s)) {
+                let class = class_of(size).unwrap();
+                assert!(class_size(class) >= size, "size {size} -> class {class}");
+                if class > 0 {
+                    assert!(class_size(class - 1) < size, "size {size} skipped a class");
+                }
+            }
+        }};
     }
 
     #[test]
-    fn class_table_is_increasing_and_bounded() {
-        for class in 1..CLASSES {
-            assert!(class_size(class) > class_size(class - 1));
-        }
-        assert_eq!(class_size(CLASSES - 1), MAX_SIZE);
-        assert_eq!(class_of(MAX_SIZE), Some(CLASSES - 1));
-        assert_eq!(class_of(MAX_SIZE + 1), None);
-        assert_eq!(class_of(0), Some(0));
+    fn the_pools_policy_holds_the_contract() {
+        holds_the_contract!(eighths);
+    }
+
+    #[test]
+    fn a_second_policy_holds_the_contract() {
+        holds_the_contract!(powers);
     }
 }
