@@ -16,7 +16,7 @@
 //!
 //! A drainer: [`Handshake::claim`], then `asymmetric::heavy()` (one fence serves every
 //! handshake it claimed), then [`Handshake::wait_out`]; the state is then the drainer's until
-//! [`Handshake::release`].
+//! [`Handshake::hand_back`].
 //!
 //! Nothing between `begin` and `end` may panic or run user code (arithmetic there wraps,
 //! nothing there allocates): a panic would leave the owner busy for good, and a drainer would
@@ -101,7 +101,7 @@ impl Handshake {
 
     /// A drainer's last step: hands the state back to its owner. Release: the owner's next
     /// operation sees what the drainer left.
-    pub(crate) fn release(&self) {
+    pub(crate) fn hand_back(&self) {
         self.drain.store(0, Ordering::Release);
     }
 

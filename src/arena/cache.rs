@@ -1,4 +1,4 @@
-//! ThreadCaches: each thread's private front of an arena, named by its thread index (see
+//! Thread caches: each thread's private front of an arena, named by its thread index (see
 //! `crate::thread`: a small number held by one live thread at a time, reused after the thread
 //! exits). A cache holds the thread's *hand* (vacant slots its next inserts take) and its *removal
 //! batch* (slots it removed, not yet handed to the epoch collector). Its owner works on them with
@@ -24,21 +24,21 @@ use crate::roster::Roster;
 use crate::stack::{Link, NIL};
 use crate::sync::AtomicU32;
 
-/// ThreadCaches in the first page of an arena's roster (later pages double).
+/// Thread caches in the first page of an arena's roster (later pages double).
 pub(super) const FIRST_CACHES: u32 = 4;
 
 /// Refills of a thread in an arena between two of its sweeps.
 pub(super) const SWEEP_EVERY: u32 = 64;
 
 /// One thread's cache in one arena.
-pub(super) struct ThreadCache {
+pub(super) struct ArenaThreadCache {
     /// The shard of the cache's threads: its number in the arena's roster modulo the shard
     /// count, so threads spread over the shards in the order they first used the arena.
     /// Fixed when the cache's page is built.
     pub(super) shard: usize,
     /// The owner's operations and the drainers' flag.
     pub(super) handshake: Handshake,
-    /// Vacant slots for the owner's next inserts: a chain linked through `Arena::links`,
+    /// Vacant slots for the owner's next inserts: a chain linked through `ArenaInner::links`,
     /// ending in `NIL`.
     ///
     /// Invariant (also for `removed` and `removed_len`): read or written only by the owner
@@ -46,7 +46,7 @@ pub(super) struct ThreadCache {
     /// the handshake once the owner is out, or under exclusive access to the arena.
     pub(super) hand: AtomicU32,
     /// The owner's removal batch being filled: a chain of `REMOVED` slots linked through
-    /// `Arena::links`, ending in `NIL`.
+    /// `ArenaInner::links`, ending in `NIL`.
     pub(super) removed: AtomicU32,
     /// Slots in `removed`.
     pub(super) removed_len: AtomicU32,
@@ -59,7 +59,7 @@ pub(super) struct ThreadCache {
     pub(super) refills: AtomicU32,
 }
 
-/// What `Arena::add_removed` did.
+/// What `ArenaInner::add_removed` did.
 pub(super) enum Added {
     /// The slot joined the cache's batch.
     Kept,
@@ -69,7 +69,7 @@ pub(super) enum Added {
     Busy,
 }
 
-impl ThreadCache {
+impl ArenaThreadCache {
     pub(super) fn new(shard: usize) -> Self {
         Self {
             shard,
@@ -85,4 +85,4 @@ impl ThreadCache {
 }
 
 /// The caches of an arena: one per thread index that used it (see `crate::roster`).
-pub(super) type ThreadCaches = Roster<CachePadded<ThreadCache>>;
+pub(super) type ArenaThreadCaches = Roster<CachePadded<ArenaThreadCache>>;

@@ -60,7 +60,7 @@ use panics::Panics;
 use recycle::ReadyLists;
 use shard::Shard;
 use slot::{OCCUPIED, REMOVED, VACANT};
-use table::{stale, Arena, CHUNK};
+use table::{stale, ArenaInner, CHUNK};
 
 /// A lock-free arena of generational slots whose removed values are reclaimed through
 /// crossbeam-epoch.
@@ -105,7 +105,7 @@ use table::{stale, Arena, CHUNK};
 /// that call; an `insert` that resumes one drops the value it was given. A `Drop` may use
 /// the arena it is dropped from.
 pub struct SlotArena<T: Send + 'static> {
-    arena: Arena<T>,
+    arena: ArenaInner<T>,
     /// Ready lists, shared with the batches in transit through the collector.
     ready: Arc<ReadyLists>,
     /// The collector that protects reads.
@@ -195,11 +195,11 @@ impl<T: Send + 'static> SlotArena<T> {
             }
             None => (epoch::default_collector().clone(), true),
         };
-        // ThreadCaches use the asymmetric fences; decide their implementation first.
+        // Thread caches use the asymmetric fences; decide their implementation first.
         crate::sync::asymmetric::init();
         let slots = PagedTable::new(config.first_page_len);
         Ok(Self {
-            arena: Arena {
+            arena: ArenaInner {
                 id: next_identity(),
                 removal_batch: config.removal_batch,
                 chunk: CHUNK.min(config.first_page_len),

@@ -19,7 +19,7 @@ use std::ptr;
 
 use crossbeam_utils::CachePadded;
 
-use super::cache::{Added, ThreadCache};
+use super::cache::{Added, ArenaThreadCache};
 use super::panics::Panics;
 use super::shard::SharedBatch;
 use super::ArenaError;
@@ -250,7 +250,7 @@ impl<T: Send + 'static> super::SlotArena<T> {
     #[inline(never)]
     pub(super) fn refill(
         &self,
-        cache: Option<&ThreadCache>,
+        cache: Option<&ArenaThreadCache>,
         shard: usize,
         panics: &mut Panics,
     ) -> Result<u32, ArenaError> {

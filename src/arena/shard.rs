@@ -14,7 +14,7 @@ pub(super) struct Shard {
     /// Vacant slots, ready for `insert`.
     pub(super) free: CachePadded<TaggedStack>,
     /// Slots of memory this shard claimed while other shards had vacant ones (a chunk, or
-    /// the whole page a chunk started), up to `Arena::growth_before_stealing`. Only grows (a
+    /// the whole page a chunk started), up to `ArenaInner::growth_before_stealing`. Only grows (a
     /// `trim` does not give it back), so a shard that keeps running dry ends up taking other
     /// shards' slots. A bound on memory, never a safety matter.
     pub(super) grown: AtomicU64,
@@ -27,7 +27,7 @@ pub(super) struct Shard {
 }
 
 /// The word of a shard's shared removal batch: the slots in it (high half) and the link of
-/// its first slot (low half; the rest follow through `Arena::links`). The one place that
+/// its first slot (low half; the rest follow through `ArenaInner::links`). The one place that
 /// knows the layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct SharedBatch(pub(super) u64);

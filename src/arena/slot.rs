@@ -83,7 +83,7 @@ pub(super) fn slot_phase(state: u64) -> SlotPhase {
 }
 
 /// One slot: a state word and the (maybe uninitialised) value. Its list link lives in a
-/// table of its own (see `Arena::links`), which is never released, so that a racing list
+/// table of its own (see `ArenaInner::links`), which is never released, so that a racing list
 /// pop never reads a slot page that `trim` may be releasing.
 pub(super) struct Slot<T> {
     /// `generation << 32 | phase`.

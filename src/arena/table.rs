@@ -10,7 +10,7 @@ use std::num::NonZeroU64;
 
 use crossbeam_utils::CachePadded;
 
-use super::cache::{Added, ThreadCache, ThreadCaches, SWEEP_EVERY};
+use super::cache::{Added, ArenaThreadCache, ArenaThreadCaches, SWEEP_EVERY};
 use super::panics::Panics;
 use super::shard::{Shard, SharedBatch};
 use super::slot::{self, Slot, OCCUPIED, REMOVED};
@@ -30,7 +30,7 @@ pub(super) const FROZEN: u64 = 1 << 63;
 pub(super) const CHUNK: u32 = 64;
 
 /// Slots, links and lists: the arena less its collector.
-pub(super) struct Arena<T> {
+pub(super) struct ArenaInner<T> {
     pub(super) id: NonZeroU64,
     pub(super) removal_batch: u32,
     /// Fresh slots claimed at once.
@@ -65,17 +65,17 @@ pub(super) struct Arena<T> {
     pub(super) shards: Box<[Shard]>,
     /// The threads' caches, one per thread index that used the arena (a thread's shard is its
     /// cache's).
-    pub(super) caches: ThreadCaches,
+    pub(super) caches: ArenaThreadCaches,
 }
 
-// SAFETY: `Arena` owns `T` values through raw page pointers. Sending it moves or drops them
+// SAFETY: `ArenaInner` owns `T` values through raw page pointers. Sending it moves or drops them
 // on the receiving thread, which needs `T: Send`.
-unsafe impl<T: Send> Send for Arena<T> {}
+unsafe impl<T: Send> Send for ArenaInner<T> {}
 // SAFETY: through `&Arena`, threads obtain `&T` (needs `T: Sync`) and drop values removed by
 // other threads (needs `T: Send`). Every other access goes through atomics.
-unsafe impl<T: Send + Sync> Sync for Arena<T> {}
+unsafe impl<T: Send + Sync> Sync for ArenaInner<T> {}
 
-impl<T> Arena<T> {
+impl<T> ArenaInner<T> {
     /// The shard of the calling thread.
     #[inline]
     pub(super) fn my_shard(&self) -> usize {
@@ -109,7 +109,7 @@ impl<T> Arena<T> {
     pub(super) fn first_of_chain(
         &self,
         index: u32,
-        cache: Option<&ThreadCache>,
+        cache: Option<&ArenaThreadCache>,
         shard: usize,
     ) -> u32 {
         let rest = self.links.at(index).load(Ordering::Relaxed);
@@ -209,7 +209,7 @@ impl<T> Arena<T> {
     #[cold]
     pub(super) fn claim_fresh(
         &self,
-        cache: Option<&ThreadCache>,
+        cache: Option<&ArenaThreadCache>,
         shard: usize,
     ) -> Result<u32, ArenaError> {
         match self.claim_chain_within(shard, u64::MAX)? {
@@ -346,16 +346,16 @@ pub(super) fn stale(key: Key, state: u64) -> ArenaError {
 }
 
 /// The caches: each thread's hand of vacant slots and batch of removed ones (see `cache`).
-impl<T> Arena<T> {
+impl<T> ArenaInner<T> {
     /// The calling thread's cache, and its shard; `None` for a thread without an index.
     #[inline]
-    pub(super) fn my_cache(&self) -> Option<(&ThreadCache, usize)> {
+    pub(super) fn my_cache(&self) -> Option<(&ArenaThreadCache, usize)> {
         if let Some((cache, _)) = crate::thread::remembered_arena_cache(self.id.get()) {
             // SAFETY: this thread cached the pointer for this arena's identity (never reused,
             // so this arena, which `&self` keeps alive) and its current index (the cache is
             // cleared when the index is given back); a cache page stays allocated, at the same
             // address, until the arena drops.
-            let cache = unsafe { &*cache.cast::<ThreadCache>() };
+            let cache = unsafe { &*cache.cast::<ArenaThreadCache>() };
             return Some((cache, cache.shard));
         }
         self.find_my_cache()
@@ -364,11 +364,11 @@ impl<T> Arena<T> {
     /// [`my_cache`](Self::my_cache) without the thread's cached pointer: finds or makes the
     /// cache, and caches it.
     #[cold]
-    fn find_my_cache(&self) -> Option<(&ThreadCache, usize)> {
+    fn find_my_cache(&self) -> Option<(&ArenaThreadCache, usize)> {
         let index = u32::try_from(crate::thread::index()?).ok()?;
         let shards = self.shards.len();
-        let cache: &ThreadCache = self.caches.get_or_claim(index, |number| {
-            CachePadded::new(ThreadCache::new(number as usize & (shards - 1)))
+        let cache: &ArenaThreadCache = self.caches.get_or_claim(index, |number| {
+            CachePadded::new(ArenaThreadCache::new(number as usize & (shards - 1)))
         })?;
         crate::thread::remember_arena_cache(self.id.get(), std::ptr::from_ref(cache).cast());
         Some((cache, cache.shard))
@@ -376,7 +376,7 @@ impl<T> Arena<T> {
 
     /// Takes a slot from the hand of `cache` (its owner only).
     #[inline]
-    pub(super) fn pop_hand(&self, cache: &ThreadCache) -> Option<u32> {
+    pub(super) fn pop_hand(&self, cache: &ArenaThreadCache) -> Option<u32> {
         cache.handshake.begin();
         let mut taken = None;
         if cache.handshake.may_use() {
@@ -394,7 +394,7 @@ impl<T> Arena<T> {
     /// Puts the vacant chain `head` into the empty hand of `cache` (its owner only); whether it
     /// did. A full hand (filled by an insert that a value's drop made meanwhile) or a drain
     /// under way leaves the chain to the caller.
-    pub(super) fn fill_hand(&self, cache: &ThreadCache, head: Link) -> bool {
+    pub(super) fn fill_hand(&self, cache: &ArenaThreadCache, head: Link) -> bool {
         cache.handshake.begin();
         let kept = cache.handshake.may_use() && cache.hand.load(Ordering::Relaxed) == NIL;
         if kept {
@@ -406,7 +406,7 @@ impl<T> Arena<T> {
 
     /// Takes the whole hand of `cache` (its owner only): its vacant chain, or `NIL` (also
     /// while a drain is under way: the drainer takes it).
-    pub(super) fn take_hand(&self, cache: &ThreadCache) -> Link {
+    pub(super) fn take_hand(&self, cache: &ArenaThreadCache) -> Link {
         cache.handshake.begin();
         let mut hand = NIL;
         if cache.handshake.may_use() {
@@ -419,7 +419,7 @@ impl<T> Arena<T> {
 
     /// Adds the removed slot `index` to the batch of `cache` (its owner only).
     #[inline]
-    pub(super) fn add_removed(&self, cache: &ThreadCache, index: u32) -> Added {
+    pub(super) fn add_removed(&self, cache: &ArenaThreadCache, index: u32) -> Added {
         cache.handshake.begin();
         let added = if cache.handshake.may_use() {
             let link = index + 1;
@@ -471,14 +471,17 @@ impl<T> Arena<T> {
     /// [`SWEEP_EVERY`]th refill of each thread in each arena: a sweep reads every cache of
     /// the arena (and issues a `membarrier` when it takes one), while a refill comes once per
     /// chain of inserts.
-    pub(super) fn sweep_due(&self, cache: &ThreadCache) -> bool {
+    pub(super) fn sweep_due(&self, cache: &ArenaThreadCache) -> bool {
         let refills = cache.refills.load(Ordering::Relaxed).wrapping_add(1);
         cache.refills.store(refills, Ordering::Relaxed);
         refills.is_multiple_of(SWEEP_EVERY)
     }
 
     /// Takes the hand and batch of every cache that holds something and that `pick` picks.
-    fn drain_caches_where(&self, mut pick: impl FnMut(&ThreadCache) -> bool) -> Vec<(usize, Link)> {
+    fn drain_caches_where(
+        &self,
+        mut pick: impl FnMut(&ArenaThreadCache) -> bool,
+    ) -> Vec<(usize, Link)> {
         let mut claimed = Vec::new();
         for cache in self.caches.iter() {
             // A racy look: a cache that seems empty is skipped. What its owner did before the
@@ -503,7 +506,7 @@ impl<T> Arena<T> {
             cache.hand.store(NIL, Ordering::Relaxed);
             cache.removed.store(NIL, Ordering::Relaxed);
             cache.removed_len.store(0, Ordering::Relaxed);
-            cache.handshake.release();
+            cache.handshake.hand_back();
             if hand != NIL {
                 self.push_chain(shard, hand);
             }

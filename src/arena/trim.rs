@@ -20,12 +20,12 @@
 //! to 8 million slots in 6 s).
 
 use super::slot::{self, Slot};
-use super::table::{Arena, FROZEN, MAX_SLOTS};
+use super::table::{ArenaInner, FROZEN, MAX_SLOTS};
 use crate::paged::Page;
 use crate::stack::NIL;
 use crate::sync::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
-impl<T> Arena<T> {
+impl<T> ArenaInner<T> {
     /// Releases trailing pages whose used slots are all vacant; `dispose` receives each
     /// released page once no new reference into it can be made. Returns the slots released.
     pub(super) fn release_vacant_pages(&self, mut dispose: impl FnMut(Page<Slot<T>>)) -> u64 {

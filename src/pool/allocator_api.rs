@@ -36,11 +36,11 @@ use super::BufferPool;
 // header names it); zero-sized layouts get a dangling aligned pointer and are not freed.
 unsafe impl Allocator for BufferPool {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        allocate(self, layout, false)
+        allocate_block(self, layout, false)
     }
 
     fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        allocate(self, layout, true)
+        allocate_block(self, layout, true)
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
@@ -86,7 +86,7 @@ unsafe impl Allocator for BufferPool {
         if new_layout.size() == 0 {
             // SAFETY: the caller's contract: a block from `allocate` with `old_layout`.
             unsafe { self.deallocate(ptr, old_layout) };
-            return allocate(self, new_layout, false); // a dangling pointer, nothing held
+            return allocate_block(self, new_layout, false); // a dangling pointer, nothing held
         }
         if new_layout.align() <= old_layout.align()
             || (ptr.as_ptr() as usize).is_multiple_of(new_layout.align())
@@ -117,7 +117,7 @@ unsafe fn move_block(
     new_layout: Layout,
     bytes: usize,
 ) -> Result<NonNull<[u8]>, AllocError> {
-    let moved = allocate(pool, new_layout, false)?;
+    let moved = allocate_block(pool, new_layout, false)?;
     // SAFETY: both blocks hold `bytes` bytes (the caller's contract) and are distinct; the
     // old one is given back once, after the copy.
     unsafe {
@@ -129,7 +129,11 @@ unsafe fn move_block(
 
 /// A block for `layout` from `pool`: with the capacity it really has, or, zeroed, with the
 /// layout's size (only those bytes are zeroed, and the whole block returned must be).
-fn allocate(pool: &BufferPool, layout: Layout, zeroed: bool) -> Result<NonNull<[u8]>, AllocError> {
+fn allocate_block(
+    pool: &BufferPool,
+    layout: Layout,
+    zeroed: bool,
+) -> Result<NonNull<[u8]>, AllocError> {
     if layout.size() == 0 {
         // A dangling pointer with the layout's alignment: zero-sized blocks are never read.
         let dangling = NonNull::new(layout.align() as *mut u8).ok_or(AllocError)?;

@@ -89,7 +89,7 @@ impl BlockTable {
     }
 
     /// Returns a record whose block went back to the system.
-    pub(super) fn release(&self, index: u32) {
+    pub(super) fn retire(&self, index: u32) {
         self.spare.push_chain(index + 1, &self.record(index).next);
     }
 

@@ -6,16 +6,16 @@
 //! # Who touches a cache
 //!
 //! Its *owner* (the thread with its index) reads and writes it, with plain (relaxed) atomic
-//! accesses, inside an operation bracketed by [`ThreadCache::enter`] and [`ThreadCache::leave`].
-//! Other threads *drain* it (trim, budget pressure, the pool's close) without waiting for the owner
-//! to come back, through the cache's [`Handshake`] (see `crate::handshake`): afterwards either the
-//! drainer sees the owner busy (and waits for that one operation to end) or the owner sees the
-//! drain (and leaves the bins alone while it lasts). The pool's close pairs its `closed` flag with
-//! the same fences.
+//! accesses, inside an operation bracketed by [`ThreadCache::begin_operation`] and
+//! [`ThreadCache::end_operation`]. Other threads *drain* it (trim, budget pressure, the
+//! pool's close) without waiting for the owner to come back, through the cache's
+//! [`Handshake`] (see `crate::handshake`): afterwards either the drainer sees the owner busy
+//! (and waits for that one operation to end) or the owner sees the drain (and leaves the
+//! bins alone while it lasts). The pool's close pairs its `closed` flag with the same fences.
 //!
-//! Nothing between `enter` and `leave` may panic (arithmetic there wraps, nothing there
-//! allocates or runs user code): a panic would leave the owner busy for good, and a drain or
-//! the close would wait for it forever.
+//! Nothing between `begin_operation` and `end_operation` may panic (arithmetic there wraps,
+//! nothing there allocates or runs user code): a panic would leave the owner busy for good,
+//! and a drain or the close would wait for it forever.
 //!
 //! The counters are the owner's alone (single writer: a load and a store, no read-modify-
 //! write); readers sum them across caches. Closing the pool reads them for the last time once
@@ -64,7 +64,7 @@ struct Bin {
     count: AtomicU32,
 }
 
-/// The outcome of [`ThreadCache::enter`].
+/// The outcome of [`ThreadCache::begin_operation`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Entry {
     /// The pool is open; `cache_usable` says whether the bins may be used.
@@ -92,7 +92,7 @@ impl ThreadCache {
 
     /// Starts an operation of the owner.
     #[inline(always)]
-    pub(super) fn enter(&self, closed: &AtomicBool) -> Entry {
+    pub(super) fn begin_operation(&self, closed: &AtomicBool) -> Entry {
         self.handshake.begin();
         if closed.load(Ordering::Acquire) {
             self.handshake.end();
@@ -106,7 +106,7 @@ impl ThreadCache {
     /// Ends an operation of the owner: everything it did is visible to a drainer or closer
     /// that then sees the sequence move on.
     #[inline(always)]
-    pub(super) fn leave(&self) {
+    pub(super) fn end_operation(&self) {
         self.handshake.end();
     }
 
@@ -198,7 +198,7 @@ impl ThreadCache {
             }
         }
         self.binned.store(0, Ordering::Relaxed);
-        self.handshake.release();
+        self.handshake.hand_back();
         taken
     }
 

@@ -31,7 +31,7 @@ impl PoolInner {
                         return true;
                     }
                     match list.pop(|i| &self.blocks.record(i).next) {
-                        Some(record) => self.release(record, class),
+                        Some(record) => self.release_block(record, class),
                         None => break,
                     }
                 }
@@ -50,7 +50,7 @@ impl PoolInner {
                 let record = link - 1;
                 link = self.blocks.record(record).next.load(Ordering::Relaxed);
                 released += class::class_size(class) as u64;
-                self.release(record, class);
+                self.release_block(record, class);
             }
         }
         released
@@ -110,7 +110,7 @@ impl PoolInner {
         let released = self.drain_caches(
             fence,
             |_| true,
-            |class, record| self.release(record.index, class),
+            |class, record| self.release_block(record.index, class),
         );
         (0..class::CLASSES)
             .map(|c| self.release_list(c))
@@ -162,7 +162,7 @@ impl PoolInner {
                 cache.idle_rounds.store(idle, Ordering::Relaxed);
                 idle >= idle_rounds
             },
-            |class, record| self.release(record.index, class),
+            |class, record| self.release_block(record.index, class),
         );
         self.trace(PoolEventKind::Trim, released, 0);
         released

@@ -52,7 +52,10 @@ pub(super) fn alive() -> usize {
 /// A new pool's control block, in memory of its own from the system allocator (never the
 /// global allocator, which may be ferropool's own front end). Built in place: it holds a
 /// list head per size class and is too large to build on a small stack first.
-pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolInner> {
+pub(super) fn allocate_control_block(
+    config: PoolConfig,
+    system_blocks: bool,
+) -> NonNull<PoolInner> {
     let layout = Layout::new::<PoolInner>();
     // SAFETY: `PoolInner` is not zero-sized.
     let raw = unsafe { system::alloc(layout) }.cast::<PoolInner>();
@@ -131,10 +134,10 @@ pub(super) fn allocate(config: PoolConfig, system_blocks: bool) -> NonNull<PoolI
 ///
 /// # Safety
 ///
-/// `pool` came from [`allocate`], and nothing refers to it any more: every handle is gone,
-/// and `remaining` reached zero (no live buffer, the close done).
+/// `pool` came from [`allocate_control_block`], and nothing refers to it any more: every handle
+/// is gone, and `remaining` reached zero (no live buffer, the close done).
 pub(super) unsafe fn destroy(pool: NonNull<PoolInner>) {
-    // SAFETY: the caller's contract: last reference to a block from `allocate`.
+    // SAFETY: the caller's contract: last reference to a block from `allocate_control_block`.
     unsafe {
         pool.as_ptr().drop_in_place();
         system::dealloc(pool.as_ptr().cast(), Layout::new::<PoolInner>());
@@ -177,7 +180,7 @@ pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
 /// [`count_out`].
 pub(super) fn release_after_close(inner: &PoolInner, record: u32, class: usize) {
     debug_assert!(class < class::CLASSES);
-    inner.release(record, class);
+    inner.release_block(record, class);
 }
 
 /// A free after the close, last step: tells the pool one buffer less is out, and frees the

@@ -142,7 +142,7 @@ impl BufferPool {
         config.validate()?;
         asymmetric::init();
         Ok(Self {
-            inner: lifetime::allocate(config, system_blocks),
+            inner: lifetime::allocate_control_block(config, system_blocks),
         })
     }
 

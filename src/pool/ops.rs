@@ -100,7 +100,7 @@ impl PoolInner {
         };
         let mut taken = None;
         if class < inner.cached_classes {
-            match cache.enter(&inner.closed) {
+            match cache.begin_operation(&inner.closed) {
                 Entry::Closed => return Err(PoolError::Closed),
                 Entry::Open { cache_usable } => {
                     if let Some(record) = cache_usable
@@ -109,7 +109,7 @@ impl PoolInner {
                     {
                         record.hand_out(thread, tag, class, size);
                         inner.count_alloc(cache, class_bytes, size, true);
-                        cache.leave();
+                        cache.end_operation();
                         // SAFETY: a record on a bin holds its block's non-null address.
                         let addr = unsafe { record.addr() };
                         taken = Some(Taken {
@@ -118,7 +118,7 @@ impl PoolInner {
                             zeroed: false,
                         });
                     } else {
-                        cache.leave();
+                        cache.end_operation();
                     }
                 }
             }
@@ -149,17 +149,17 @@ impl PoolInner {
             Some(taken) => taken,
             None => self.system_alloc(class, class_bytes, size, zeroed)?,
         };
-        match cache.enter(&self.closed) {
+        match cache.begin_operation(&self.closed) {
             Entry::Closed => {
                 // Only a buffer's `alloc_sibling` allocates without a handle; the pool
                 // closed meanwhile, and its lists are drained for good: release the block.
-                self.release(taken.record.index, class);
+                self.release_block(taken.record.index, class);
                 Err(PoolError::Closed)
             }
             Entry::Open { .. } => {
                 taken.record.hand_out(thread, tag, class, size);
                 self.count_alloc(cache, class_bytes, size, false);
-                cache.leave();
+                cache.end_operation();
                 Ok(taken)
             }
         }
@@ -188,7 +188,7 @@ impl PoolInner {
     pub(super) fn count_resize(&self, record: &Record, old: usize, new: usize) {
         record.set_requested(new);
         let Some((cache, _, _)) = self.my_cache() else {
-            if self.enter_cacheless() {
+            if self.begin_cacheless() {
                 self.cacheless.count_resize(old, new, Writers::Shared);
                 self.counters
                     .exact_resize(&self.config, old as u64, new as u64);
@@ -196,11 +196,11 @@ impl PoolInner {
             }
             return;
         };
-        if let Entry::Open { .. } = cache.enter(&self.closed) {
+        if let Entry::Open { .. } = cache.begin_operation(&self.closed) {
             cache.counters.count_resize(old, new, Writers::Owner);
             self.counters
                 .exact_resize(&self.config, old as u64, new as u64);
-            cache.leave();
+            cache.end_operation();
         }
     }
 
@@ -215,7 +215,7 @@ impl PoolInner {
         let Some((cache, thread, _)) = self.my_cache() else {
             return self.free_cacheless(record.index, class, requested);
         };
-        match cache.enter(&self.closed) {
+        match cache.begin_operation(&self.closed) {
             Entry::Closed => {
                 lifetime::release_after_close(self, record.index, class);
                 true
@@ -240,9 +240,9 @@ impl PoolInner {
                     .count_free(class_bytes, requested, Writers::Owner);
                 self.counters
                     .exact_free(config, class_bytes as u64, requested as u64);
-                // Inside the operation: after `leave`, a closing thread may free the pool.
+                // Inside the operation: after `end_operation`, a closing thread may free the pool.
                 self.trace(PoolEventKind::Free, class_bytes as u64, class);
-                cache.leave();
+                cache.end_operation();
                 false
             }
         }
@@ -250,7 +250,7 @@ impl PoolInner {
 
     /// Starts an operation of a thread without a cache: the pool's open (and the operation
     /// counted, so the close waits for it), or closed.
-    pub(super) fn enter_cacheless(&self) -> bool {
+    pub(super) fn begin_cacheless(&self) -> bool {
         self.cacheless_busy.fetch_add(1, Ordering::SeqCst);
         if self.closed.load(Ordering::SeqCst) {
             self.cacheless_busy.fetch_sub(1, Ordering::Release);
@@ -271,7 +271,7 @@ impl PoolInner {
         zeroed: bool,
         tag: u32,
     ) -> Result<PoolBuffer, PoolError> {
-        if !self.enter_cacheless() {
+        if !self.begin_cacheless() {
             return Err(PoolError::Closed);
         }
         let taken = self
@@ -308,7 +308,7 @@ impl PoolInner {
     /// [`free`](Self::free) for a thread without a cache: to the shared list.
     #[cold]
     pub(super) fn free_cacheless(&self, record: u32, class: usize, requested: usize) -> bool {
-        if !self.enter_cacheless() {
+        if !self.begin_cacheless() {
             lifetime::release_after_close(self, record, class);
             return true;
         }

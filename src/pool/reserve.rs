@@ -151,14 +151,14 @@ impl PoolInner {
     }
 
     /// Returns a block's memory to the system and its record to the spare list.
-    pub(super) fn release(&self, record: u32, class: usize) {
+    pub(super) fn release_block(&self, record: u32, class: usize) {
         let class_bytes = class::class_size(class);
         let rec = self.blocks.record(record);
         // SAFETY: the caller owns the block (taken off a list or bin, or handed back), which
         // was allocated by `system_alloc` with this class's layout.
         unsafe { self.dealloc_block(rec.addr().as_ptr(), self.layout(class_bytes)) };
         rec.clear_block();
-        self.blocks.release(record);
+        self.blocks.retire(record);
         self.counters
             .held
             .fetch_sub(class_bytes as u64, Ordering::Relaxed);
