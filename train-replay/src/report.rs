@@ -44,32 +44,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let backend = PoolBackend { pool };
     let quiet = args.json;
     if !quiet {
-        let budget = args
-            .budget
-            .map_or(String::new(), |b| format!(", budget {:.2}", bytes(b)));
-        println!(
-            "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, {}, {} thread(s), {} steps{budget}",
-            args.layers,
-            args.hidden,
-            args.batch,
-            match args.keep() {
-                Keep::Every(every) => format!("checkpoint every {every} layer(s)"),
-                Keep::Fitted => "inputs kept as the budget allows".to_owned(),
-            },
-            args.threads(),
-            args.steps
-        );
+        announce(args);
     }
-    let bar = (std::io::stderr().is_terminal() && !quiet).then(|| {
-        let bar = indicatif::ProgressBar::new(args.steps as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} steps  {per_sec}  loss {msg}",
-            )
-            .expect("valid template"),
-        );
-        bar
-    });
+    let bar = (std::io::stderr().is_terminal() && !quiet).then(|| progress_bar(args.steps));
     let mut boundaries = Vec::with_capacity(args.steps);
     let started = Instant::now();
     let trained = train(&backend, args, Some(pool), |step, loss| {
@@ -113,6 +90,51 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         summary.steps_per_s
     );
     println!();
+    println!("{}", memory_table(args, &summary, &stats, ring_bytes));
+    println!();
+    println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: its reservations from glibc, and the requests past its budget, which its fallback, mimalloc, serves)");
+    // The exports come after every figure above was read (and from outside the pool).
+    export(pool, args, ring_bytes, &boundaries)
+}
+
+/// Prints what the run trains and how (the first line of a run that is not `--json`).
+fn announce(args: &Args) {
+    let budget = args
+        .budget
+        .map_or(String::new(), |b| format!(", budget {:.2}", bytes(b)));
+    println!(
+        "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, {}, {} thread(s), {} steps{budget}",
+        args.layers,
+        args.hidden,
+        args.batch,
+        match args.keep() {
+            Keep::Every(every) => format!("checkpoint every {every} layer(s)"),
+            Keep::Fitted => "inputs kept as the budget allows".to_owned(),
+        },
+        args.threads(),
+        args.steps
+    );
+}
+
+/// The progress bar of a run of `steps` steps on a terminal.
+fn progress_bar(steps: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} steps  {per_sec}  loss {msg}",
+        )
+        .expect("valid template"),
+    );
+    bar
+}
+/// The table of the pool's figures after a run (`ring_bytes`: the trace ring, resident for
+/// the whole run, taken out of the peak RSS).
+fn memory_table(
+    args: &Args,
+    summary: &crate::measure::Summary,
+    stats: &ferropool::PoolStats,
+    ring_bytes: u64,
+) -> comfy_table::Table {
     let peak_rss = if ring_bytes == 0 {
         bytes(summary.peak_rss).to_string()
     } else {
@@ -188,10 +210,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     for (name, value) in rows {
         memory.add_row([name.to_owned(), value]);
     }
-    println!("{memory}");
-    println!();
-    println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: its reservations from glibc, and the requests past its budget, which its fallback, mimalloc, serves)");
-    // The exports come after every figure above was read (and from outside the pool).
+    memory
+}
+
+/// Writes the trace (`--trace`) and the memory timeline (`--plot`) of the run whose step
+/// boundaries are `boundaries`.
+fn export(
+    pool: &BufferPool,
+    args: &Args,
+    ring_bytes: u64,
+    boundaries: &[u64],
+) -> anyhow::Result<()> {
     if let Some(path) = &args.trace {
         std::fs::File::create(path)
             .and_then(|file| pool.write_trace_json(file))
@@ -208,7 +237,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     if let Some(path) = &args.plot {
-        plot(pool, &boundaries, path)?;
+        plot(pool, boundaries, path)?;
         println!("memory timeline -> {}", path.display());
     }
     Ok(())
