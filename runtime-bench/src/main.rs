@@ -1,4 +1,4 @@
-//! `runtime-bench`: an MLP trained with burn (ndarray backend, autodiff) under the global
+//! `runtime-bench`: an MLP trained with burn (flex backend, autodiff) under the global
 //! allocator that `RUNTIME_BENCH_ALLOCATOR` picks: one JSON line per run, or `--compare`, which
 //! runs all four allocators as child processes, alternated, and prints a markdown table.
 
@@ -12,13 +12,13 @@ use clap::Parser;
 #[global_allocator]
 static GLOBAL: &ferropool_choice::ChosenAllocator = &allocator::ALLOCATOR;
 
-/// Trains an MLP with burn's ndarray backend under the allocator chosen by
+/// Trains an MLP with burn's flex backend under the allocator chosen by
 /// RUNTIME_BENCH_ALLOCATOR (glibc, mimalloc, pool, pool-mimalloc; unset: pool) and prints one
 /// JSON line; or, with --compare, runs them all and prints a table.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// Worker threads: rayon's global pool and matrixmultiply's GEMM threads.
+    /// Worker threads: rayon's global pool, which burn-flex and its GEMM run on.
     #[arg(long, default_value_t = 1, value_parser = at_least_one())]
     threads: usize,
     /// Training steps; the second half is timed.
@@ -79,10 +79,8 @@ fn main() -> anyhow::Result<()> {
     if args.compare {
         return compare::run(&recipe, &args.thread_counts, args.rounds);
     }
-    // burn-ndarray parallelises with rayon (its global pool) and its GEMM is matrixmultiply's,
-    // which keeps a thread pool of its own sized by MATMUL_NUM_THREADS when it first runs.
-    // Both are sized here, before any thread starts.
-    std::env::set_var("MATMUL_NUM_THREADS", args.threads.to_string());
+    // burn-flex parallelises with rayon (its global pool), and so does its GEMM (the `gemm`
+    // crate): the pool is sized here, before any thread starts.
     rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
         .build_global()

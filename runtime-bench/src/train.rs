@@ -1,5 +1,5 @@
-//! The training: an MLP (`INPUT -> layers x hidden -> CLASSES`, ReLU) on burn's ndarray backend
-//! with autodiff, softmax cross-entropy against the argmax labels of a fixed random linear
+//! The training: an MLP (`INPUT -> layers x hidden -> CLASSES`, ReLU) on burn's flex backend
+//! (pure-Rust CPU) with autodiff, softmax cross-entropy against the argmax labels of a fixed random linear
 //! teacher, Adam. Every step draws a fresh batch of standard normal inputs.
 
 use std::time::Instant;
@@ -133,10 +133,7 @@ pub struct Summary {
 
 /// Trains the model and measures the second half of the steps.
 pub fn run(recipe: &Recipe) -> Summary {
-    // burn 0.22 deprecates the ndarray backend in favour of `Device::flex()`; it is still the
-    // ndarray backend this benchmark measures.
-    #[allow(deprecated)]
-    let device = Device::ndarray().autodiff();
+    let device = Device::flex().autodiff();
     // Fixed, so every allocator trains the same model on the same data.
     device.seed(42);
     let teacher = Tensor::<2>::random([INPUT, CLASSES], Distribution::Normal(0.0, 1.0), &device);
