@@ -23,7 +23,8 @@ use loom::thread;
 
 use ferropool::{BufferPool, PoolConfig, PoolStats};
 
-/// A trim visits every class list (280 of them), each a load and a compare-exchange.
+/// A trim visits every class list (280 classes in each of the 2 shards under loom), each a
+/// load and a compare-exchange.
 fn model(f: impl Fn() + Send + Sync + 'static) {
     common::model(20_000, f);
 }
@@ -65,10 +66,11 @@ fn trim_releases_everything(pool: &BufferPool) {
     assert_eq!(stats.system_allocations, stats.system_frees);
 }
 
-/// **cross-thread free racing an allocation of the same class**: one thread frees a buffer
-/// while another allocates the same class (and may take that very block). No block is handed
-/// out twice, every block is returned exactly once, and the counters add up; a final trim
-/// returns every block to the system.
+/// **cross-thread free racing an allocation and another free of the same class, on one
+/// list**: the main thread frees a buffer while a worker allocates the same class (and may
+/// take that very block) and frees another, both on the same shard of the shared lists. No
+/// block is handed out twice, every block is returned exactly once, and the counters add
+/// up; a final trim returns every block to the system.
 ///
 /// Planted bug caught: `stack_push_store` (a list push that loads the head and stores the new
 /// one without compare-exchange loses a block freed concurrently).
@@ -76,11 +78,16 @@ fn trim_releases_everything(pool: &BufferPool) {
 fn cross_thread_free_racing_alloc() {
     model(|| {
         let pool = pool();
+        // The main thread is the pool's cache number 0 (shard 0 of the 2 under loom); a
+        // first worker claims number 1 (shard 1) and exits; the worker below gets number 2,
+        // shard 0: its free and the main thread's push on one list head. (Its allocation
+        // may take the first worker's block from shard 1.)
         let a = pool.alloc(100).unwrap();
         let b = pool.alloc(100).unwrap();
-        let held = pool.alloc(100).unwrap();
-        drop(held); // on the list: the allocation below can pop it while the frees push
-        let freer = thread::spawn(move || drop(a));
+        let first = pool.clone();
+        thread::spawn(move || drop(first.alloc(100).unwrap()))
+            .join()
+            .unwrap();
         let other = {
             let pool = pool.clone();
             thread::spawn(move || {
@@ -89,7 +96,7 @@ fn cross_thread_free_racing_alloc() {
                 c
             })
         };
-        freer.join().unwrap();
+        drop(a); // racing the worker's allocation and free on shard 0
         let c = other.join().unwrap();
         assert_ne!(c.as_ptr(), std::ptr::null());
         drop(c);
@@ -239,7 +246,7 @@ fn last_buffers_dropped_on_two_threads() {
 /// reads them again. The second read's `peak_reserved_bytes` is never below the first's,
 /// nor below the `reserved_bytes` the first reported. The race needs one preemption (the
 /// worker's, between its reservation and the rest of its system allocation); the model
-/// runs at bound 1, which its two trims (280 class lists each) can afford.
+/// runs at bound 1, which its two trims (560 class lists each, 2 shards) can afford.
 ///
 /// Planted bug caught: `peak_reserved_late` (the peak is raised only after the system call,
 /// from the counter as it is then: the trim lowers it first, and the reservation the first

@@ -10,12 +10,16 @@
 //! use ferropool::PoolAllocator;
 //! use ferropool_choice::{Choice, ChosenAllocator};
 //!
-//! pub static ALLOCATOR: ChosenAllocator = ChosenAllocator::new(
-//!     c"MY_BENCH_ALLOCATOR",
-//!     Choice::PoolMimalloc,
-//!     PoolAllocator::MIN_THRESHOLD,
-//!     true, // count the calls that reach glibc and mimalloc
-//! );
+//! // SAFETY: the global allocator: its first use is the process's first allocation,
+//! // before any thread can change the environment.
+//! pub static ALLOCATOR: ChosenAllocator = unsafe {
+//!     ChosenAllocator::new(
+//!         c"MY_BENCH_ALLOCATOR",
+//!         Choice::PoolMimalloc,
+//!         PoolAllocator::MIN_THRESHOLD,
+//!         true, // count the calls that reach glibc and mimalloc
+//!     )
+//! };
 //!
 //! #[global_allocator]
 //! static GLOBAL: &ChosenAllocator = &ALLOCATOR;
@@ -130,7 +134,15 @@ impl ChosenAllocator {
     /// choices serve requests of `pool_threshold` bytes and more from ferropool's
     /// process-wide pool (at least [`PoolAllocator::MIN_THRESHOLD`]). With `count_calls`,
     /// it counts the calls that reach glibc and mimalloc.
-    pub const fn new(
+    ///
+    /// # Safety
+    ///
+    /// Its first use (an allocation, or [`choice`](Self::choice) and the other readers)
+    /// reads the environment with `getenv`, which does not take the lock that
+    /// `std::env::set_var` takes: no thread may change the environment meanwhile. As the
+    /// `#[global_allocator]` that is met, as the process's first allocation comes before
+    /// `main` starts a thread; any other use must make sure of it.
+    pub const unsafe fn new(
         variable: &'static CStr,
         default: Choice,
         pool_threshold: usize,
@@ -184,8 +196,7 @@ impl ChosenAllocator {
         if choice != UNSET {
             return choice;
         }
-        // SAFETY: the value is read before anything can change the environment (the first
-        // allocation of the process happens before `main` starts any thread).
+        // SAFETY: no thread changes the environment during the first use (`new`'s contract).
         let choice = match unsafe { ferropool_figures::getenv(self.variable) } {
             None => self.default,
             Some(bytes) => Choice::from_name(bytes).unwrap_or_else(|| {
@@ -302,12 +313,15 @@ mod tests {
     #[test]
     fn an_allocator_serves_and_counts_what_it_chose() {
         // Not the global allocator: a value of its own, whose variable is unset.
-        static UNDER_TEST: ChosenAllocator = ChosenAllocator::new(
-            c"FERROPOOL_CHOICE_TEST_UNSET_VARIABLE",
-            Choice::Mimalloc,
-            PoolAllocator::MIN_THRESHOLD,
-            true,
-        );
+        // SAFETY: no test of this crate changes the environment.
+        static UNDER_TEST: ChosenAllocator = unsafe {
+            ChosenAllocator::new(
+                c"FERROPOOL_CHOICE_TEST_UNSET_VARIABLE",
+                Choice::Mimalloc,
+                PoolAllocator::MIN_THRESHOLD,
+                true,
+            )
+        };
         let allocator: &'static ChosenAllocator = &UNDER_TEST;
         assert_eq!(allocator.choice(), Choice::Mimalloc);
         assert!(!allocator.unknown_value());

@@ -15,12 +15,16 @@ pub const VARIABLE: &str = "RUNTIME_BENCH_ALLOCATOR";
 /// `#[global_allocator]`): unset means the pool over glibc, as `PoolAllocator::new()` makes
 /// it (64 KiB and up from the pool). No call counting: its shared counters would be
 /// contended at 2 threads.
-pub static ALLOCATOR: ChosenAllocator = ChosenAllocator::new(
-    c"RUNTIME_BENCH_ALLOCATOR",
-    Choice::Pool,
-    PoolAllocator::DEFAULT_THRESHOLD,
-    false,
-);
+// SAFETY: `main.rs` makes it the global allocator, so its first use is the process's first
+// allocation, before any thread can change the environment.
+pub static ALLOCATOR: ChosenAllocator = unsafe {
+    ChosenAllocator::new(
+        c"RUNTIME_BENCH_ALLOCATOR",
+        Choice::Pool,
+        PoolAllocator::DEFAULT_THRESHOLD,
+        false,
+    )
+};
 
 /// The allocator this process uses.
 pub fn choice() -> Choice {

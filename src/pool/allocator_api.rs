@@ -72,7 +72,7 @@ unsafe impl Allocator for BufferPool {
 
     /// Shrinks in place: the block keeps its bytes, and no new memory is asked for (which
     /// the budget could refuse). This is `raw::resizes_in_place` without a move, which a
-    /// shrink always meets.
+    /// shrink always meets; only a larger alignment than the block has moves it.
     unsafe fn shrink(
         &self,
         ptr: NonNull<u8>,

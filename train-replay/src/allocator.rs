@@ -23,12 +23,17 @@ pub const VARIABLE: &str = "TRAIN_REPLAY_ALLOCATOR";
 /// The main job's global allocator: `main.rs` makes a reference to it the
 /// `#[global_allocator]`. The pool serves requests of 4 KiB and more (GEMM packing buffers
 /// and the training's temporaries all come from it).
-pub static ALLOCATOR: ChosenAllocator = ChosenAllocator::new(
-    c"TRAIN_REPLAY_ALLOCATOR",
-    Choice::PoolMimalloc,
-    PoolAllocator::MIN_THRESHOLD,
-    true,
-);
+// SAFETY: `main.rs` makes it the global allocator, so its first use is the process's first
+// allocation, before any thread can change the environment. (In the library's tests it is
+// not the global allocator; nothing in this package changes the environment.)
+pub static ALLOCATOR: ChosenAllocator = unsafe {
+    ChosenAllocator::new(
+        c"TRAIN_REPLAY_ALLOCATOR",
+        Choice::PoolMimalloc,
+        PoolAllocator::MIN_THRESHOLD,
+        true,
+    )
+};
 
 /// What `compare` runs, in turn: the pool, then the two `Vec` baselines.
 pub const COMPARED: [Choice; 3] = [Choice::PoolMimalloc, Choice::Glibc, Choice::Mimalloc];
