@@ -207,9 +207,10 @@ fn thread_index_table() {
 }
 
 /// The thread-scaling workload (`pool_common::scaling`: mixed sizes, half of the frees by the
-/// neighbour thread), touching no byte (what the allocator costs), at 1 and 2 threads, with the default configuration and with
-/// `exact_peaks: false`: a fresh pool per run, warmed by a quarter-length run first; rounds
-/// alternate the four variants. Prints the medians and the 2-thread / 1-thread ratios.
+/// neighbour thread), touching no byte (what the allocator costs), at 1 and 2 threads, with the
+/// default configuration and with `exact_peaks: false`: a fresh pool per run, warmed by a
+/// quarter-length run first; rounds alternate the four variants. Prints the medians and the
+/// 2-thread / 1-thread ratios.
 fn cross_thread_table() {
     const ROUNDS: usize = 7;
     const PER_RUN: usize = 200_000;

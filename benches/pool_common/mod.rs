@@ -197,12 +197,12 @@ pub(crate) fn fault_table<S: Source>(source: &S) {
     );
 }
 
-/// The thread-scaling workload: `threads` threads, each allocating buffers of mixed sizes
-/// (4 KiB to 3 MiB, a fixed pseudo-random sequence per thread), writing their first and last
-/// byte if `touch` (else touching none: the allocator alone), and freeing half of them itself and handing the other half to its neighbour, which
-/// frees them (when its inbox holds fewer than 64; else it frees them itself, so that a
-/// descheduled neighbour cannot make the live set grow). Returns allocations per second, all
-/// threads together.
+/// The thread-scaling workload: `threads` threads, each allocating buffers of mixed sizes (4
+/// KiB to 3 MiB, a fixed pseudo-random sequence per thread), writing their first and last byte
+/// if `touch` (else touching none: the allocator alone), and freeing half of them itself and
+/// handing the other half to its neighbour, which frees them (when its inbox holds fewer than
+/// 64; else it frees them itself, so that a descheduled neighbour cannot make the live set
+/// grow). Returns allocations per second, all threads together.
 pub(crate) fn scaling<S: Source>(
     source: &S,
     threads: usize,

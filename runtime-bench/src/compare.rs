@@ -1,6 +1,6 @@
 //! `--compare`: the same training under every allocator, each in a child process of this
-//! binary, alternated round by round, then a Markdown table (`comfy-table`) of medians (min-max) with ratios
-//! against mimalloc measured in the same run.
+//! binary, alternated round by round, then a Markdown table (`comfy-table`) of medians
+//! (min-max) with ratios against mimalloc measured in the same run.
 
 use std::process::Command;
 

@@ -1,6 +1,6 @@
 //! The training: an MLP (`INPUT -> layers x hidden -> CLASSES`, ReLU) on burn's flex backend
-//! (pure-Rust CPU) with autodiff, softmax cross-entropy against the argmax labels of a fixed random linear
-//! teacher, Adam. Every step draws a fresh batch of standard normal inputs.
+//! (pure-Rust CPU) with autodiff, softmax cross-entropy against the argmax labels of a fixed
+//! random linear teacher, Adam. Every step draws a fresh batch of standard normal inputs.
 
 use std::time::Instant;
 

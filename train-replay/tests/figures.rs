@@ -16,14 +16,7 @@ fn figures(extra: &[&str]) -> Vec<(String, f64)> {
     let mut args = vec!["--steps", "4", "--batch", "256", "--hidden", "256"];
     args.extend_from_slice(&["--layers", "4", "--threads", "1"]);
     args.extend_from_slice(extra);
-    let out = common::train_replay(&args);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{extra:?}: {:?}\n{text}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::succeeded(&common::train_replay(&args), extra);
     let figures: Vec<(String, f64)> = text
         .lines()
         .filter_map(|line| {
