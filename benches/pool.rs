@@ -1,4 +1,4 @@
-//! `BufferPool` against `Vec<u8>` on glibc, bumpalo where it fits, and the floor of touching
+//! `BufferPool` against `Vec<u8>` on glibc and the floor of touching
 //! already-resident memory. mimalloc runs the same workloads in `benches/pool_mimalloc.rs`.
 //! After criterion's groups, a table of minor page faults per cycle and per training step.
 #![allow(missing_docs)] // criterion's macros generate undocumented items
@@ -67,21 +67,6 @@ fn floor(c: &mut Criterion) {
             }
         })
     });
-    group.finish();
-}
-
-fn bump_no_touch(c: &mut Criterion) {
-    let mut group = c.benchmark_group("alloc_free_no_touch");
-    for size in SIZES {
-        let mut bump = bumpalo::Bump::new();
-        group.bench_with_input(BenchmarkId::new("bumpalo", size), &size, |b, &size| {
-            b.iter(|| {
-                let layout = std::alloc::Layout::from_size_align(size, 64).unwrap();
-                black_box(bump.alloc_layout(layout));
-                bump.reset();
-            })
-        });
-    }
     group.finish();
 }
 
@@ -264,7 +249,6 @@ fn main() {
         .configure_from_args();
     no_touch(&mut c, &pool);
     no_touch(&mut c, &glibc);
-    bump_no_touch(&mut c);
     with_touch(&mut c, &pool);
     with_touch(&mut c, &glibc);
     with_fill(&mut c, &pool);

@@ -1,4 +1,4 @@
-//! Workloads shared by `benches/pool.rs` (glibc, ferropool, bumpalo) and
+//! Workloads shared by `benches/pool.rs` (glibc, ferropool) and
 //! `benches/pool_mimalloc.rs` (the same `Vec` workloads with mimalloc as global allocator).
 
 use std::hint::black_box;
