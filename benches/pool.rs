@@ -193,41 +193,48 @@ fn thread_index_table() {
 
 /// The thread-scaling workload (`pool_common::scaling`: mixed sizes, half of the frees by the
 /// neighbour thread), touching no byte (what the allocator costs), at 1 and 2 threads, with the
-/// default configuration and with `exact_peaks: false`: a fresh pool per run, warmed by a
-/// quarter-length run first; rounds alternate the four variants. Prints the medians and the
-/// 2-thread / 1-thread ratios.
+/// default configuration, with `exact_peaks: false` and with `larger_blocks: false`: a fresh
+/// pool per run, warmed by a quarter-length run first; rounds alternate the six variants.
+/// Prints the medians, the 2-thread / 1-thread ratios and the memory each pool reserved.
 fn cross_thread_table() {
     const ROUNDS: usize = 7;
     const PER_RUN: usize = 200_000;
-    let variants = [(true, 1), (true, 2), (false, 1), (false, 2)];
-    let mut runs = vec![Vec::new(); variants.len()];
+    // (name, exact_peaks, larger_blocks)
+    let configs = [
+        ("default", true, true),
+        ("exact_peaks: false", false, true),
+        ("larger_blocks: false", true, false),
+    ];
+    // Per configuration and thread count: (M allocations/s, MiB reserved at the end).
+    let mut runs = vec![[Vec::new(), Vec::new()]; configs.len()];
     for _ in 0..ROUNDS {
-        for (runs, &(exact_peaks, threads)) in runs.iter_mut().zip(&variants) {
-            let config = ferropool::PoolConfig {
-                exact_peaks,
-                ..Default::default()
-            };
-            let pool = Pool(BufferPool::with_config(config).unwrap());
-            scaling(&pool, threads, PER_RUN / 4 / threads, false);
-            runs.push(scaling(&pool, threads, PER_RUN / threads, false) / 1e6);
+        for (runs, &(_, exact_peaks, larger_blocks)) in runs.iter_mut().zip(&configs) {
+            for (threads, runs) in [1, 2].into_iter().zip(runs.iter_mut()) {
+                let config = ferropool::PoolConfig {
+                    exact_peaks,
+                    larger_blocks,
+                    ..Default::default()
+                };
+                let pool = Pool(BufferPool::with_config(config).unwrap());
+                scaling(&pool, threads, PER_RUN / 4 / threads, false);
+                let rate = scaling(&pool, threads, PER_RUN / threads, false) / 1e6;
+                runs.push((rate, pool.0.stats().reserved_bytes as f64 / MIB as f64));
+            }
         }
     }
-    let medians: Vec<f64> = runs
-        .iter_mut()
-        .map(|runs| {
-            runs.sort_by(f64::total_cmp);
-            runs[ROUNDS / 2]
-        })
-        .collect();
-    for (pair, name) in [(0, "default (exact_peaks)"), (2, "exact_peaks: false")] {
-        let (one, two) = (medians[pair], medians[pair + 1]);
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        (values[ROUNDS / 2], values[0], values[ROUNDS - 1])
+    };
+    for ((name, ..), [one, two]) in configs.iter().zip(runs) {
+        let rates = |runs: &[(f64, f64)]| median(runs.iter().map(|r| r.0).collect());
+        let reserved = |runs: &[(f64, f64)]| median(runs.iter().map(|r| r.1).collect()).0;
+        let ((r1, lo1, hi1), (r2, lo2, hi2)) = (rates(&one), rates(&two));
         println!(
-            "cross-thread frees, no touch, {name:<22} 1 thread {one:6.2}, 2 threads {two:6.2} M allocations/s ({:.2}x; runs {:.2}-{:.2} / {:.2}-{:.2})",
-            two / one,
-            runs[pair][0],
-            runs[pair][ROUNDS - 1],
-            runs[pair + 1][0],
-            runs[pair + 1][ROUNDS - 1],
+            "cross-thread frees, no touch, {name:<22} 1 thread {r1:6.2}, 2 threads {r2:6.2} M allocations/s ({:.2}x; runs {lo1:.2}-{hi1:.2} / {lo2:.2}-{hi2:.2}); reserved {:.0} / {:.0} MiB",
+            r2 / r1,
+            reserved(&one),
+            reserved(&two),
         );
     }
 }

@@ -33,6 +33,7 @@ planted_cases=(
   "loom_arena:a_flush_takes_a_lane_its_owner_is_using:lane_drain_unfenced"
   "loom_pool:cross_thread_free_racing_alloc:stack_push_store"
   "loom_pool:cross_thread_free_racing_trim:take_all_store"
+  "loom_pool:racing_spare_pops_leave_a_block_listed:spare_look_then_pop"
   "loom_pool:owner_racing_a_drain_of_its_cache:drain_unfenced"
   "loom_pool:owner_racing_a_drain_of_its_cache:enter_relaxed"
   "loom_pool:a_free_reaches_the_thread_that_allocated:free_to_own_cache"

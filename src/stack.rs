@@ -35,6 +35,20 @@ impl TaggedStack {
     /// Pops the top index. `next` maps an index to its link cell.
     #[inline]
     pub(crate) fn pop<'a>(&self, next: impl Fn(u32) -> &'a AtomicU32) -> Option<u32> {
+        self.pop_leaving(NIL, next)
+    }
+
+    /// Pops the top index if at least one more stays below it (so the stack is not left
+    /// empty).
+    #[inline]
+    pub(crate) fn pop_spare<'a>(&self, next: impl Fn(u32) -> &'a AtomicU32) -> Option<u32> {
+        self.pop_leaving(NIL + 1, next)
+    }
+
+    /// Pops the top index unless the link below it is less than `least` (`NIL`: any stack
+    /// that is not empty; `NIL + 1`: one with at least two indices).
+    #[inline(always)]
+    fn pop_leaving<'a>(&self, least: Link, next: impl Fn(u32) -> &'a AtomicU32) -> Option<u32> {
         let mut current = self.head.load(Ordering::Acquire);
         loop {
             let link = current as Link;
@@ -44,6 +58,9 @@ impl TaggedStack {
             // Racy but atomic: if another thread pops this index first, the tag in `current`
             // is outdated and the compare-exchange below fails.
             let after = next(link - 1).load(Ordering::Relaxed);
+            if after < least {
+                return None;
+            }
             match self.head.compare_exchange_weak(
                 current,
                 retag(current, after),

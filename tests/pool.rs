@@ -663,3 +663,79 @@ fn trim_and_a_refused_request_reach_blocks_another_thread_listed() {
     );
     assert_pool_consistent(&stats);
 }
+
+/// A pool whose frees go straight to the shared lists (no thread caches).
+fn uncached(larger_blocks: bool) -> BufferPool {
+    BufferPool::with_config(PoolConfig {
+        thread_cache_bytes: 0,
+        larger_blocks,
+        ..PoolConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_request_takes_a_listed_block_at_most_a_quarter_larger() {
+    const MIB: usize = 1 << 20;
+    let pool = uncached(true);
+    let one = BufferPool::class_size_for(MIB).unwrap();
+    let next = BufferPool::class_size_for(one + 1).unwrap(); // 1.125 MiB
+    let list_two = |pool: &BufferPool, size| {
+        let (a, b) = (pool.alloc(size).unwrap(), pool.alloc(size).unwrap());
+        drop((a, b));
+    };
+    // A lone listed block is left to its own class.
+    drop(pool.alloc(next).unwrap());
+    let own = pool.alloc(MIB).unwrap();
+    assert_eq!(own.capacity(), one, "the larger class's only block stays");
+    drop(own);
+    let pool = uncached(true);
+    list_two(&pool, next);
+    let borrowed = pool.alloc(MIB).unwrap();
+    assert_eq!(borrowed.capacity(), next, "served by a spare larger block");
+    assert_eq!(borrowed.len(), MIB);
+    let stats = pool.stats();
+    assert_eq!(stats.system_allocations, 2);
+    assert_eq!(
+        stats.in_use_bytes, next as u64,
+        "counted as the block it is"
+    );
+    drop(borrowed);
+    // The block went back to its own class: two requests of that class find both.
+    list_two(&pool, next);
+    assert_eq!(pool.stats().system_allocations, 2);
+    assert_pool_consistent(&pool.stats());
+
+    // More than a quarter larger: not taken.
+    let pool = uncached(true);
+    list_two(&pool, MIB + MIB / 2);
+    let own = pool.alloc(MIB).unwrap();
+    assert_eq!(own.capacity(), one);
+    assert_eq!(pool.stats().system_allocations, 3);
+    drop(own);
+    assert_pool_consistent(&pool.stats());
+}
+
+#[test]
+fn larger_blocks_off_keeps_every_request_in_its_class() {
+    const MIB: usize = 1 << 20;
+    let pool = uncached(false);
+    let one = BufferPool::class_size_for(MIB).unwrap();
+    let (a, b) = (pool.alloc(one + 1).unwrap(), pool.alloc(one + 1).unwrap());
+    drop((a, b));
+    let own = pool.alloc(MIB).unwrap();
+    assert_eq!(own.capacity(), one);
+    assert_eq!(pool.stats().system_allocations, 3);
+}
+
+#[test]
+fn a_thread_cache_keeps_its_blocks_for_their_own_class() {
+    let pool = BufferPool::new();
+    let small = BufferPool::class_size_for(64 << 10).unwrap();
+    let larger = BufferPool::class_size_for(small + 1).unwrap();
+    let (a, b) = (pool.alloc(larger).unwrap(), pool.alloc(larger).unwrap());
+    drop((a, b)); // cached in this thread's bin
+    let buffer = pool.alloc(small).unwrap();
+    assert_eq!(buffer.capacity(), small);
+    assert_eq!(pool.stats().system_allocations, 3);
+}

@@ -72,6 +72,40 @@ pub struct PoolConfig {
     /// `requested_bytes` is a sum of per-thread counters and its peak is not tracked (0).
     #[cfg_attr(feature = "serde", serde(default))]
     pub exact_requested: bool,
+    /// When a size class has no free block listed, serve the request with a spare listed
+    /// block of a larger class that holds at most a quarter more bytes (one or two classes
+    /// up), before asking the system for a new block (the default). Spare: its list keeps
+    /// at least one more block, so a class's only free block stays for its own next request
+    /// (a training step that repeats one pattern never moves a block to another class).
+    /// Each class keeps its own blocks, so a pool serving varied sizes would otherwise keep
+    /// growing after its total in use stopped: every class grows to its own peak, and the
+    /// classes peak at different times. Such a buffer's [`capacity`](super::PoolBuffer::capacity) is its block's
+    /// size, larger than [`BufferPool::class_size_for`](super::BufferPool::class_size_for)
+    /// of its length; the block goes back to its own class when freed. Blocks in thread
+    /// caches are never taken for another class.
+    ///
+    /// Off, a request takes a block of its own class or a new one.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolConfig};
+    /// let pool = BufferPool::with_config(PoolConfig {
+    ///     thread_cache_bytes: 0, // freed blocks go straight to the shared lists
+    ///     ..PoolConfig::default()
+    /// })?;
+    /// let (a, b) = (pool.alloc(1152 << 10)?, pool.alloc(1152 << 10)?); // the 1.125 MiB class
+    /// drop((a, b)); // both listed
+    /// let buffer = pool.alloc(1 << 20)?; // the 1 MiB class has none listed
+    /// assert_eq!(buffer.capacity(), 1152 << 10); // served by a spare 1.125 MiB block
+    /// assert_eq!(pool.stats().system_allocations, 2);
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    #[cfg_attr(feature = "serde", serde(default = "larger_blocks_default"))]
+    pub larger_blocks: bool,
+}
+
+#[cfg(feature = "serde")]
+fn larger_blocks_default() -> bool {
+    true
 }
 
 impl Default for PoolConfig {
@@ -89,6 +123,7 @@ impl Default for PoolConfig {
             idle_rounds: 4,
             exact_peaks: true,
             exact_requested: false,
+            larger_blocks: true,
         }
     }
 }

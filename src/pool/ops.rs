@@ -19,29 +19,30 @@ use crate::thread;
 pub(super) struct Taken<'p> {
     pub(super) record: &'p Record,
     pub(super) addr: NonNull<u8>,
+    /// The block's class: the request's own, or a larger one (see
+    /// [`PoolInner::pop_list_or_larger`]).
+    pub(super) class: usize,
     /// Whether its bytes are known to be zero.
     pub(super) zeroed: bool,
 }
 
 impl Taken<'_> {
-    /// The buffer of `size` bytes over this block (of `class`, whose blocks hold at least
-    /// `size` bytes), zeroed first if `zeroed` asks and the block is not known to be zero.
+    /// The buffer of `size` bytes over this block (whose class holds at least `size`
+    /// bytes), zeroed first if `zeroed` asks and the block is not known to be zero.
     #[inline(always)]
-    fn into_buffer(
-        self,
-        pool: NonNull<PoolInner>,
-        size: usize,
-        class: usize,
-        zeroed: bool,
-    ) -> PoolBuffer {
+    fn into_buffer(self, pool: NonNull<PoolInner>, size: usize, zeroed: bool) -> PoolBuffer {
         if zeroed && !self.zeroed {
-            // SAFETY: the block holds `class_size(class) >= size` bytes and is exclusively
-            // ours (just taken).
+            // SAFETY: the block holds `class_size(self.class) >= size` bytes and is
+            // exclusively ours (just taken).
             unsafe { self.addr.as_ptr().write_bytes(0, size) };
         }
-        PoolBuffer::new(pool, self.addr, size, self.record, class, zeroed)
+        PoolBuffer::new(pool, self.addr, size, self.record, self.class, zeroed)
     }
 }
+
+/// A request may take a listed block of a larger class holding at most `1 / LARGER_BLOCK_SLACK`
+/// more bytes than its own class (with `PoolConfig::larger_blocks`).
+pub(super) const LARGER_BLOCK_SLACK: usize = 4;
 
 impl PoolInner {
     /// The calling thread's cache, index and memory tag: one thread-local read when this
@@ -115,6 +116,7 @@ impl PoolInner {
                         taken = Some(Taken {
                             record,
                             addr,
+                            class,
                             zeroed: false,
                         });
                     } else {
@@ -127,11 +129,14 @@ impl PoolInner {
             Some(taken) => taken,
             None => inner.alloc_slow(cache, class, class_bytes, size, zeroed, thread, tag)?,
         };
-        inner.trace(PoolEventKind::Alloc, class_bytes as u64, class);
-        Ok(taken.into_buffer(this, size, class, zeroed))
+        let block_bytes = class::class_size(taken.class);
+        inner.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class);
+        Ok(taken.into_buffer(this, size, zeroed))
     }
 
-    /// A block from the class's shared list or the system, handed out to `thread`.
+    /// A block from the class's shared lists (or a slightly larger class's, see
+    /// [`pop_list_or_larger`](Self::pop_list_or_larger)) or the system, handed out to
+    /// `thread`.
     #[cold]
     #[allow(clippy::too_many_arguments)] // the hot path's locals, passed on as they are
     pub(super) fn alloc_slow(
@@ -145,20 +150,26 @@ impl PoolInner {
         tag: u32,
     ) -> Result<Taken<'_>, PoolError> {
         self.note_class_drawn(class);
-        let taken = match self.pop_list(cache.shard, class) {
-            Some(taken) => taken,
+        let taken = match self.pop_list_or_larger(cache.shard, class) {
+            Some(taken) => {
+                if taken.class != class {
+                    self.note_class_drawn(taken.class); // not idle: it serves its neighbour
+                }
+                taken
+            }
             None => self.system_alloc(class, class_bytes, size, zeroed)?,
         };
         match cache.begin_operation(&self.closed) {
             Entry::Closed => {
                 // Only a buffer's `alloc_sibling` allocates without a handle; the pool
                 // closed meanwhile, and its lists are drained for good: release the block.
-                self.release_block(taken.record.index, class);
+                self.release_block(taken.record.index, taken.class);
                 Err(PoolError::Closed)
             }
             Entry::Open { .. } => {
-                taken.record.hand_out(thread, tag, class, size);
-                self.count_alloc(cache, class_bytes, size, false);
+                let block_bytes = class::class_size(taken.class);
+                taken.record.hand_out(thread, tag, taken.class, size);
+                self.count_alloc(cache, block_bytes, size, false);
                 cache.end_operation();
                 Ok(taken)
             }
@@ -275,16 +286,17 @@ impl PoolInner {
             return Err(PoolError::Closed);
         }
         let taken = self
-            .pop_list(CACHELESS_SHARD, class)
+            .pop_list_or_larger(CACHELESS_SHARD, class)
             .map_or_else(|| self.system_alloc(class, class_bytes, size, zeroed), Ok);
+        let block_bytes = taken.as_ref().map_or(0, |t| class::class_size(t.class));
         if let Ok(taken) = &taken {
-            taken.record.hand_out(CACHELESS, tag, class, size);
-            self.count_cacheless(class_bytes, size, true);
+            taken.record.hand_out(CACHELESS, tag, taken.class, size);
+            self.count_cacheless(block_bytes, size, true);
         }
         self.cacheless_busy.fetch_sub(1, Ordering::Release);
         let taken = taken?;
-        self.trace(PoolEventKind::Alloc, class_bytes as u64, class);
-        Ok(taken.into_buffer(this, size, class, zeroed))
+        self.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class);
+        Ok(taken.into_buffer(this, size, zeroed))
     }
 
     /// Counts an operation of a thread without a cache, in the shared counters and (with
@@ -322,8 +334,21 @@ impl PoolInner {
     /// other shards in turn.
     #[inline]
     pub(super) fn pop_list(&self, shard: usize, class: usize) -> Option<Taken<'_>> {
+        self.pop_list_leaving(shard, class, false)
+    }
+
+    /// [`pop_list`](Self::pop_list), or with `spare` only from a list that keeps at least one
+    /// more block.
+    #[inline(always)]
+    fn pop_list_leaving(&self, shard: usize, class: usize, spare: bool) -> Option<Taken<'_>> {
+        let next = |i| &self.blocks.record(i).next;
         let index = (0..LIST_SHARDS).find_map(|k| {
-            self.lists[(shard + k) & (LIST_SHARDS - 1)][class].pop(|i| &self.blocks.record(i).next)
+            let list = &self.lists[(shard + k) & (LIST_SHARDS - 1)][class];
+            if spare {
+                list.pop_spare(next)
+            } else {
+                list.pop(next)
+            }
         })?;
         let record = self.blocks.record(index);
         // SAFETY: a listed record holds its block's non-null address (written before the
@@ -332,8 +357,34 @@ impl PoolInner {
         Some(Taken {
             record,
             addr,
+            class,
             zeroed: false,
         })
+    }
+
+    /// [`pop_list`](Self::pop_list) of `class`, or, when its lists are empty and the
+    /// configuration allows it, a spare block (one its list does not end with) of the next
+    /// larger classes whose blocks are at most a quarter larger ([`LARGER_BLOCK_SLACK`]): a
+    /// block that would otherwise wait on its list serves the request instead of a new block
+    /// from the system. Size classes each keep their own blocks, so without this a pool
+    /// serving varied sizes keeps growing long after its total in use stopped growing (each
+    /// class reaches its own peak at its own time); with it, the free blocks of neighbouring
+    /// classes pool their slack. A list's last block stays for its own class, so a repeating
+    /// pattern (a training step) never moves blocks between classes, which would only move
+    /// the shortage up a class.
+    #[inline]
+    pub(super) fn pop_list_or_larger(&self, shard: usize, class: usize) -> Option<Taken<'_>> {
+        if let Some(taken) = self.pop_list(shard, class) {
+            return Some(taken);
+        }
+        if !self.config.larger_blocks {
+            return None;
+        }
+        let own = class::class_size(class);
+        let limit = own.saturating_add(own / LARGER_BLOCK_SLACK);
+        (class + 1..class::CLASSES)
+            .take_while(|&larger| class::class_size(larger) <= limit)
+            .find_map(|larger| self.pop_list_leaving(shard, larger, true))
     }
 
     /// Puts a block on `shard`'s shared list of its class.

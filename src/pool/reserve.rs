@@ -86,6 +86,7 @@ impl PoolInner {
         Ok(Taken {
             record,
             addr,
+            class,
             zeroed,
         })
     }
