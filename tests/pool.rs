@@ -739,3 +739,41 @@ fn a_thread_cache_keeps_its_blocks_for_their_own_class() {
     assert_eq!(buffer.capacity(), small);
     assert_eq!(pool.stats().system_allocations, 3);
 }
+
+#[test]
+fn a_budgeted_pool_keeps_each_request_to_its_own_class() {
+    // Borrowing here would leave the 1.25 MiB class short, and its next block would not fit
+    // the budget, though every request fits with each class served by its own blocks.
+    const MIB: usize = 1 << 20;
+    let larger = MIB + MIB / 4;
+    let pool = BufferPool::with_config(PoolConfig {
+        budget: Some((2 * larger + MIB) as u64),
+        thread_cache_bytes: 0, // every class on the shared lists alone
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    drop((pool.alloc(larger).unwrap(), pool.alloc(larger).unwrap()));
+    let own = pool.alloc(MIB).unwrap();
+    assert_eq!(own.capacity(), MIB, "no block lent under a budget");
+    let both = (pool.alloc(larger).unwrap(), pool.alloc(larger).unwrap());
+    drop((own, both));
+    assert_pool_consistent(&pool.stats());
+}
+
+#[test]
+fn a_cached_class_never_borrows_blocks_the_caches_skip() {
+    const MIB: usize = 1 << 20; // the largest class the thread caches keep, by default
+    let pool = BufferPool::new();
+    let uncached = BufferPool::class_size_for(MIB + 1).unwrap();
+    let listed: Vec<_> = (0..3).map(|_| pool.alloc(uncached).unwrap()).collect();
+    drop(listed);
+    for _ in 0..10 {
+        let buffer = pool.alloc(MIB).unwrap();
+        assert_eq!(buffer.capacity(), MIB);
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        stats.cache_hits, 9,
+        "the 1 MiB class is served by its bin: {stats:?}"
+    );
+}

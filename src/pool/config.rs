@@ -56,9 +56,10 @@ pub struct PoolConfig {
     /// and `peak_in_use_bytes` are exact at every moment, whatever other threads do: reset
     /// the peaks, run a step, read the true high-water mark. It costs one shared
     /// read-modify-write per allocation and one per free (the counter's cache line moves
-    /// between threads that allocate at once): on a 2-core machine, mixed sizes with half the
-    /// frees made by a neighbour thread and no byte touched, 0.77-0.93x the throughput of
-    /// `exact_peaks: false` on one thread and 0.81-0.84x on two (`benches/README.md`). An
+    /// between threads that allocate at once): on 2-core machines (an Intel and an AMD one),
+    /// mixed sizes with half the frees made by a neighbour thread and no byte touched,
+    /// 0.77-0.99x the throughput of `exact_peaks: false` on one thread and 0.76-0.84x on two
+    /// (`benches/README.md`). An
     /// exact peak cannot be had for less: the maximum over time of a sum of per-thread
     /// counts is no function of per-thread figures.
     ///
@@ -73,16 +74,26 @@ pub struct PoolConfig {
     #[cfg_attr(feature = "serde", serde(default))]
     pub exact_requested: bool,
     /// When a size class has no free block listed, serve the request with a spare listed
-    /// block of a larger class that holds at most a quarter more bytes (one or two classes
-    /// up), before asking the system for a new block (the default). Spare: its list keeps
-    /// at least one more block, so a class's only free block stays for its own next request
-    /// (a training step that repeats one pattern never moves a block to another class).
-    /// Each class keeps its own blocks, so a pool serving varied sizes would otherwise keep
+    /// block of a larger class that holds at most a quarter more bytes (for classes of 64
+    /// bytes and more, one or two classes up), before asking the system for a new block (the
+    /// default). Spare: the list it is on (one per class and shard) keeps at least one more
+    /// block, so each list's last free block stays for its own class's next request. Each
+    /// class keeps its own blocks, so a pool serving varied sizes would otherwise keep
     /// growing after its total in use stopped: every class grows to its own peak, and the
-    /// classes peak at different times. Such a buffer's [`capacity`](super::PoolBuffer::capacity) is its block's
-    /// size, larger than [`BufferPool::class_size_for`](super::BufferPool::class_size_for)
-    /// of its length; the block goes back to its own class when freed. Blocks in thread
-    /// caches are never taken for another class.
+    /// classes peak at different times.
+    ///
+    /// Such a buffer's [`capacity`](super::PoolBuffer::capacity) is its block's size, larger
+    /// than [`BufferPool::class_size_for`](super::BufferPool::class_size_for) of its length,
+    /// and the block goes back to its own class when freed. The price: a class whose
+    /// requests find a larger class's spares first may go on being served by them, each
+    /// block at most a quarter larger than its own would be; in a step that repeats, that
+    /// holds the pool up to a quarter above what it would reserve for those blocks (a
+    /// constructed worst case reached +11% in all; the main job's and the burn benchmark's
+    /// figures did not move). Never under a budget (the lender may run short later, and
+    /// the budget refuse the larger block it then needs where the borrower's own would have
+    /// fitted), never across `thread_cache_max_block` (a class the thread caches keep,
+    /// served by blocks they skip, would miss its bin for good), and never from a thread
+    /// cache.
     ///
     /// Off, a request takes a block of its own class or a new one.
     ///

@@ -604,7 +604,9 @@ impl BufferPool {
         lifetime::alive()
     }
 
-    /// The rounded size a request of `size` bytes occupies, or `None` if too large.
+    /// The size of the class a request of `size` bytes is rounded up to, or `None` if too
+    /// large: the block it takes, unless its class has no free block and it takes a spare
+    /// one of a larger class ([`PoolConfig::larger_blocks`]).
     ///
     /// ```
     /// use ferropool::BufferPool;

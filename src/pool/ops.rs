@@ -152,9 +152,7 @@ impl PoolInner {
         self.note_class_drawn(class);
         let taken = match self.pop_list_or_larger(cache.shard, class) {
             Some(taken) => {
-                if taken.class != class {
-                    self.note_class_drawn(taken.class); // not idle: it serves its neighbour
-                }
+                self.note_lender_drawn(&taken, class);
                 taken
             }
             None => self.system_alloc(class, class_bytes, size, zeroed)?,
@@ -285,8 +283,10 @@ impl PoolInner {
         if !self.begin_cacheless() {
             return Err(PoolError::Closed);
         }
+        self.note_class_drawn(class);
         let taken = self
             .pop_list_or_larger(CACHELESS_SHARD, class)
+            .inspect(|taken| self.note_lender_drawn(taken, class))
             .map_or_else(|| self.system_alloc(class, class_bytes, size, zeroed), Ok);
         let block_bytes = taken.as_ref().map_or(0, |t| class::class_size(t.class));
         if let Ok(taken) = &taken {
@@ -377,14 +377,31 @@ impl PoolInner {
         if let Some(taken) = self.pop_list(shard, class) {
             return Some(taken);
         }
-        if !self.config.larger_blocks {
+        // Under a budget a request keeps to its own class: the lender may run short later,
+        // and the block it then needs from the system is larger than the one this request
+        // would have taken, which the budget may refuse.
+        if !self.config.larger_blocks || self.budget.load(Ordering::Relaxed) != u64::MAX {
             return None;
         }
         let own = class::class_size(class);
         let limit = own.saturating_add(own / LARGER_BLOCK_SLACK);
+        // Nor does a block cross the thread caches' limit: a class they keep, served by
+        // blocks of a class they skip, would never find one in its bin again (each goes back
+        // to its own class's list when freed), so every allocation of it would miss.
+        let cached = class < self.cached_classes;
         (class + 1..class::CLASSES)
-            .take_while(|&larger| class::class_size(larger) <= limit)
+            .take_while(|&larger| {
+                class::class_size(larger) <= limit && (larger < self.cached_classes) == cached
+            })
             .find_map(|larger| self.pop_list_leaving(shard, larger, true))
+    }
+
+    /// Notes, for the idle policy, the class of a block taken for a request of `class`
+    /// when it is another one: not idle, it serves its neighbour.
+    fn note_lender_drawn(&self, taken: &Taken<'_>, class: usize) {
+        if taken.class != class {
+            self.note_class_drawn(taken.class);
+        }
     }
 
     /// Puts a block on `shard`'s shared list of its class.

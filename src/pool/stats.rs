@@ -60,7 +60,8 @@ use crate::sync::Ordering;
 #[non_exhaustive]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PoolStats {
-    /// Bytes in blocks handed out (rounded up to their class).
+    /// Bytes in blocks handed out (each block's whole size: its request's class, or a
+    /// larger one with `PoolConfig::larger_blocks`).
     pub in_use_bytes: u64,
     /// High-water mark of `in_use_bytes` (0 with `exact_peaks` off).
     pub peak_in_use_bytes: u64,
@@ -121,7 +122,8 @@ pub struct PoolStats {
 }
 
 impl PoolStats {
-    /// Bytes lost to rounding requests up to their class: `in_use - requested`.
+    /// Bytes lost to rounding requests up to their block's size (their class, or a larger
+    /// one's with `PoolConfig::larger_blocks`): `in_use - requested`.
     ///
     /// ```
     /// let pool = ferropool::BufferPool::new();
