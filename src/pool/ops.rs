@@ -342,15 +342,19 @@ impl PoolInner {
     #[inline(always)]
     fn pop_list_leaving(&self, shard: usize, class: usize, spare: bool) -> Option<Taken<'_>> {
         let next = |i| &self.blocks.record(i).next;
-        let index = (0..LIST_SHARDS).find_map(|k| {
+        let mut popped = None;
+        for k in 0..LIST_SHARDS {
             let list = &self.lists[(shard + k) & (LIST_SHARDS - 1)][class];
-            if spare {
+            popped = if spare {
                 list.pop_spare(next)
             } else {
                 list.pop(next)
+            };
+            if popped.is_some() {
+                break;
             }
-        })?;
-        let record = self.blocks.record(index);
+        }
+        let record = self.blocks.record(popped?);
         // SAFETY: a listed record holds its block's non-null address (written before the
         // Release push that our Acquire pop synchronises with).
         let addr = unsafe { record.addr() };
@@ -374,9 +378,17 @@ impl PoolInner {
     /// the shortage up a class.
     #[inline]
     pub(super) fn pop_list_or_larger(&self, shard: usize, class: usize) -> Option<Taken<'_>> {
-        if let Some(taken) = self.pop_list(shard, class) {
-            return Some(taken);
+        match self.pop_list(shard, class) {
+            Some(taken) => Some(taken),
+            None => self.pop_larger(shard, class),
         }
+    }
+
+    /// The second half of [`pop_list_or_larger`](Self::pop_list_or_larger): a spare block of
+    /// a slightly larger class, where the rules allow one.
+    #[cold]
+    #[inline(never)]
+    fn pop_larger(&self, shard: usize, class: usize) -> Option<Taken<'_>> {
         // Under a budget a request keeps to its own class: the lender may run short later,
         // and the block it then needs from the system is larger than the one this request
         // would have taken, which the budget may refuse.
