@@ -56,6 +56,7 @@ use crate::roster::Roster;
 use crate::stack::NIL;
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
+use cache::ArenaThreadCache;
 use panics::Panics;
 use recycle::ReadyLists;
 use shard::Shard;
@@ -310,35 +311,16 @@ impl<T: Send + 'static> SlotArena<T> {
     /// # Panics
     ///
     /// As [`insert`](Self::insert).
-    #[inline]
+    // Always inlined (its slow path is a cold function of its own): returned through memory,
+    // the key was written as two 8-byte words and read back as one 16-byte one, a store the
+    // CPU cannot forward; inlined, it stays in registers.
+    #[inline(always)]
     pub fn try_insert(&self, value: T) -> Result<Key, (ArenaError, T)> {
         let arena = &self.arena;
         let cache = arena.my_cache();
-        let index = match cache.and_then(|(cache, _)| arena.pop_hand(cache)) {
-            Some(index) => index,
-            None => {
-                let (cache, shard) = match cache {
-                    Some((cache, shard)) => (Some(cache), shard),
-                    None => (None, arena.my_shard()),
-                };
-                let mut panics = Panics::default();
-                let refilled = self.refill(cache, shard, &mut panics);
-                if panics.caught() {
-                    // A recycled value's drop panicked. Give the slot back, drop `value` (in
-                    // a catch: its own drop may panic too, and a second panic while unwinding
-                    // would abort), then resume the first panic.
-                    if let Ok(index) = refilled {
-                        arena.push_one(shard, index);
-                    }
-                    panics.catch(|| drop(value));
-                    panics.resume();
-                    unreachable!("a caught panic was resumed");
-                }
-                match refilled {
-                    Ok(index) => index,
-                    Err(error) => return Err((error, value)),
-                }
-            }
+        let (index, value) = match cache.and_then(|(cache, _)| arena.pop_hand(cache)) {
+            Some(index) => (index, value),
+            None => self.refilled_slot(cache, value)?,
         };
         let slot = arena.slots.at(index);
         // The slot is VACANT and ours alone: it came off a free list or from a fresh chunk.
@@ -351,6 +333,40 @@ impl<T: Send + 'static> SlotArena<T> {
         slot.state
             .store(slot::state(generation, OCCUPIED), Ordering::Release);
         Ok(Key::new(arena.id, index, generation))
+    }
+
+    /// [`try_insert`](Self::try_insert) when the calling thread's hand is empty: a vacant
+    /// slot from [`refill`](Self::refill), with `value` handed back for the insert, or the
+    /// error with `value`.
+    #[cold]
+    #[inline(never)]
+    fn refilled_slot(
+        &self,
+        cache: Option<(&ArenaThreadCache, usize)>,
+        value: T,
+    ) -> Result<(u32, T), (ArenaError, T)> {
+        let arena = &self.arena;
+        let (cache, shard) = match cache {
+            Some((cache, shard)) => (Some(cache), shard),
+            None => (None, arena.my_shard()),
+        };
+        let mut panics = Panics::default();
+        let refilled = self.refill(cache, shard, &mut panics);
+        if panics.caught() {
+            // A recycled value's drop panicked. Give the slot back, drop `value` (in a
+            // catch: its own drop may panic too, and a second panic while unwinding would
+            // abort), then resume the first panic.
+            if let Ok(index) = refilled {
+                arena.push_one(shard, index);
+            }
+            panics.catch(|| drop(value));
+            panics.resume();
+            unreachable!("a caught panic was resumed");
+        }
+        match refilled {
+            Ok(index) => Ok((index, value)),
+            Err(error) => Err((error, value)),
+        }
     }
 
     /// Reads the value of `key`. Writes no shared memory and takes no lock.
