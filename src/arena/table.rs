@@ -71,7 +71,7 @@ pub(super) struct ArenaInner<T> {
 // SAFETY: `ArenaInner` owns `T` values through raw page pointers. Sending it moves or drops them
 // on the receiving thread, which needs `T: Send`.
 unsafe impl<T: Send> Send for ArenaInner<T> {}
-// SAFETY: through `&Arena`, threads obtain `&T` (needs `T: Sync`) and drop values removed by
+// SAFETY: through `&ArenaInner`, threads obtain `&T` (needs `T: Sync`) and drop values removed by
 // other threads (needs `T: Send`). Every other access goes through atomics.
 unsafe impl<T: Send + Sync> Sync for ArenaInner<T> {}
 

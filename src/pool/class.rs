@@ -1,8 +1,8 @@
 //! The seam for size classes. A *policy* is one module that provides four items, and
 //! nothing else in the pool knows how classes are cut:
 //!
-//! - `CLASSES`, the number of classes (at most 2^16: a block record and a buffer keep the
-//!   class in 16 bits; checked below at compile time);
+//! - `CLASSES`, the number of classes (at most 2^16: a block record keeps the class in 16
+//!   bits; checked below at compile time);
 //! - `MAX_SIZE`, the largest request served, which is the last class's size;
 //! - `const fn class_of(size) -> Option<usize>`, the smallest class holding `size` bytes
 //!   (`None` above `MAX_SIZE`; size 0 has class 0);

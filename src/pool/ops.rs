@@ -373,9 +373,10 @@ impl PoolInner {
     /// from the system. Size classes each keep their own blocks, so without this a pool
     /// serving varied sizes keeps growing long after its total in use stopped growing (each
     /// class reaches its own peak at its own time); with it, the free blocks of neighbouring
-    /// classes pool their slack. A list's last block stays for its own class, so a repeating
-    /// pattern (a training step) never moves blocks between classes, which would only move
-    /// the shortage up a class.
+    /// classes pool their slack. A list's last block stays for its own class, whose next
+    /// request in a repeating pattern (a training step) comes back for it; a class that met
+    /// a larger class's spares before it had blocks of its own may still go on borrowing
+    /// them (see `PoolConfig::larger_blocks` for the bound).
     #[inline]
     pub(super) fn pop_list_or_larger(&self, shard: usize, class: usize) -> Option<Taken<'_>> {
         match self.pop_list(shard, class) {
