@@ -341,6 +341,7 @@ impl PoolBuffer {
 }
 
 impl Drop for PoolBuffer {
+    #[inline]
     fn drop(&mut self) {
         let closed = {
             // SAFETY: invariant on `pool`: alive until this buffer is given back.

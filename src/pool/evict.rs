@@ -207,14 +207,28 @@ impl PoolInner {
 
     /// Allocates through a handle (or a buffer's `alloc_sibling`): a request the budget
     /// refuses evicts values until it fits (see [`alloc_evicting`](Self::alloc_evicting)).
-    /// The fast path is [`alloc`](Self::alloc)'s with one more branch on its result.
+    /// The fast path is [`alloc_cached`](Self::alloc_cached), as in [`alloc`](Self::alloc).
     #[inline]
     pub(super) fn alloc_or_evict(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
     ) -> Result<PoolBuffer, PoolError> {
-        match PoolInner::alloc(this, size, zeroed) {
+        match PoolInner::alloc_cached(this, size, zeroed) {
+            Some(buffer) => Ok(buffer),
+            None => PoolInner::alloc_uncached_or_evict(this, size, zeroed),
+        }
+    }
+
+    /// [`alloc_or_evict`](Self::alloc_or_evict) past the thread's cache.
+    #[cold]
+    #[inline(never)]
+    fn alloc_uncached_or_evict(
+        this: NonNull<PoolInner>,
+        size: usize,
+        zeroed: bool,
+    ) -> Result<PoolBuffer, PoolError> {
+        match PoolInner::alloc_uncached(this, size, zeroed) {
             Err(PoolError::BudgetExceeded(report)) => {
                 PoolInner::alloc_evicting(this, size, zeroed, report)
             }

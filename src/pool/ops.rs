@@ -81,9 +81,71 @@ impl PoolInner {
         Some((cache, thread, thread::tag()))
     }
 
-    /// Allocates a buffer from the pool at `this`.
+    /// Allocates a buffer from the pool at `this`: from the calling thread's cache when it
+    /// has a block of the class at hand, else through [`alloc_uncached`](Self::alloc_uncached).
     #[inline]
     pub(super) fn alloc(
+        this: NonNull<PoolInner>,
+        size: usize,
+        zeroed: bool,
+    ) -> Result<PoolBuffer, PoolError> {
+        match Self::alloc_cached(this, size, zeroed) {
+            Some(buffer) => Ok(buffer),
+            None => Self::alloc_uncached(this, size, zeroed),
+        }
+    }
+
+    /// The hot path: a buffer from the calling thread's bin of the class, or `None` (no
+    /// cache, a class the caches skip, a closed pool, bins being drained, an empty bin, a
+    /// request too large), having changed nothing but the cache's operation count.
+    ///
+    /// It returns an `Option` (a buffer's non-null pointers are its niche, so no tag is
+    /// written) and leaves every error to the cold path: with the whole `Result` built here,
+    /// the buffer went through memory on its way to the caller, stored a word at a time and
+    /// loaded back 16 bytes at a time, which the CPU cannot forward from its store buffer.
+    #[inline(always)]
+    pub(super) fn alloc_cached(
+        this: NonNull<PoolInner>,
+        size: usize,
+        zeroed: bool,
+    ) -> Option<PoolBuffer> {
+        // SAFETY: the caller holds a handle or a live buffer of the pool, which keeps it alive.
+        let inner = unsafe { this.as_ref() };
+        let class = class::class_of(size)?;
+        if class >= inner.cached_classes {
+            return None;
+        }
+        let class_bytes = class::class_size(class);
+        let (cache, thread, tag) = inner.my_cache()?;
+        let Entry::Open { cache_usable } = cache.begin_operation(&inner.closed) else {
+            return None;
+        };
+        let Some(record) = cache_usable
+            .then(|| cache.pop(class, class_bytes))
+            .flatten()
+        else {
+            cache.end_operation();
+            return None;
+        };
+        record.hand_out(thread, tag, class, size);
+        inner.count_alloc(cache, class_bytes, size, true);
+        cache.end_operation();
+        inner.trace(PoolEventKind::Alloc, class_bytes as u64, class);
+        let taken = Taken {
+            record,
+            // SAFETY: a record on a bin holds its block's non-null address.
+            addr: unsafe { record.addr() },
+            class,
+            zeroed: false,
+        };
+        Some(taken.into_buffer(this, size, zeroed))
+    }
+
+    /// Everything [`alloc_cached`](Self::alloc_cached) leaves: the errors, a thread without
+    /// a cache, and blocks from the shared lists or the system.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_uncached(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
@@ -99,36 +161,12 @@ impl PoolInner {
             let tag = thread::tag();
             return inner.alloc_cacheless(this, class, class_bytes, size, zeroed, tag);
         };
-        let mut taken = None;
-        if class < inner.cached_classes {
-            match cache.begin_operation(&inner.closed) {
-                Entry::Closed => return Err(PoolError::Closed),
-                Entry::Open { cache_usable } => {
-                    if let Some(record) = cache_usable
-                        .then(|| cache.pop(class, class_bytes))
-                        .flatten()
-                    {
-                        record.hand_out(thread, tag, class, size);
-                        inner.count_alloc(cache, class_bytes, size, true);
-                        cache.end_operation();
-                        // SAFETY: a record on a bin holds its block's non-null address.
-                        let addr = unsafe { record.addr() };
-                        taken = Some(Taken {
-                            record,
-                            addr,
-                            class,
-                            zeroed: false,
-                        });
-                    } else {
-                        cache.end_operation();
-                    }
-                }
-            }
+        // A closed pool refuses before a block is taken (`alloc_slow` checks again, under
+        // the cache's operation, for a close that comes meanwhile).
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(PoolError::Closed);
         }
-        let taken = match taken {
-            Some(taken) => taken,
-            None => inner.alloc_slow(cache, class, class_bytes, size, zeroed, thread, tag)?,
-        };
+        let taken = inner.alloc_slow(cache, class, class_bytes, size, zeroed, thread, tag)?;
         let block_bytes = class::class_size(taken.class);
         inner.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class);
         Ok(taken.into_buffer(this, size, zeroed))
