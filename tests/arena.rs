@@ -907,3 +907,54 @@ fn a_removal_from_a_late_thread_local_destructor_is_swept() {
     churn_until_dropped(arena, &ledger, THREADS);
     ledger.assert_exactly_once(0..THREADS);
 }
+
+/// A thread whose own removed slots are on their way back (their grace period not over)
+/// claims a fresh chunk rather than take another shard's recycled batch, while its shard may
+/// still grow: taking them would move that shard's slots onto this thread's cache lines,
+/// and its own come back soon after. Here the main thread stays pinned, so its batch cannot
+/// come back, while another thread's batch is ready on the other shard.
+#[test]
+fn a_thread_awaiting_its_own_slots_grows_rather_than_takes_a_ready_batch() {
+    let collector = Collector::new();
+    let arena: SlotArena<u64> = SlotArena::with_config(ArenaConfig {
+        shards: Some(2), // this thread's cache is the first (shard 0), the other's shard 1
+        ..small(&collector, 64, 4)
+    })
+    .unwrap();
+    // A full chunk, so that this thread's hand is empty afterwards.
+    let mine: Vec<_> = (0..64).map(|i| arena.insert(i).unwrap()).collect();
+    let theirs: Vec<u32> = std::thread::scope(|s| {
+        s.spawn(|| {
+            let keys: Vec<_> = (0..4).map(|i| arena.insert(100 + i).unwrap()).collect();
+            for &key in &keys {
+                arena.remove(key, &arena.pin()).unwrap(); // a full batch of 4, deferred
+            }
+            keys.iter().map(|key| key.index()).collect()
+        })
+        .join()
+        .unwrap()
+    });
+    // The other thread exited (its epoch bag went to the collector): collections on the
+    // collector alone, not through the arena (which would recycle the batch), pass its
+    // grace period and put it on the ready list of its shard.
+    let handle = collector.register();
+    for _ in 0..8 {
+        handle.pin().flush();
+    }
+    let guard = arena.pin(); // held: this thread's own batch cannot come back
+    for &key in &mine[..4] {
+        arena.remove(key, &guard).unwrap();
+    }
+    let next = arena.insert(7).unwrap();
+    assert!(
+        !theirs.contains(&next.index()),
+        "slot {} taken from the other shard's ready batch {theirs:?}",
+        next.index()
+    );
+    assert!(
+        mine.iter().all(|key| key.index() != next.index()),
+        "slot {} reused during its grace period",
+        next.index()
+    );
+    drop(guard);
+}

@@ -244,8 +244,9 @@ pub(super) fn recycling(recycle: impl FnOnce()) -> bool {
 
 impl<T: Send + 'static> super::SlotArena<T> {
     /// A vacant slot for `shard`, whose free list is empty: recycled (this shard's batches,
-    /// then other shards'), fresh while this shard's growth is within
-    /// `ArenaConfig::growth_before_stealing`, else another shard's vacant slot, else fresh.
+    /// then other shards', unless this shard's own are on their way back), fresh while this
+    /// shard's growth is within `ArenaConfig::growth_before_stealing`, else another shard's
+    /// ready batch or vacant slot, else fresh.
     #[cold]
     #[inline(never)]
     pub(super) fn refill(
@@ -257,9 +258,23 @@ impl<T: Send + 'static> super::SlotArena<T> {
         let arena = &self.arena;
         let shards = arena.shards.len();
         let others = || (1..shards).map(move |k| (shard + k) & (shards - 1));
+        let grown = &arena.shards[shard].grown;
+        let allowance = || {
+            arena
+                .growth_before_stealing
+                .saturating_sub(grown.load(Ordering::Relaxed))
+        };
+        let recycle_others = |panics: &mut Panics| {
+            for from in others() {
+                if self.recycle_ready(from, shard, panics) {
+                    break;
+                }
+            }
+        };
         // Under loom never: the sweep takes caches with the same handshake as `flush`, which
         // the models check.
         let sweep = !cfg!(loom) && cache.is_some_and(|cache| arena.sweep_due(cache));
+        let mut awaiting_own = false;
         recycling(|| {
             if sweep {
                 self.sweep(panics);
@@ -272,13 +287,14 @@ impl<T: Send + 'static> super::SlotArena<T> {
                 self.pin().flush();
                 self.recycle_ready(shard, shard, panics);
             }
-            // Then other shards' batches (a thread that only removes leaves them there).
-            if arena.shards[shard].free.is_empty() {
-                for from in others() {
-                    if self.recycle_ready(from, shard, panics) {
-                        break;
-                    }
-                }
+            // Then other shards' batches (a thread that only removes leaves them there),
+            // unless this shard's own are still on their way back and it may grow: another
+            // shard's slots would move onto this thread's cache lines (and its own onto the
+            // other's, once they come back), where a fresh chunk costs what the grace period
+            // holds back, within the growth bound.
+            awaiting_own = self.ready.has_pending(shard) && allowance() > 0;
+            if arena.shards[shard].free.is_empty() && !awaiting_own {
+                recycle_others(panics);
             }
         });
         if let Some(index) = arena.pop_chain(shard) {
@@ -286,13 +302,19 @@ impl<T: Send + 'static> super::SlotArena<T> {
         }
         // Other shards' vacant slots are the last resort, up to a bound: a fresh chunk keeps
         // this thread off the cache lines of slots other threads use.
-        let grown = &arena.shards[shard].grown;
-        let allowance = arena
-            .growth_before_stealing
-            .saturating_sub(grown.load(Ordering::Relaxed));
-        if allowance > 0 && others().any(|from| !arena.shards[from].free.is_empty()) {
+        let allowance = allowance();
+        if allowance > 0
+            && (awaiting_own || others().any(|from| !arena.shards[from].free.is_empty()))
+        {
             if let Ok(Some((index, cost))) = arena.claim_chain_within(shard, allowance) {
                 grown.fetch_add(cost, Ordering::Relaxed);
+                return Ok(arena.first_of_chain(index, cache, shard));
+            }
+        }
+        if awaiting_own {
+            // No fresh chunk within the bound: the other shards' ready batches after all.
+            recycling(|| recycle_others(panics));
+            if let Some(index) = arena.pop_chain(shard) {
                 return Ok(arena.first_of_chain(index, cache, shard));
             }
         }
