@@ -130,6 +130,19 @@ pub(crate) fn run_step<S: Source>(
 /// Runs `steps` steps with a freer thread; returns (time per step, faults per step), measured
 /// after `warmup` steps.
 pub(crate) fn trace_steps<S: Source>(source: &S, warmup: u64, steps: u64) -> (Duration, f64) {
+    let (times, faults) = trace_step_times(source, warmup, steps);
+    let total: Duration = times.iter().sum();
+    (total / steps as u32, faults as f64 / steps as f64)
+}
+
+/// Runs `steps` steps with one freer thread, after `warmup` steps with the same thread (so
+/// that its stack and its first frees are behind it); returns each step's time and the
+/// minor faults of the whole process over the timed steps.
+pub(crate) fn trace_step_times<S: Source>(
+    source: &S,
+    warmup: u64,
+    steps: u64,
+) -> (Vec<Duration>, u64) {
     let sizes = step_sizes();
     let (tx, rx) = mpsc::sync_channel::<Vec<S::Buf>>(1);
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -145,15 +158,17 @@ pub(crate) fn trace_steps<S: Source>(source: &S, warmup: u64, steps: u64) -> (Du
             done_rx.recv().unwrap();
         }
         let faults = minor_faults();
-        let started = Instant::now();
-        for _ in 0..steps {
-            run_step(source, &sizes, &tx);
-            done_rx.recv().unwrap();
-        }
-        let elapsed = started.elapsed();
+        let times = (0..steps)
+            .map(|_| {
+                let started = Instant::now();
+                run_step(source, &sizes, &tx);
+                done_rx.recv().unwrap();
+                started.elapsed()
+            })
+            .collect();
         let faults = minor_faults() - faults;
         drop(tx);
-        (elapsed / steps as u32, faults as f64 / steps as f64)
+        (times, faults)
     })
 }
 
