@@ -211,16 +211,27 @@ impl fmt::Display for PoolStats {
     }
 }
 
-/// A byte count that displays in binary units with two decimals, as the `bytesize` crate
-/// writes them ("1.50 MiB"; `B` below 1 KiB), padded to the formatter's width.
+/// A byte count that displays in binary units with two decimals ("1.50 MiB"; `B` below
+/// 1 KiB), padded to the formatter's width.
+///
+/// The unit is chosen with integers (the highest set bit), never with a logarithm: the
+/// `bytesize` crate, used here before, picks it with `ln` and `powi`, whose results Miri
+/// perturbs on purpose, so that under Miri exactly 1 MiB sometimes read "1024.00 KiB".
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HumanBytes(pub(crate) u64);
 
 impl fmt::Display for HumanBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // `bytesize` takes the precision but not the width: pad its text here.
-        let text = format!("{:.2}", bytesize::ByteSize(self.0).display().iec());
-        f.pad(&text)
+        let bytes = self.0;
+        if bytes < 1024 {
+            return f.pad(&format!("{bytes} B"));
+        }
+        // 1024^exponent <= bytes < 1024^(exponent + 1), exponent in 1..=6.
+        let exponent = bytes.ilog2() / 10;
+        let prefix = char::from(b"KMGTPE"[exponent as usize - 1]);
+        // The quotient of two floats is correctly rounded (no perturbation under Miri).
+        let value = bytes as f64 / (1u64 << (10 * exponent)) as f64;
+        f.pad(&format!("{value:.2} {prefix}iB"))
     }
 }
 
@@ -287,6 +298,11 @@ mod tests {
         assert_eq!(HumanBytes(3 << 19).to_string(), "1.50 MiB");
         assert_eq!(HumanBytes(1 << 40).to_string(), "1.00 TiB");
         assert_eq!(HumanBytes(u64::MAX).to_string(), "16.00 EiB");
+        assert_eq!(HumanBytes((1 << 20) - 1).to_string(), "1024.00 KiB");
+        assert_eq!(HumanBytes(1 << 20).to_string(), "1.00 MiB");
+        assert_eq!(HumanBytes(600 << 10).to_string(), "600.00 KiB");
+        assert_eq!(HumanBytes((1 << 60) - 1).to_string(), "1024.00 PiB");
+        assert_eq!(HumanBytes(1 << 60).to_string(), "1.00 EiB");
         assert_eq!(format!("{:>8}", HumanBytes(1024)), "1.00 KiB");
     }
 }
