@@ -157,6 +157,26 @@ fn producer_consumer(pool: &Pool) {
     );
 }
 
+/// Alloc + free on one thread, the pool and glibc's `Vec` alternated size by size, each
+/// called directly from the timing loop (criterion's groups call them through the runners'
+/// `Source::get`, which the compiler keeps out of line).
+fn pair_table() {
+    const CALLS: u32 = 5_000_000;
+    let pool = BufferPool::new();
+    for size in PAIR_SIZES {
+        let ours = pair_ns(CALLS, || {
+            let mut buf = pool.alloc(black_box(size)).unwrap();
+            black_box(buf.as_mut_ptr());
+            drop(buf);
+        });
+        let glibc = pair_ns(CALLS, || vec_pair(size));
+        println!(
+            "alloc + free, direct calls, best of 5 x {CALLS}, {size:>8} B: ferropool {ours:5.1} ns, glibc Vec {glibc:5.1} ns (ferropool {:.2}x glibc's time)",
+            ours / glibc
+        );
+    }
+}
+
 /// Median of `rounds` timings of `f`, in microseconds.
 fn median_us(rounds: usize, mut f: impl FnMut() -> std::time::Duration) -> f64 {
     let mut times: Vec<f64> = (0..rounds).map(|_| f().as_secs_f64() * 1e6).collect();
@@ -266,6 +286,10 @@ fn main() {
         thread_index_table();
         return;
     }
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_PAIR").is_some() {
+        pair_table();
+        return;
+    }
     if std::env::var_os("FERROPOOL_BENCH_ONLY_CROSS").is_some() {
         cross_thread_table();
         return;
@@ -294,6 +318,7 @@ fn main() {
     scaling_table(&glibc);
     thread_index_table();
     cross_thread_table();
+    pair_table();
     let stats = pool.0.stats();
     println!(
         "ferropool stats: {} allocations, hit rate {:.3}, {} system allocations, peak reserved {:.2}",

@@ -11,6 +11,10 @@ use pool_common::*;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_PAIR").is_some() {
+        pair_table();
+        return;
+    }
     let mimalloc = System("mimalloc_vec");
     let mut c = Criterion::default()
         .warm_up_time(std::time::Duration::from_millis(300))
@@ -23,4 +27,16 @@ fn main() {
     c.final_summary();
     fault_table(&mimalloc);
     scaling_table(&mimalloc);
+    pair_table();
+}
+
+/// `benches/pool.rs`'s direct-call alloc + free runner, for `Vec` on mimalloc.
+fn pair_table() {
+    const CALLS: u32 = 5_000_000;
+    for size in PAIR_SIZES {
+        let ns = pair_ns(CALLS, || vec_pair(size));
+        println!(
+            "alloc + free, direct calls, best of 5 x {CALLS}, {size:>8} B: mimalloc Vec {ns:5.1} ns"
+        );
+    }
 }

@@ -15,6 +15,32 @@ pub(crate) const PAGE: usize = 4096;
 use crate::common;
 pub(crate) use ferropool_figures::minor_faults;
 
+/// Sizes of the direct-call alloc + free runner (the classes the thread caches keep).
+pub(crate) const PAIR_SIZES: [usize; 3] = [4 * KIB, 64 * KIB, MIB];
+
+/// Nanoseconds per call of `pair` (one allocation and its free) on this thread: the best of
+/// five runs of `n` calls.
+pub(crate) fn pair_ns(n: u32, mut pair: impl FnMut()) -> f64 {
+    (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            for _ in 0..n {
+                pair();
+            }
+            started.elapsed().as_secs_f64() * 1e9 / f64::from(n)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// One alloc + free of a `Vec<u8>` of `size` bytes from the global allocator, called as a
+/// user calls it (no wrapper between the loop and the allocator).
+#[inline(always)]
+pub(crate) fn vec_pair(size: usize) {
+    let mut buf = Vec::<u8>::with_capacity(black_box(size));
+    black_box(buf.as_mut_ptr());
+    drop(buf);
+}
+
 /// Writes one byte per 4 KiB page.
 #[inline]
 pub(crate) fn touch(ptr: *mut u8, len: usize) {
