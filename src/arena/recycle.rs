@@ -302,11 +302,9 @@ impl<T: Send + 'static> super::SlotArena<T> {
         }
         // Other shards' vacant slots are the last resort, up to a bound: a fresh chunk keeps
         // this thread off the cache lines of slots other threads use.
-        let allowance = allowance();
-        if allowance > 0
-            && (awaiting_own || others().any(|from| !arena.shards[from].free.is_empty()))
-        {
-            if let Ok(Some((index, cost))) = arena.claim_chain_within(shard, allowance) {
+        let room = allowance();
+        if room > 0 && (awaiting_own || others().any(|from| !arena.shards[from].free.is_empty())) {
+            if let Ok(Some((index, cost))) = arena.claim_chain_within(shard, room) {
                 grown.fetch_add(cost, Ordering::Relaxed);
                 return Ok(arena.first_of_chain(index, cache, shard));
             }
