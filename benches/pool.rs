@@ -19,6 +19,7 @@ impl Source for Pool {
     fn name(&self) -> &'static str {
         "ferropool"
     }
+    #[inline]
     fn get(&self, size: usize) -> PoolBuffer {
         self.0.alloc(size).unwrap()
     }

@@ -79,6 +79,7 @@ impl Source for System {
     fn name(&self) -> &'static str {
         self.0
     }
+    #[inline]
     fn get(&self, size: usize) -> Vec<u8> {
         Vec::with_capacity(size)
     }
