@@ -485,7 +485,54 @@ fn cross_thread_table(batches: usize) {
     );
 }
 
+/// Nanoseconds per call of `op`, per thread, with `threads` threads calling it at once: the
+/// median of 5 runs of `calls` calls each.
+fn per_thread_ns(threads: usize, calls: u64, op: &(impl Fn(usize) + Sync)) -> f64 {
+    let mut runs: Vec<f64> = (0..5)
+        .map(|_| {
+            let wall = run_threads(threads, calls, &|t, n| {
+                for _ in 0..n {
+                    op(t);
+                }
+            });
+            wall.as_secs_f64() * 1e9 / calls as f64
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[2]
+}
+
+/// What an epoch pin costs as threads are added: a pin (and unpin) of an arena whose threads
+/// share its collector, as every arena's threads must, against pins of arenas with a
+/// collector each (nothing shared), and a locked add on a cache line of the thread's own
+/// (the same instruction a pin's fence is, with nothing else).
+fn pin_table(thread_counts: &[usize]) {
+    const CALLS: u64 = 10_000_000;
+    println!("epoch pin + unpin, ns per call per thread (median of 5 runs of {CALLS} calls each)");
+    println!("| threads | arena.pin(), one shared arena | arena.pin(), an arena and collector per thread | locked add, own cache line |");
+    println!("|---|---|---|---|");
+    for &threads in thread_counts {
+        let shared: SlotArena<u64> = SlotArena::new();
+        let shared_pin = per_thread_ns(threads, CALLS, &|_| drop(black_box(shared.pin())));
+        let own: Vec<SlotArena<u64>> = (0..threads)
+            .map(|_| SlotArena::with_collector(ferropool::Collector::new()))
+            .collect();
+        let own_pin = per_thread_ns(threads, CALLS, &|t| drop(black_box(own[t].pin())));
+        let counters: Vec<_> = (0..threads)
+            .map(|_| crossbeam_utils::CachePadded::new(std::sync::atomic::AtomicU64::new(0)))
+            .collect();
+        let locked_add = per_thread_ns(threads, CALLS, &|t| {
+            black_box(counters[t].fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+        });
+        println!("| {threads} | {shared_pin:.2} | {own_pin:.2} | {locked_add:.2} |");
+    }
+}
+
 fn main() {
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_PIN").is_some() {
+        pin_table(&[1, 2]);
+        return;
+    }
     if std::env::var_os("FERROPOOL_BENCH_ONLY_CHURN").is_some() {
         // The churn table at 1 and 2 threads alone (about 20 s), for alternated runs.
         churn_table(500, &[1, 2]);
@@ -494,6 +541,7 @@ fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
     churn_table(500, &THREADS);
+    pin_table(&THREADS);
     shared_read_table(2000);
     cross_thread_table(2000);
 }
