@@ -341,9 +341,9 @@ impl PoolBuffer {
 }
 
 impl Drop for PoolBuffer {
-    /// Only a call with the buffer's fields as arguments, so that the compiler inlines the
-    /// drop wherever a buffer dies and the fields go to the pool in registers (see
-    /// [`give_back`]).
+    // Only a call with the buffer's fields as arguments, so that the compiler inlines the
+    // drop wherever a buffer dies and the fields go to the pool in registers (see
+    // `give_back`).
     #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: invariants on `pool` and `record`: both alive while this buffer is, and
