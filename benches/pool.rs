@@ -159,8 +159,7 @@ fn producer_consumer(pool: &Pool) {
 }
 
 /// Alloc + free on one thread, the pool and glibc's `Vec` alternated size by size, each
-/// called directly from the timing loop (criterion's groups call them through the runners'
-/// `Source::get`, which the compiler keeps out of line).
+/// called directly from the timing loop (criterion's groups add their own loop's cost).
 fn pair_table() {
     const CALLS: u32 = 5_000_000;
     let pool = BufferPool::new();

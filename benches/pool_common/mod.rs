@@ -15,8 +15,9 @@ pub(crate) const PAGE: usize = 4096;
 use crate::common;
 pub(crate) use ferropool_figures::minor_faults;
 
-/// Sizes of the direct-call alloc + free runner (the classes the thread caches keep).
-pub(crate) const PAIR_SIZES: [usize; 3] = [4 * KIB, 64 * KIB, MIB];
+/// Sizes of the direct-call alloc + free runner: three classes the thread caches keep, and
+/// one served by the class's shared list.
+pub(crate) const PAIR_SIZES: [usize; 4] = [4 * KIB, 64 * KIB, MIB, 16 * MIB];
 
 /// Nanoseconds per call of `pair` (one allocation and its free) on this thread: the best of
 /// five runs of `n` calls.

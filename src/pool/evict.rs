@@ -228,7 +228,7 @@ impl PoolInner {
         size: usize,
         zeroed: bool,
     ) -> Result<PoolBuffer, PoolError> {
-        match PoolInner::alloc_uncached(this, size, zeroed) {
+        match PoolInner::serve_uncached(this, size, zeroed) {
             Err(PoolError::BudgetExceeded(report)) => {
                 PoolInner::alloc_evicting(this, size, zeroed, report)
             }

@@ -150,6 +150,19 @@ impl PoolInner {
         size: usize,
         zeroed: bool,
     ) -> Result<PoolBuffer, PoolError> {
+        Self::serve_uncached(this, size, zeroed)
+    }
+
+    /// The body of [`alloc_uncached`](Self::alloc_uncached), inlined into each cold caller,
+    /// so that the result is built where the caller returns it: a caller that received it
+    /// from a call and then returned it copied it through memory, 16 bytes at a time out of
+    /// word-sized stores, a load the store buffer cannot forward.
+    #[inline(always)]
+    pub(super) fn serve_uncached(
+        this: NonNull<PoolInner>,
+        size: usize,
+        zeroed: bool,
+    ) -> Result<PoolBuffer, PoolError> {
         // SAFETY: the caller holds a handle or a live buffer of the pool, which keeps it alive.
         let inner = unsafe { this.as_ref() };
         let class = class::class_of(size).ok_or(PoolError::TooLarge {
@@ -175,7 +188,7 @@ impl PoolInner {
     /// A block from the class's shared lists (or a slightly larger class's, see
     /// [`pop_list_or_larger`](Self::pop_list_or_larger)) or the system, handed out to
     /// `thread`.
-    #[cold]
+    #[inline(always)] // into `serve_uncached`, its one caller, so `Taken` never goes through memory
     #[allow(clippy::too_many_arguments)] // the hot path's locals, passed on as they are
     pub(super) fn alloc_slow(
         &self,
