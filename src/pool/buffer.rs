@@ -61,6 +61,7 @@ impl Shape {
         Self(class as u64 | flag)
     }
 
+    #[inline]
     fn class(self) -> usize {
         (self.0 & u64::from(u32::MAX)) as usize
     }
@@ -360,10 +361,18 @@ impl Drop for PoolBuffer {
 /// back 16 bytes at a time, which the CPU cannot forward from its store buffer (some 40% of
 /// an alloc + free on AMD Zen 4). A call taking the fields by value keeps them in registers.
 ///
+/// The pool and record come as raw pointers, not references, on purpose: when the pool was
+/// closed this call may free both, and a reference argument would outlive them.
+///
 /// # Safety
 ///
-/// `pool` and `record` are a live buffer's (so both alive), and that buffer is not used
-/// afterwards.
+/// - `pool`, `record`, `class` and `requested` are one live buffer's own fields: the
+///   block's record, the class it was handed out with (a wrong class would list the block
+///   in a class of larger blocks) and the buffer's current length (the counters take it
+///   back);
+/// - that buffer is given back by this call alone, exactly once, and never used again;
+/// - the caller holds no reference into the pool or its records across the call (this call
+///   may free the pool; see [`lifetime::count_out`]).
 #[inline(never)]
 unsafe fn give_back(
     pool: NonNull<PoolInner>,
@@ -380,8 +389,8 @@ unsafe fn give_back(
     };
     if closed {
         // SAFETY: the pool closed before this free, which released the block; the
-        // buffer is still counted, so the pool is alive, and the borrows above have
-        // ended (their frames are gone before the pool can be freed).
+        // buffer is still counted, so the pool is alive; the borrows above have ended, and
+        // the caller holds none across this call (the contract's last clause).
         unsafe { lifetime::count_out(pool) };
     }
 }

@@ -154,7 +154,7 @@ impl PoolInner {
     }
 
     /// The body of [`alloc_uncached`](Self::alloc_uncached), inlined into each cold caller,
-    /// so that the result is built where the caller returns it: a caller that received it
+    /// so that the result is not returned through one more call: a caller that received it
     /// from a call and then returned it copied it through memory, 16 bytes at a time out of
     /// word-sized stores, a load the store buffer cannot forward.
     #[inline(always)]
@@ -264,7 +264,7 @@ impl PoolInner {
         }
     }
 
-    /// Gives a buffer's block back (its `Drop`). Returns whether the pool was closed: the
+    /// Gives a buffer's block back (its `Drop`, through `give_back`). Returns whether the pool was closed: the
     /// block then went back to the system, and the caller must count the buffer out with
     /// [`lifetime::count_out`] once no reference into the pool is left (this call's frame
     /// included), since the pool may be freed from then on.
