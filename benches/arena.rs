@@ -505,14 +505,17 @@ fn per_thread_ns(threads: usize, calls: u64, op: &(impl Fn(usize) + Sync)) -> f6
 /// What an epoch pin costs as threads are added: a pin (and unpin) of an arena whose threads
 /// share its collector, as every arena's threads must, against pins of arenas with a
 /// collector each (nothing shared), and a locked add on a cache line of the thread's own
-/// (the same instruction a pin's fence is, with nothing else).
+/// (the same instruction a pin's fence is, with nothing else). Both arenas have private
+/// collectors, so both columns take the same code path (the global collector's pin is a
+/// shorter one, and would carry the garbage of the tables run before).
 fn pin_table(thread_counts: &[usize]) {
     const CALLS: u64 = 10_000_000;
-    println!("epoch pin + unpin, ns per call per thread (median of 5 runs of {CALLS} calls each)");
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    println!("epoch pin + unpin, ns per call per thread (median of 5 runs of {CALLS} calls each; rows above {cores} threads are oversubscribed)");
     println!("| threads | arena.pin(), one shared arena | arena.pin(), an arena and collector per thread | locked add, own cache line |");
     println!("|---|---|---|---|");
     for &threads in thread_counts {
-        let shared: SlotArena<u64> = SlotArena::new();
+        let shared: SlotArena<u64> = SlotArena::with_collector(ferropool::Collector::new());
         let shared_pin = per_thread_ns(threads, CALLS, &|_| drop(black_box(shared.pin())));
         let own: Vec<SlotArena<u64>> = (0..threads)
             .map(|_| SlotArena::with_collector(ferropool::Collector::new()))
