@@ -908,16 +908,15 @@ fn a_removal_from_a_late_thread_local_destructor_is_swept() {
     ledger.assert_exactly_once(0..THREADS);
 }
 
-/// A thread whose own removed slots are on their way back (their grace period not over)
-/// claims a fresh chunk rather than take another shard's recycled batch, while its shard may
-/// still grow: taking them would move that shard's slots onto this thread's cache lines,
-/// and its own come back soon after. Here the main thread stays pinned, so its batch cannot
-/// come back, while another thread's batch is ready on the other shard.
-#[test]
-fn a_thread_awaiting_its_own_slots_grows_rather_than_takes_a_ready_batch() {
+/// The slot an insert takes while this thread's own removed slots are on their way back
+/// (their grace period not over: the main thread stays pinned) and another thread's batch
+/// is ready on the other shard, with `growth_before_stealing` as given. Returns that slot,
+/// the other thread's slots, and this thread's.
+fn insert_while_awaiting_own(growth_before_stealing: usize) -> (u32, Vec<u32>, Vec<u32>) {
     let collector = Collector::new();
     let arena: SlotArena<u64> = SlotArena::with_config(ArenaConfig {
         shards: Some(2), // this thread's cache is the first (shard 0), the other's shard 1
+        growth_before_stealing,
         ..small(&collector, 64, 4)
     })
     .unwrap();
@@ -945,16 +944,40 @@ fn a_thread_awaiting_its_own_slots_grows_rather_than_takes_a_ready_batch() {
     for &key in &mine[..4] {
         arena.remove(key, &guard).unwrap();
     }
-    let next = arena.insert(7).unwrap();
-    assert!(
-        !theirs.contains(&next.index()),
-        "slot {} taken from the other shard's ready batch {theirs:?}",
-        next.index()
-    );
-    assert!(
-        mine.iter().all(|key| key.index() != next.index()),
-        "slot {} reused during its grace period",
-        next.index()
-    );
+    let next = arena.insert(7).unwrap().index();
     drop(guard);
+    (next, theirs, mine.iter().map(|key| key.index()).collect())
+}
+
+/// A thread whose own removed slots are on their way back claims a fresh chunk rather than
+/// take another shard's recycled batch, while its shard may still grow: taking them would
+/// move that shard's slots onto this thread's cache lines, and its own come back soon after.
+#[test]
+fn a_thread_awaiting_its_own_slots_grows_rather_than_takes_a_ready_batch() {
+    let growth = ArenaConfig::default().growth_before_stealing;
+    let (next, theirs, mine) = insert_while_awaiting_own(growth);
+    assert!(
+        !theirs.contains(&next),
+        "slot {next} taken from the other shard's ready batch {theirs:?}"
+    );
+    assert!(
+        !mine.contains(&next),
+        "slot {next} reused during its grace period"
+    );
+}
+
+/// The same thread, when no fresh chunk fits the growth bound (64 bytes: room for a slot
+/// or more, so the bound is not yet reached, but less than a chunk of 64 slots costs), takes
+/// the other shard's ready batch after all rather than grow past the bound.
+#[test]
+fn a_thread_awaiting_its_own_slots_takes_a_ready_batch_past_the_growth_bound() {
+    let (next, theirs, mine) = insert_while_awaiting_own(64);
+    assert!(
+        theirs.contains(&next),
+        "slot {next} is not from the other shard's ready batch {theirs:?}: grown past the bound"
+    );
+    assert!(
+        !mine.contains(&next),
+        "slot {next} reused during its grace period"
+    );
 }
