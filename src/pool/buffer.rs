@@ -342,13 +342,14 @@ impl PoolBuffer {
 }
 
 impl Drop for PoolBuffer {
-    // Only a call with the buffer's fields as arguments, so that the compiler inlines the
-    // drop wherever a buffer dies and the fields go to the pool in registers (see
+    // Only a call with the buffer's fields as arguments, small enough for the compiler to
+    // inline where a buffer dies, so the fields go to the pool in registers (see
     // `give_back`).
     #[inline(always)]
     fn drop(&mut self) {
-        // SAFETY: invariants on `pool` and `record`: both alive while this buffer is, and
-        // the buffer is gone after this.
+        // SAFETY: `give_back`'s contract: the fields are this buffer's own (invariants on
+        // `pool` and `record`: both alive while it is; `shape` and `len` are its class and
+        // length), it is dropped once, and nothing of it is used after this.
         unsafe { give_back(self.pool, self.record, self.shape.class(), self.len) }
     }
 }

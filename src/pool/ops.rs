@@ -188,7 +188,7 @@ impl PoolInner {
     /// A block from the class's shared lists (or a slightly larger class's, see
     /// [`pop_list_or_larger`](Self::pop_list_or_larger)) or the system, handed out to
     /// `thread`.
-    #[inline(always)] // into `serve_uncached`, its one caller, so `Taken` never goes through memory
+    #[inline(always)] // into `serve_uncached`, its one caller: `Taken` is not returned by a call
     #[allow(clippy::too_many_arguments)] // the hot path's locals, passed on as they are
     pub(super) fn alloc_slow(
         &self,
@@ -264,10 +264,10 @@ impl PoolInner {
         }
     }
 
-    /// Gives a buffer's block back (its `Drop`, through `give_back`). Returns whether the pool was closed: the
-    /// block then went back to the system, and the caller must count the buffer out with
-    /// [`lifetime::count_out`] once no reference into the pool is left (this call's frame
-    /// included), since the pool may be freed from then on.
+    /// Gives a buffer's block back (its `Drop`, through `give_back`). Returns whether the
+    /// pool was closed: the block then went back to the system, and the caller must count
+    /// the buffer out with [`lifetime::count_out`] once no reference into the pool is left
+    /// (this call's frame included), since the pool may be freed from then on.
     #[inline]
     pub(super) fn free(&self, record: &Record, class: usize, requested: usize) -> bool {
         let class_bytes = class::class_size(class);
