@@ -486,20 +486,16 @@ fn cross_thread_table(batches: usize) {
 }
 
 /// Nanoseconds per call of `op`, per thread, with `threads` threads calling it at once: the
-/// median of 5 runs of `calls` calls each.
+/// median of 5 runs of `calls` calls each (through `mops`, counting one thread's calls).
 fn per_thread_ns(threads: usize, calls: u64, op: &(impl Fn(usize) + Sync)) -> f64 {
-    let mut runs: Vec<f64> = (0..5)
-        .map(|_| {
-            let wall = run_threads(threads, calls, &|t, n| {
-                for _ in 0..n {
-                    op(t);
-                }
-            });
-            wall.as_secs_f64() * 1e9 / calls as f64
+    let per_thread_mops = mops(calls as usize, || {
+        run_threads(threads, calls, &|t, n| {
+            for _ in 0..n {
+                op(t);
+            }
         })
-        .collect();
-    runs.sort_by(f64::total_cmp);
-    runs[2]
+    });
+    1e3 / per_thread_mops
 }
 
 /// What an epoch pin costs as threads are added: a pin (and unpin) of an arena whose threads

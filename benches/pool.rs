@@ -161,17 +161,16 @@ fn producer_consumer(pool: &Pool) {
 /// Alloc + free on one thread, the pool and glibc's `Vec` alternated size by size, each
 /// called directly from the timing loop (criterion's groups add their own loop's cost).
 fn pair_table() {
-    const CALLS: u32 = 5_000_000;
     let pool = BufferPool::new();
     for size in PAIR_SIZES {
-        let ours = pair_ns(CALLS, || {
+        let ours = pair_ns(PAIR_CALLS, || {
             let mut buf = pool.alloc(black_box(size)).unwrap();
             black_box(buf.as_mut_ptr());
             drop(buf);
         });
-        let glibc = pair_ns(CALLS, || vec_pair(size));
+        let glibc = pair_ns(PAIR_CALLS, || vec_pair(size));
         println!(
-            "alloc + free, direct calls, best of 5 x {CALLS}, {size:>8} B: ferropool {ours:5.1} ns, glibc Vec {glibc:5.1} ns (ferropool {:.2}x glibc's time)",
+            "alloc + free, direct calls, best of 5 x {PAIR_CALLS}, {size:>8} B: ferropool {ours:5.1} ns, glibc Vec {glibc:5.1} ns (ferropool {:.2}x glibc's time)",
             ours / glibc
         );
     }

@@ -32,11 +32,10 @@ fn main() {
 
 /// `benches/pool.rs`'s direct-call alloc + free runner, for `Vec` on mimalloc.
 fn pair_table() {
-    const CALLS: u32 = 5_000_000;
     for size in PAIR_SIZES {
-        let ns = pair_ns(CALLS, || vec_pair(size));
+        let ns = pair_ns(PAIR_CALLS, || vec_pair(size));
         println!(
-            "alloc + free, direct calls, best of 5 x {CALLS}, {size:>8} B: mimalloc Vec {ns:5.1} ns"
+            "alloc + free, direct calls, best of 5 x {PAIR_CALLS}, {size:>8} B: mimalloc Vec {ns:5.1} ns"
         );
     }
 }

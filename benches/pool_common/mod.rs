@@ -19,6 +19,9 @@ pub(crate) use ferropool_figures::minor_faults;
 /// one served by the class's shared list.
 pub(crate) const PAIR_SIZES: [usize; 4] = [4 * KIB, 64 * KIB, MIB, 16 * MIB];
 
+/// Calls per run of the direct-call runner.
+pub(crate) const PAIR_CALLS: u32 = 5_000_000;
+
 /// Nanoseconds per call of `pair` (one allocation and its free) on this thread: the best of
 /// five runs of `n` calls.
 pub(crate) fn pair_ns(n: u32, mut pair: impl FnMut()) -> f64 {
