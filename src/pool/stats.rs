@@ -222,16 +222,48 @@ pub(crate) struct HumanBytes(pub(crate) u64);
 
 impl fmt::Display for HumanBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write;
         let bytes = self.0;
+        let mut text = StackText::default();
         if bytes < 1024 {
-            return f.pad(&format!("{bytes} B"));
+            write!(text, "{bytes} B")?;
+        } else {
+            // 1024^exponent <= bytes < 1024^(exponent + 1), exponent in 1..=6.
+            let exponent = bytes.ilog2() / 10;
+            let prefix = char::from(b"KMGTPE"[exponent as usize - 1]);
+            // The quotient of two floats is correctly rounded (no perturbation under Miri).
+            let value = bytes as f64 / (1u64 << (10 * exponent)) as f64;
+            write!(text, "{value:.2} {prefix}iB")?;
         }
-        // 1024^exponent <= bytes < 1024^(exponent + 1), exponent in 1..=6.
-        let exponent = bytes.ilog2() / 10;
-        let prefix = char::from(b"KMGTPE"[exponent as usize - 1]);
-        // The quotient of two floats is correctly rounded (no perturbation under Miri).
-        let value = bytes as f64 / (1u64 << (10 * exponent)) as f64;
-        f.pad(&format!("{value:.2} {prefix}iB"))
+        f.pad(text.as_str()?)
+    }
+}
+
+/// A short text written on the stack, so that formatting a byte count allocates nothing: a
+/// pool's messages may be written while it is the global allocator and short of budget.
+/// The longest [`HumanBytes`] text is 11 bytes ("1024.00 PiB"); a longer write fails.
+#[derive(Default)]
+struct StackText {
+    bytes: [u8; 16],
+    len: usize,
+}
+
+impl StackText {
+    fn as_str(&self) -> Result<&str, fmt::Error> {
+        std::str::from_utf8(&self.bytes[..self.len]).map_err(|_| fmt::Error)
+    }
+}
+
+impl fmt::Write for StackText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self
+            .len
+            .checked_add(s.len())
+            .filter(|&end| end <= self.bytes.len())
+            .ok_or(fmt::Error)?;
+        self.bytes[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
     }
 }
 
