@@ -231,29 +231,42 @@ fn churn_ops(threads: usize, rounds: usize) -> usize {
     threads * rounds * KEYS * 3
 }
 
-fn churn_table(rounds: usize, thread_counts: &[usize]) {
-    println!("churn, aggregate M operations/s (each thread: insert {KEYS} own keys, read, remove; {rounds} rounds)");
-    println!("| threads | ferropool | sharded-slab | concurrent-slotmap | RwLock<Slab> |");
-    println!("|---|---|---|---|---|");
-    for &threads in thread_counts {
-        let ops = churn_ops(threads, rounds);
-        let ours = mops(ops, || {
-            let arena = SlotArena::new();
-            run_threads(threads, rounds as u64, &|_, n| {
-                let mut keys = Vec::with_capacity(KEYS);
-                for _ in 0..n {
-                    keys.extend((0..KEYS as u64).map(|i| arena.insert([i, i]).unwrap()));
-                    for &key in &keys {
-                        let guard = arena.pin();
-                        black_box(arena.get(key, &guard).unwrap());
+/// ferropool's churn: each removal by `discard` (no pin) or by `remove` under a pin of its
+/// own (the removed value is readable while the pin lives).
+fn ours_churn(threads: usize, rounds: usize, discard: bool) -> f64 {
+    mops(churn_ops(threads, rounds), || {
+        let arena = SlotArena::new();
+        run_threads(threads, rounds as u64, &|_, n| {
+            let mut keys = Vec::with_capacity(KEYS);
+            for _ in 0..n {
+                keys.extend((0..KEYS as u64).map(|i| arena.insert([i, i]).unwrap()));
+                for &key in &keys {
+                    let guard = arena.pin();
+                    black_box(arena.get(key, &guard).unwrap());
+                }
+                if discard {
+                    for key in keys.drain(..) {
+                        arena.discard(black_box(key)).unwrap();
                     }
+                } else {
                     for key in keys.drain(..) {
                         let guard = arena.pin();
                         black_box(arena.remove(key, &guard).unwrap());
                     }
                 }
-            })
-        });
+            }
+        })
+    })
+}
+
+fn churn_table(rounds: usize, thread_counts: &[usize]) {
+    println!("churn, aggregate M operations/s (each thread: insert {KEYS} own keys, read, remove; {rounds} rounds)");
+    println!("| threads | ferropool, discard | ferropool, pinned remove | sharded-slab | discard / sharded-slab | pinned remove / sharded-slab | concurrent-slotmap | RwLock<Slab> |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for &threads in thread_counts {
+        let ops = churn_ops(threads, rounds);
+        let discard = ours_churn(threads, rounds, true);
+        let remove = ours_churn(threads, rounds, false);
         let sharded = mops(ops, || {
             let slab = sharded_slab::Slab::new();
             run_threads(threads, rounds as u64, &|_, n| {
@@ -302,8 +315,9 @@ fn churn_table(rounds: usize, thread_counts: &[usize]) {
             })
         });
         println!(
-            "| {threads} | {ours:.1} | {sharded:.1} ({:.2}x) | {slotmap:.1} | {rwlock:.1} |",
-            ours / sharded
+            "| {threads} | {discard:.1} | {remove:.1} | {sharded:.1} | {:.2}x | {:.2}x | {slotmap:.1} | {rwlock:.1} |",
+            discard / sharded,
+            remove / sharded
         );
     }
 }
@@ -534,7 +548,11 @@ fn main() {
     }
     if std::env::var_os("FERROPOOL_BENCH_ONLY_CHURN").is_some() {
         // The churn table at 1 and 2 threads alone (about 20 s), for alternated runs.
-        churn_table(500, &[1, 2]);
+        let rounds = std::env::var("FERROPOOL_BENCH_CHURN_ROUNDS")
+            .ok()
+            .and_then(|rounds| rounds.parse().ok())
+            .unwrap_or(500);
+        churn_table(rounds, &[1, 2]);
         return;
     }
     benches();

@@ -20,7 +20,7 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use ferropool::{ArenaConfig, ArenaError, Collector, SlotArena};
+use ferropool::{ArenaConfig, ArenaError, Collector, Key, SlotArena};
 
 /// A record that counts its drops and whose reads check it has not been dropped.
 struct Record {
@@ -437,6 +437,47 @@ fn trim_racing_an_insert() {
     });
 }
 
+/// **a discard racing a trim**: another thread discards a stale key (without a pin) into
+/// the only page while the main thread trims, releasing that page, and then pins and flushes
+/// until the page's grace period has passed and it is freed. The discard reports the key
+/// stale or out of range, and the page is freed only after the discard's read of its slot
+/// (freeing a slot is a write every earlier access must happen before, under loom).
+///
+/// Planted bug caught: `trim_without_waiting_out` (the trim frees released pages after the
+/// grace period alone, which does not wait for an unpinned discard).
+#[test]
+fn a_discard_racing_a_trim() {
+    model(|| {
+        let collector = Collector::new();
+        let mut arena = arena(&collector, 1);
+        let key = arena
+            .insert(Record::new(0, &Arc::new(AtomicUsize::new(0))))
+            .unwrap();
+        drop(arena.take(key).unwrap());
+        let arena = Arc::new(arena);
+        let discarder = {
+            let arena = Arc::clone(&arena);
+            thread::spawn(move || {
+                let result = arena.discard(key);
+                assert!(
+                    matches!(
+                        result,
+                        Err(ArenaError::Stale { .. } | ArenaError::OutOfRange { .. })
+                    ),
+                    "a stale key resolved: {result:?}"
+                );
+            })
+        };
+        assert_eq!(arena.trim(), 1, "the vacant page is released");
+        // Pin and flush until the page's grace period has passed and it is freed, while the
+        // discard may still be running.
+        for _ in 0..3 {
+            arena.pin().flush();
+        }
+        discarder.join().unwrap();
+    });
+}
+
 /// An arena whose removals wait in their thread's lane until two of them fill a batch.
 fn arena_batching_two(collector: &Collector) -> SlotArena<Record> {
     SlotArena::with_config(ArenaConfig {
@@ -460,7 +501,31 @@ fn arena_batching_two(collector: &Collector) -> SlotArena<Record> {
 /// and that batch is recycled twice).
 #[test]
 fn a_flush_takes_a_lane_its_owner_is_using() {
-    model(|| {
+    flush_racing_a_lane_owner(|arena, first, second| {
+        let handle = arena.collector().register();
+        let guard = handle.pin();
+        arena.remove(first, &guard).unwrap();
+        arena.remove(second, &guard).unwrap();
+    });
+}
+
+/// **a flush takes a lane its owner discards into**: as above, with the two removals made
+/// by `discard`, which marks the slot and adds it to the lane's batch in one operation of
+/// the lane's handshake, without a pin (and pins only to defer the batch it filled).
+///
+/// Planted bug caught: `lane_drain_unfenced`, as above.
+#[test]
+fn a_flush_takes_a_lane_its_owner_discards_into() {
+    flush_racing_a_lane_owner(|arena, first, second| {
+        arena.discard(first).unwrap();
+        arena.discard(second).unwrap();
+    });
+}
+
+/// The body of the two models above: `remove_both` runs on another thread while the main
+/// thread flushes.
+fn flush_racing_a_lane_owner(remove_both: fn(&SlotArena<Record>, Key, Key)) {
+    model(move || {
         let collector = Collector::new();
         let drops = Arc::new(AtomicUsize::new(0));
         let arena = Arc::new(arena_batching_two(&collector));
@@ -468,12 +533,7 @@ fn a_flush_takes_a_lane_its_owner_is_using() {
         let second = arena.insert(Record::new(2, &drops)).unwrap();
         let remover = {
             let arena = Arc::clone(&arena);
-            thread::spawn(move || {
-                let handle = arena.collector().register();
-                let guard = handle.pin();
-                arena.remove(first, &guard).unwrap();
-                arena.remove(second, &guard).unwrap();
-            })
+            thread::spawn(move || remove_both(&arena, first, second))
         };
         arena.flush(&collector.register().pin()).unwrap();
         remover.join().unwrap();

@@ -66,6 +66,67 @@ fn removed_key_is_stale_and_says_why() {
     ));
 }
 
+/// `discard` removes without a pin: the key is stale at once, a second discard (or a
+/// `remove`) says so, foreign and out-of-range keys are typed errors, and every discarded
+/// value is dropped exactly once, after a flush or when the arena drops.
+#[test]
+fn discard_removes_without_a_pin_and_drops_once() {
+    let collector = Collector::new();
+    let ledger = DropLedger::new(10);
+    let arena = SlotArena::with_config(small(&collector, 4, 4)).unwrap();
+    let keys: Vec<_> = (0..10)
+        .map(|id| arena.insert(ledger.record(id)).unwrap())
+        .collect();
+    for &key in &keys[..9] {
+        arena.discard(key).unwrap();
+    }
+    let guard = arena.pin();
+    assert!(matches!(
+        arena.get(keys[0], &guard),
+        Err(ArenaError::Stale {
+            phase: SlotPhase::Removed,
+            ..
+        })
+    ));
+    assert!(matches!(
+        arena.discard(keys[0]),
+        Err(ArenaError::Stale { .. })
+    ));
+    assert!(matches!(
+        arena.remove(keys[1], &guard),
+        Err(ArenaError::Stale { .. })
+    ));
+    drop(guard);
+    let other = SlotArena::<u8>::new();
+    let foreign = other.insert(1).unwrap();
+    assert!(matches!(
+        arena.discard(foreign),
+        Err(ArenaError::ForeignKey { .. })
+    ));
+    assert!(other.contains(foreign), "a foreign key's value stays");
+    // A key into a page that was released since.
+    let mut shrinking = SlotArena::with_config(small(&collector, 1, 1)).unwrap();
+    let far: Vec<_> = (0..8u8).map(|i| shrinking.insert(i).unwrap()).collect();
+    for &key in &far[1..] {
+        shrinking.take(key).unwrap();
+    }
+    assert!(shrinking.shrink() > 0);
+    assert!(matches!(
+        shrinking.discard(far[7]),
+        Err(ArenaError::OutOfRange { index: 7, .. })
+    ));
+    assert_eq!(shrinking.len(), 1);
+    assert_eq!(arena.len(), 1);
+    // Two full batches went to the collector; the ninth waits in this thread's batch.
+    for _ in 0..10 {
+        arena.flush(&arena.pin()).unwrap();
+        collector.register().pin().flush();
+    }
+    assert_eq!(ledger.total(), 9, "each discarded value dropped once");
+    drop(arena);
+    assert_eq!(ledger.total(), 10);
+}
+
 #[test]
 fn reused_slot_never_resolves_for_a_stale_key() {
     let collector = Collector::new();
@@ -355,7 +416,10 @@ fn works_from_a_thread_local_destructor() {
             let ok = self.0.with(key, |v| *v == 5).unwrap();
             let guard = self.0.pin();
             let removed = self.0.remove(key, &guard).map(|v| *v == 5).unwrap();
-            self.1.send(ok && removed).unwrap();
+            drop(guard);
+            let key = self.0.insert(6).unwrap();
+            let discarded = self.0.discard(key).is_ok() && !self.0.contains(key);
+            self.1.send(ok && removed && discarded).unwrap();
         }
     }
     thread_local! {
@@ -398,9 +462,10 @@ fn many_threads_no_fixed_limit() {
     }
 }
 
-/// `trim` releases vacant trailing pages while other threads insert, read and remove: every
-/// record is dropped exactly once, reads never see a wrong value, and keys into a released
-/// page stay stale after the page is allocated again.
+/// `trim` releases vacant trailing pages while other threads insert, read and remove (with
+/// `remove` or `discard`, and discard stale keys into pages that may be released meanwhile):
+/// every record is dropped exactly once, reads never see a wrong value, and keys into a
+/// released page stay stale after the page is allocated again.
 #[test]
 fn trim_runs_concurrently_with_every_operation() {
     let collector = Collector::new();
@@ -414,6 +479,7 @@ fn trim_runs_concurrently_with_every_operation() {
                 let (arena, ledger, collector) = (&arena, &ledger, collector.clone());
                 scope.spawn(move || {
                     let handle = collector.register();
+                    let mut stale = Vec::new();
                     for round in 0..rounds {
                         let ids: Vec<usize> =
                             (0..16).map(|i| (t * rounds + round) * 16 + i).collect();
@@ -424,9 +490,20 @@ fn trim_runs_concurrently_with_every_operation() {
                         let guard = handle.pin();
                         for (&key, &id) in keys.iter().zip(&ids) {
                             assert_eq!(arena.get(key, &guard).unwrap().id, id);
-                            arena.remove(key, &guard).unwrap();
+                            if id % 2 == 0 {
+                                arena.remove(key, &guard).unwrap();
+                            } else {
+                                arena.discard(key).unwrap();
+                            }
                             assert!(arena.get(key, &guard).is_err());
                         }
+                        drop(guard);
+                        // Keys of the round before, discarded again without a pin: their
+                        // pages may be released (and allocated again) meanwhile.
+                        for &key in &stale {
+                            assert!(arena.discard(key).is_err());
+                        }
+                        stale = keys;
                     }
                 })
             })

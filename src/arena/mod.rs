@@ -56,7 +56,7 @@ use crate::roster::Roster;
 use crate::stack::NIL;
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
-use cache::ArenaThreadCache;
+use cache::{Added, ArenaThreadCache};
 use panics::Panics;
 use recycle::ReadyLists;
 use shard::Shard;
@@ -501,6 +501,48 @@ impl<T: Send + 'static> SlotArena<T> {
             .with(|value_ptr| unsafe { (*value_ptr).assume_init_ref() }))
     }
 
+    /// Removes the value of `key` without reading it, and without an epoch pin. From now on
+    /// the key resolves to [`ArenaError::Stale`]; the value is dropped as after
+    /// [`remove`](Self::remove), once every thread that could have seen it has unpinned.
+    ///
+    /// This is the removal to use when the value is not needed: it costs a compare-exchange
+    /// and a few plain stores, where `remove` also pins (and the caller's guard check). A
+    /// stale key may point into a page that a concurrent [`trim`](Self::trim) releases;
+    /// `discard` reads the slot inside an operation on its thread's cache of this arena, and
+    /// `trim` waits for such operations in flight before it frees a page. A thread without
+    /// that cache (its thread-locals are being destroyed) pins instead.
+    ///
+    /// ```
+    /// use ferropool::{ArenaError, SlotArena};
+    /// let arena = SlotArena::new();
+    /// let key = arena.insert(vec![1, 2])?;
+    /// arena.discard(key)?;
+    /// assert!(!arena.contains(key));
+    /// assert!(matches!(arena.discard(key), Err(ArenaError::Stale { .. })));
+    /// # Ok::<(), ferropool::ArenaError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ArenaError::ForeignKey`], [`ArenaError::OutOfRange`] or [`ArenaError::Stale`] if the
+    /// key does not resolve to a live value; removing twice yields [`ArenaError::Stale`].
+    #[inline]
+    pub fn discard(&self, key: Key) -> Result<(), ArenaError> {
+        let arena = &self.arena;
+        let Some((cache, shard)) = arena.my_cache() else {
+            return self.remove(key, &self.pin()).map(drop);
+        };
+        let full = match arena.discard_in(cache, key)? {
+            Added::Kept => return Ok(()),
+            Added::Full(head) => Some(head),
+            Added::Busy => arena.add_shared_removed(shard, key.index()),
+        };
+        if let Some(head) = full {
+            self.defer_full_batch(shard, head, &self.pin());
+        }
+        Ok(())
+    }
+
     /// Removes the value of `key` and returns it by value. Exclusive access means no reader
     /// can hold it, so the slot is reusable at once.
     ///
@@ -728,11 +770,20 @@ impl<T: Send + 'static> SlotArena<T> {
         let guard = self.pin();
         self.flush(&guard)
             .expect("the arena's own guard is pinned on its collector");
-        self.arena.release_vacant_pages(|page| {
-            // SAFETY: the page is unlinked; readers that reached it before are pinned, and
-            // the closure (which only frees vacant slots: no `T` is dropped) runs after them.
+        let mut pages = Vec::new();
+        let released = self.arena.release_vacant_pages(|page| pages.push(page));
+        if !pages.is_empty() {
+            // An unpinned `discard` may be reading a slot of these pages: wait for it.
+            self.arena.wait_out_operations();
+        }
+        for page in pages {
+            // SAFETY: the page is unlinked, and no operation of a thread cache that could
+            // have reached it is still in flight; pinned readers that reached it before
+            // are waited for by the grace period, after which the closure (which only frees
+            // vacant slots: no `T` is dropped) runs.
             unsafe { guard.defer_unchecked(move || drop(page)) };
-        })
+        }
+        released
     }
 
     /// With exclusive access: recycles every removed value not still in transit through the

@@ -21,7 +21,6 @@ use crossbeam_utils::CachePadded;
 
 use super::cache::{Added, ArenaThreadCache};
 use super::panics::Panics;
-use super::shard::SharedBatch;
 use super::ArenaError;
 use crate::stack::Link;
 use crate::sync::epoch::Guard;
@@ -374,30 +373,14 @@ impl<T: Send + 'static> super::SlotArena<T> {
             },
             None => arena.my_shard(),
         };
-        let removed = &arena.shards[shard].removed;
-        let link = index + 1;
-        let next = arena.links.at(index);
-        let mut current = removed.load(Ordering::Relaxed);
-        loop {
-            let batch = SharedBatch(current);
-            next.store(batch.head(), Ordering::Relaxed);
-            let (new, full) = if batch.count() + 1 >= arena.removal_batch {
-                (SharedBatch::EMPTY, true)
-            } else {
-                (SharedBatch::new(batch.count() + 1, link), false)
-            };
-            match removed.compare_exchange_weak(current, new.0, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) if full => return self.defer_full_batch(shard, link, guard),
-                Ok(_) => return,
-                Err(actual) => current = actual,
-            }
+        if let Some(head) = arena.add_shared_removed(shard, index) {
+            self.defer_full_batch(shard, head, guard);
         }
     }
 
     /// Defers a batch that just filled up, and every `FLUSH_EVERY`th one of the thread's
     /// also flushes the thread's epoch bag.
-    fn defer_full_batch(&self, shard: usize, head: Link, guard: &Guard) {
+    pub(super) fn defer_full_batch(&self, shard: usize, head: Link, guard: &Guard) {
         self.defer_batch(shard, head, guard);
         if flush_due() {
             guard.flush();

@@ -104,6 +104,17 @@ pub(super) struct Slot<T> {
     pub(super) value: UnsafeCell<MaybeUninit<T>>,
 }
 
+/// Under loom, freeing a slot counts as a write to its state that every earlier access must
+/// happen before: a page freed while another thread may still read a slot of it (a
+/// `discard` that `trim` did not wait for, a reader the grace period did not cover) fails the
+/// model with a causality violation instead of passing unseen.
+#[cfg(loom)]
+impl<T> Drop for Slot<T> {
+    fn drop(&mut self) {
+        self.state.with_mut(|_| ());
+    }
+}
+
 impl<T> Slot<T> {
     pub(super) fn vacant(generation: u32) -> Self {
         Self {

@@ -41,10 +41,12 @@ pub(super) struct ArenaInner<T> {
     /// The slots.
     ///
     /// Invariant: a page is released only by `trim`, when every slot in it below the
-    /// frontier is on a free list `trim` took; its memory is freed after an epoch grace
-    /// period (or at once under exclusive access). So a slot reference obtained while
-    /// pinned, or through a slot one owns (popped, claimed, occupied by a live key, or in a
-    /// removal batch), never dangles.
+    /// frontier is on a free list `trim` took; its memory is freed after `trim` has waited
+    /// out every thread cache's operation in flight and then an epoch grace period (or at
+    /// once under exclusive access). So a slot reference obtained while pinned, inside an
+    /// operation of a thread cache's handshake (used only within it), or through a slot one
+    /// owns (popped, claimed, occupied by a live key, or in a removal batch), never
+    /// dangles.
     pub(super) slots: PagedTable<Slot<T>>,
     /// The chain link of every slot (`Link` of the next slot of whichever chain it is in:
     /// vacant in a hand or on a free list, or removed in a batch).
@@ -421,25 +423,96 @@ impl<T> ArenaInner<T> {
     #[inline]
     pub(super) fn add_removed(&self, cache: &ArenaThreadCache, index: u32) -> Added {
         cache.handshake.begin();
-        let added = if cache.handshake.may_use() {
-            let link = index + 1;
-            let head = cache.removed.load(Ordering::Relaxed);
-            self.links.at(index).store(head, Ordering::Relaxed);
-            let len = cache.removed_len.load(Ordering::Relaxed).wrapping_add(1);
-            if len >= self.removal_batch {
-                cache.removed.store(NIL, Ordering::Relaxed);
-                cache.removed_len.store(0, Ordering::Relaxed);
-                Added::Full(link)
-            } else {
-                cache.removed.store(link, Ordering::Relaxed);
-                cache.removed_len.store(len, Ordering::Relaxed);
-                Added::Kept
-            }
-        } else {
-            Added::Busy
-        };
+        let added = self.add_removed_in_operation(cache, index);
         cache.handshake.end();
         added
+    }
+
+    /// Removes the value of `key` without an epoch pin (its owner only): marks the slot
+    /// removed and adds it to the batch of `cache`, all inside one operation of the cache's
+    /// handshake. The operation is what keeps the key's page allocated while it is read (a
+    /// stale key may point into a page a concurrent `trim` releases): `trim` waits out every
+    /// operation in flight before it frees a page (see [`wait_out_operations`]).
+    ///
+    /// [`wait_out_operations`]: Self::wait_out_operations
+    #[inline]
+    pub(super) fn discard_in(
+        &self,
+        cache: &ArenaThreadCache,
+        key: Key,
+    ) -> Result<Added, ArenaError> {
+        cache.handshake.begin();
+        let removed = self.resolve(key).and_then(|slot| {
+            let generation = key.generation();
+            slot.state
+                .compare_exchange(
+                    slot::state(generation, OCCUPIED),
+                    slot::state(generation.wrapping_add(1), REMOVED),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .map_err(|actual| stale(key, actual))
+        });
+        let added = removed.map(|_| self.add_removed_in_operation(cache, key.index()));
+        cache.handshake.end();
+        added
+    }
+
+    /// [`add_removed`](Self::add_removed) inside an operation the caller began.
+    #[inline(always)]
+    fn add_removed_in_operation(&self, cache: &ArenaThreadCache, index: u32) -> Added {
+        if !cache.handshake.may_use() {
+            return Added::Busy;
+        }
+        let link = index + 1;
+        let head = cache.removed.load(Ordering::Relaxed);
+        self.links.at(index).store(head, Ordering::Relaxed);
+        let len = cache.removed_len.load(Ordering::Relaxed).wrapping_add(1);
+        if len >= self.removal_batch {
+            cache.removed.store(NIL, Ordering::Relaxed);
+            cache.removed_len.store(0, Ordering::Relaxed);
+            Added::Full(link)
+        } else {
+            cache.removed.store(link, Ordering::Relaxed);
+            cache.removed_len.store(len, Ordering::Relaxed);
+            Added::Kept
+        }
+    }
+
+    /// Adds the removed slot `index` to the shared removal batch of `shard` (a thread
+    /// without a cache, or whose cache a drainer holds); returns the batch's head when this
+    /// filled it: the caller defers it.
+    pub(super) fn add_shared_removed(&self, shard: usize, index: u32) -> Option<Link> {
+        let removed = &self.shards[shard].removed;
+        let link = index + 1;
+        let next = self.links.at(index);
+        let mut current = removed.load(Ordering::Relaxed);
+        loop {
+            let batch = SharedBatch(current);
+            next.store(batch.head(), Ordering::Relaxed);
+            let (new, full) = if batch.count() + 1 >= self.removal_batch {
+                (SharedBatch::EMPTY, true)
+            } else {
+                (SharedBatch::new(batch.count() + 1, link), false)
+            };
+            match removed.compare_exchange_weak(current, new.0, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return full.then_some(link),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Waits out every operation of a thread cache that is in flight: called by `trim`
+    /// after it unlinked pages and before it frees them. An operation that began after the
+    /// heavy fence sees the pages unlinked (the fence pairs with the one in
+    /// `Handshake::begin`); one that began before is waited for. An unpinned `discard`
+    /// reads its slot only inside such an operation.
+    pub(super) fn wait_out_operations(&self) {
+        crate::sync::asymmetric::heavy();
+        for cache in self.caches.iter() {
+            cache.handshake.wait_out();
+        }
     }
 
     /// Takes the hand and batch of every cache that holds something, whatever its owner is

@@ -87,10 +87,9 @@ struct Owned {
 impl Drop for GroupInner {
     fn drop(&mut self) {
         let arena = descriptors();
-        let guard = arena.pin();
         for key in self.views.drain(..).flatten() {
             // Our own live key (invariant on `views`): removal cannot fail.
-            let removed = arena.remove(key, &guard);
+            let removed = arena.discard(key);
             debug_assert!(removed.is_ok(), "{removed:?}");
         }
     }
@@ -570,7 +569,7 @@ impl AllocationGroup {
         let inner = self.unique()?;
         let arena = descriptors();
         arena
-            .remove(slot.key, &arena.pin())
+            .discard(slot.key)
             .expect("a live view is removed once (invariant on `views`)");
         inner.views[slot.view as usize] = None;
         inner.vacant_views.push(slot.view);
