@@ -218,11 +218,17 @@ const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
 /// Runs `work` 5 times and returns the median of `ops / seconds`, in millions (on a shared
 /// 2-core machine one run in three or four can lose a core to a neighbour).
 fn mops(ops: usize, mut work: impl FnMut() -> Duration) -> f64 {
-    let mut runs: Vec<f64> = (0..5)
-        .map(|_| ops as f64 / work().as_secs_f64() / 1e6)
+    median_mops(ops, (0..5).map(|_| work()).collect())
+}
+
+/// The median of `runs` of `ops` operations each, in M operations/s.
+fn median_mops(ops: usize, runs: Vec<Duration>) -> f64 {
+    let mut rates: Vec<f64> = runs
+        .into_iter()
+        .map(|run| ops as f64 / run.as_secs_f64() / 1e6)
         .collect();
-    runs.sort_by(f64::total_cmp);
-    runs[2]
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
 }
 
 /// The churn workload: each thread inserts `KEYS` keys of its own, reads them, removes them,
@@ -231,31 +237,29 @@ fn churn_ops(threads: usize, rounds: usize) -> usize {
     threads * rounds * KEYS * 3
 }
 
-/// ferropool's churn: each removal by `discard` (no pin) or by `remove` under a pin of its
-/// own (the removed value is readable while the pin lives).
-fn ours_churn(threads: usize, rounds: usize, discard: bool) -> f64 {
-    mops(churn_ops(threads, rounds), || {
-        let arena = SlotArena::new();
-        run_threads(threads, rounds as u64, &|_, n| {
-            let mut keys = Vec::with_capacity(KEYS);
-            for _ in 0..n {
-                keys.extend((0..KEYS as u64).map(|i| arena.insert([i, i]).unwrap()));
-                for &key in &keys {
-                    let guard = arena.pin();
-                    black_box(arena.get(key, &guard).unwrap());
+/// One run of ferropool's churn: each removal by `discard` (no pin) or by `remove` under a
+/// pin of its own (the removed value is readable while the pin lives).
+fn ours_churn(threads: usize, rounds: usize, discard: bool) -> Duration {
+    let arena = SlotArena::new();
+    run_threads(threads, rounds as u64, &|_, n| {
+        let mut keys = Vec::with_capacity(KEYS);
+        for _ in 0..n {
+            keys.extend((0..KEYS as u64).map(|i| arena.insert([i, i]).unwrap()));
+            for &key in &keys {
+                let guard = arena.pin();
+                black_box(arena.get(key, &guard).unwrap());
+            }
+            if discard {
+                for key in keys.drain(..) {
+                    arena.discard(black_box(key)).unwrap();
                 }
-                if discard {
-                    for key in keys.drain(..) {
-                        arena.discard(black_box(key)).unwrap();
-                    }
-                } else {
-                    for key in keys.drain(..) {
-                        let guard = arena.pin();
-                        black_box(arena.remove(key, &guard).unwrap());
-                    }
+            } else {
+                for key in keys.drain(..) {
+                    let guard = arena.pin();
+                    black_box(arena.remove(key, &guard).unwrap());
                 }
             }
-        })
+        }
     })
 }
 
@@ -265,8 +269,24 @@ fn churn_table(rounds: usize, thread_counts: &[usize]) {
     println!("|---|---|---|---|---|---|---|---|");
     for &threads in thread_counts {
         let ops = churn_ops(threads, rounds);
-        let discard = ours_churn(threads, rounds, true);
-        let remove = ours_churn(threads, rounds, false);
+        // Five runs of each removal, alternating which goes first.
+        let (mut discard, mut remove) = (Vec::new(), Vec::new());
+        for run in 0..5 {
+            let order = if run % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for by_discard in order {
+                let time = ours_churn(threads, rounds, by_discard);
+                if by_discard {
+                    discard.push(time);
+                } else {
+                    remove.push(time);
+                }
+            }
+        }
+        let (discard, remove) = (median_mops(ops, discard), median_mops(ops, remove));
         let sharded = mops(ops, || {
             let slab = sharded_slab::Slab::new();
             run_threads(threads, rounds as u64, &|_, n| {

@@ -130,7 +130,27 @@ fn racing_inserts(
 /// skipping the grace period, so the recycler drops the value under the reader).
 #[test]
 fn get_racing_remove() {
-    model(|| {
+    get_racing_a_removal(|arena, key| {
+        let handle = arena.collector().register();
+        let guard = handle.pin();
+        assert_eq!(arena.remove(key, &guard).unwrap().value, 7);
+    });
+}
+
+/// **get racing discard**: as above, with the value removed by `discard`, which takes no
+/// pin for the removal itself (only to defer the batch it filled): the grace period must
+/// still wait for the reader, who pinned before the removal.
+///
+/// Planted bug caught: `free_immediately`, as above.
+#[test]
+fn get_racing_discard() {
+    get_racing_a_removal(|arena, key| arena.discard(key).unwrap());
+}
+
+/// The body of the two models above: `remove` runs on the main thread while another thread
+/// reads the key under a pin.
+fn get_racing_a_removal(remove: fn(&SlotArena<Record>, Key)) {
+    model(move || {
         let collector = Collector::new();
         let drops = Arc::new(AtomicUsize::new(0));
         let arena = Arc::new(arena(&collector, 1));
@@ -146,11 +166,7 @@ fn get_racing_remove() {
                 }
             })
         };
-        {
-            let handle = collector.register();
-            let guard = handle.pin();
-            assert_eq!(arena.remove(key, &guard).unwrap().value, 7);
-        }
+        remove(&arena, key);
         drive(&collector);
         arena.flush(&collector.register().pin()).unwrap();
         reader.join().unwrap();

@@ -23,6 +23,7 @@ done
 targets=(loom_arena loom_pool loom_retain loom_checkpoint loom_evict)
 planted_cases=(
   "loom_arena:get_racing_remove:free_immediately"
+  "loom_arena:get_racing_discard:free_immediately"
   "loom_arena:stale_key_never_sees_a_reinserted_value:unchecked_generation"
   "loom_arena:concurrent_inserts_grow_a_page:page_overwrite"
   "loom_arena:racing_removes_drop_exactly_once:remove_without_cas"

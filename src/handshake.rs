@@ -18,6 +18,13 @@
 //! handshake it claimed), then [`Handshake::wait_out`]; the state is then the drainer's until
 //! [`Handshake::hand_back`].
 //!
+//! The same bracket also keeps memory alive: an arena's `discard` reads a slot by a key that
+//! may be stale, with no epoch pin, inside an operation of its own thread cache, and `trim`,
+//! after unlinking slot pages (its "flag" is the page pointer it swapped out), issues the
+//! heavy fence and [`wait_out`](Handshake::wait_out)s every thread cache before it frees
+//! them. So every unpinned read of a slot that may be released happens inside an
+//! operation of the reader's own thread cache.
+//!
 //! Nothing between `begin` and `end` may panic or run user code (arithmetic there wraps,
 //! nothing there allocates): a panic would leave the owner busy for good, and a drainer would
 //! wait for it forever; user code could start a second, nested operation.
@@ -105,11 +112,11 @@ impl Handshake {
         self.drain.store(0, Ordering::Release);
     }
 
-    /// After a heavy fence that followed the caller's store of its flag (`drain`, or the
-    /// pool's `closed`): waits until the owner is out of the operation it was in at the
-    /// fence, if any. Later operations see the flag, so they need no waiting: the sequence
-    /// moving on means the one in flight has ended (and its effects are visible: `end`
-    /// stores it with `Release`).
+    /// After a heavy fence that followed the caller's store of its flag (`drain`, the pool's
+    /// `closed`, or the page pointers an arena's `trim` unlinked): waits until the owner is
+    /// out of the operation it was in at the fence, if any. Later operations see the flag,
+    /// so they need no waiting: the sequence moving on means the one in flight has ended
+    /// (and its effects are visible: `end` stores it with `Release`).
     pub(crate) fn wait_out(&self) {
         let in_flight = self.seq.load(Ordering::Acquire);
         if in_flight % 2 == 1 {
