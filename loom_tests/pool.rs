@@ -245,6 +245,43 @@ fn a_free_reaches_the_thread_that_allocated() {
     });
 }
 
+/// **a second thread ends the sole writer's counting**: the main thread, the pool's first
+/// user, counts its allocations and frees in the exact counters with plain loads and stores
+/// (it is their sole writer); a worker's first allocation makes them shared, while the main
+/// thread frees and allocates. No count is lost: the bytes in use end at zero, and the peak
+/// lies between the most one thread held and what both held at once.
+///
+/// Planted bug caught: `join_without_waiting_out` (the worker makes the counters shared
+/// without waiting out the main thread's operation in flight, whose store then overwrites
+/// the worker's add).
+#[test]
+fn a_second_thread_ends_the_sole_writers_counting() {
+    model(|| {
+        let pool = pool();
+        let a = pool.alloc(100).unwrap(); // the sole writer from here on
+        let worker = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                let b = pool.alloc(200).unwrap();
+                drop(b);
+            })
+        };
+        thread::yield_now();
+        drop(a);
+        worker.join().unwrap();
+        let stats = pool.stats();
+        assert_eq!(stats.in_use_bytes, 0, "a count was lost: {stats:?}");
+        let class = |size| BufferPool::class_size_for(size).unwrap() as u64;
+        let (most, both) = (class(200), class(100) + class(200));
+        assert!(
+            (most..=both).contains(&stats.peak_in_use_bytes),
+            "the peak is no value the bytes in use took: {stats:?}"
+        );
+        assert_quiescent(&stats, 2);
+        trim_releases_everything(&pool);
+    });
+}
+
 /// **the close racing a free in flight**: a worker drops a buffer (allocated on the main
 /// thread) while the main thread drops the pool's last handle. Whichever comes first, the
 /// block goes back to the system and the pool's control block is freed exactly once, by the

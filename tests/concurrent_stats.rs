@@ -231,3 +231,57 @@ fn a_read_never_counts_more_frees_than_allocations() {
         }
     });
 }
+
+/// A pool's first user counts alone (plain stores); the exact counts carry over when a
+/// second thread, and then a thread without a cache (in its thread-local destructors), start
+/// counting, and the first user's later counts add to theirs.
+#[test]
+fn exact_counts_carry_over_when_a_second_thread_starts_counting() {
+    let pool = BufferPool::with_config(PoolConfig {
+        exact_requested: true,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let class = |size| BufferPool::class_size_for(size).unwrap() as u64;
+    let first = pool.alloc(4096).unwrap(); // the sole writer from here on
+    let resized = pool.alloc(1000).unwrap();
+    let kept = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let stats = pool.stats();
+                assert_eq!(stats.in_use_bytes, class(4096) + class(1000), "{stats}");
+                let kept = pool.alloc(100_000).unwrap(); // shares the counters
+                drop(pool.alloc(64).unwrap());
+                kept
+            })
+            .join()
+            .unwrap()
+    });
+    let stats = pool.stats();
+    let held = class(4096) + class(1000) + class(100_000);
+    assert_eq!(stats.in_use_bytes, held, "{stats}");
+    assert_eq!(stats.peak_in_use_bytes, held + class(64), "{stats}");
+    assert_eq!(stats.requested_bytes, 4096 + 1000 + 100_000, "{stats}");
+    drop(first); // counted by the first user, now with read-modify-writes
+    let stats = pool.stats();
+    assert_eq!(stats.in_use_bytes, held - class(4096), "{stats}");
+
+    // A thread whose thread-locals are being destroyed counts without a cache.
+    struct DropsLate(Option<ferropool::PoolBuffer>);
+    impl Drop for DropsLate {
+        fn drop(&mut self) {
+            drop(self.0.take());
+        }
+    }
+    thread_local! {
+        static LATE: std::cell::RefCell<Option<DropsLate>> = const { std::cell::RefCell::new(None) };
+    }
+    std::thread::scope(|scope| {
+        scope.spawn(|| LATE.with(|late| *late.borrow_mut() = Some(DropsLate(Some(kept)))));
+    });
+    drop(resized);
+    let stats = pool.stats();
+    assert_eq!(stats.in_use_bytes, 0, "{stats}");
+    assert_eq!(stats.requested_bytes, 0, "{stats}");
+    assert_eq!(stats.peak_in_use_bytes, held + class(64), "{stats}");
+}

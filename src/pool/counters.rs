@@ -7,13 +7,13 @@
 use crossbeam_utils::CachePadded;
 
 use super::PoolConfig;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The thread of operations made by a thread without a cache (it matches no cache; one less
 /// than `u32::MAX`, so that a record's `holder`, the thread plus one, does not wrap).
 pub(super) const CACHELESS: u32 = u32::MAX - 1;
 
-/// Who writes an [`OpCounters`].
+/// Who writes an [`OpCounters`], or the pool's exact counters ([`LiveBytes`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Writers {
     /// Its owner alone, inside its operations (a thread cache's set): a load and a store.
@@ -78,18 +78,25 @@ fn add_load(total: &mut u64, counter: &AtomicU64, order: Ordering) {
     *total = total.wrapping_add(counter.load(order));
 }
 
+/// Adds `delta` (wrapping: a negative one as its two's complement) to `counter` as
+/// `writers` may, the write with `order`; returns the sum.
+#[inline(always)]
+fn add_as(counter: &AtomicU64, delta: u64, writers: Writers, order: Ordering) -> u64 {
+    match writers {
+        Writers::Owner => {
+            let sum = counter.load(Ordering::Relaxed).wrapping_add(delta);
+            counter.store(sum, order);
+            sum
+        }
+        Writers::Shared => counter.fetch_add(delta, order).wrapping_add(delta),
+    }
+}
+
 impl OpCounters {
     /// Adds `delta` to `counter` as `writers` may, the store with `order`.
     #[inline(always)]
     fn add(counter: &AtomicU64, delta: u64, writers: Writers, order: Ordering) {
-        match writers {
-            Writers::Owner => {
-                counter.store(counter.load(Ordering::Relaxed).wrapping_add(delta), order);
-            }
-            Writers::Shared => {
-                counter.fetch_add(delta, order);
-            }
-        }
+        add_as(counter, delta, writers, order);
     }
 
     /// Counts a block handed out (`hit`: from the thread's cache).
@@ -204,15 +211,44 @@ pub(super) struct PoolCounters {
     pub(super) budget_failures: AtomicU64,
 }
 
+/// `LiveBytes::solo` before any thread counted in the exact counters.
+pub(super) const SOLO_NONE: u32 = 0;
+/// `LiveBytes::solo` while a second thread waits out the sole writer's operation.
+pub(super) const SOLO_SWITCHING: u32 = u32::MAX - 1;
+/// `LiveBytes::solo` once more than one thread may write the exact counters: for good.
+pub(super) const SOLO_SHARED: u32 = u32::MAX;
+
+/// The value of `LiveBytes::solo` that makes `thread` the sole writer, if its index allows.
+#[inline(always)]
+pub(super) fn solo_value(thread: u32) -> Option<u32> {
+    thread
+        .checked_add(1)
+        .filter(|&value| value < SOLO_SWITCHING)
+}
+
 /// The exact counters of `exact_peaks` and `exact_requested`.
 #[derive(Default, Debug)]
 pub(super) struct LiveBytes {
     /// Bytes (class sizes) of the blocks handed out: every allocation adds, every free
-    /// subtracts, with one read-modify-write each, so each value it takes is the true figure
-    /// at that instant.
+    /// subtracts, so each value it takes is the true figure at that instant.
+    ///
+    /// Invariant: while `solo` names a thread, only that thread writes it (and `requested`),
+    /// inside an operation of its cache, with a load and a store; otherwise every writer
+    /// uses one read-modify-write per change. A thread that finds another one named there
+    /// moves `solo` to [`SOLO_SWITCHING`], fences heavily, waits out the named thread's
+    /// operation in flight and only then stores [`SOLO_SHARED`]; the named thread checks
+    /// `solo` inside each operation, after the operation's light fence, so it either sees
+    /// the switch or is waited out (the handshake of `crate::handshake`).
     pub(super) in_use: AtomicU64,
     /// Requested bytes of the blocks handed out (same rule).
     pub(super) requested: AtomicU64,
+    /// Who may write `in_use` and `requested`: [`SOLO_NONE`] (nobody yet), a thread index
+    /// plus one (that thread alone, with loads and stores: a pool one thread uses pays no
+    /// locked instruction for its exact counts), [`SOLO_SWITCHING`], or [`SOLO_SHARED`].
+    /// Moves only forward (none, a thread, switching, shared) by compare-exchange, and to
+    /// shared by a `Release` store after the wait; a thread joins (see
+    /// `PoolInner::join_exact_counters`) before it first counts.
+    pub(super) solo: AtomicU32,
     /// Invariant: the largest value `in_use` took since the last reset, as far as its
     /// movers and readers raised it (an allocation raises it with the value its add gave, a
     /// read with the value it reports); never a value `in_use` did not take.
@@ -222,51 +258,69 @@ pub(super) struct LiveBytes {
 }
 
 impl PoolCounters {
-    /// Counts an allocation of `bytes` (`requested`) in the exact counters `config` keeps.
+    /// How the calling thread, `thread` (with a cache, inside one of its operations),
+    /// writes the exact counters: alone with loads and stores when it is their sole writer,
+    /// else with read-modify-writes.
+    #[inline(always)]
+    pub(super) fn exact_writers(&self, thread: u32) -> Writers {
+        if solo_value(thread) == Some(self.live.solo.load(Ordering::Relaxed)) {
+            Writers::Owner
+        } else {
+            Writers::Shared
+        }
+    }
+
+    /// Counts an allocation of `bytes` (`requested`) in the exact counters `config` keeps,
+    /// written as `writers` says ([`exact_writers`](Self::exact_writers)).
     #[inline]
-    pub(super) fn exact_alloc(&self, config: &PoolConfig, bytes: u64, requested: u64) {
+    pub(super) fn exact_alloc(
+        &self,
+        config: &PoolConfig,
+        bytes: u64,
+        requested: u64,
+        writers: Writers,
+    ) {
         // Wrapping: inside a pool operation nothing may panic (a panic there would leave
         // the thread's cache busy for good); the counts never exceed the bytes held.
         let live = &self.live;
         if config.exact_peaks {
-            let in_use = (live.in_use.fetch_add(bytes, Ordering::Relaxed)).wrapping_add(bytes);
-            raise(&live.peak_in_use, in_use);
+            raise(&live.peak_in_use, add(&live.in_use, bytes, writers));
         }
         if config.exact_requested {
-            let requested =
-                (live.requested.fetch_add(requested, Ordering::Relaxed)).wrapping_add(requested);
-            raise(&live.peak_requested, requested);
+            raise(
+                &live.peak_requested,
+                add(&live.requested, requested, writers),
+            );
         }
     }
 
     /// Counts a free in the exact counters `config` keeps.
     #[inline]
-    pub(super) fn exact_free(&self, config: &PoolConfig, bytes: u64, requested: u64) {
+    pub(super) fn exact_free(
+        &self,
+        config: &PoolConfig,
+        bytes: u64,
+        requested: u64,
+        writers: Writers,
+    ) {
         if config.exact_peaks {
-            self.live.in_use.fetch_sub(bytes, Ordering::Relaxed);
+            add(&self.live.in_use, bytes.wrapping_neg(), writers);
         }
         if config.exact_requested {
-            self.live.requested.fetch_sub(requested, Ordering::Relaxed);
+            add(&self.live.requested, requested.wrapping_neg(), writers);
         }
     }
 
     /// Moves the requested bytes of a block handed out from `old` to `new` (an in-place
     /// reallocation), in the exact counter of requested bytes if `config` keeps it.
     #[inline]
-    pub(super) fn exact_resize(&self, config: &PoolConfig, old: u64, new: u64) {
+    pub(super) fn exact_resize(&self, config: &PoolConfig, old: u64, new: u64, writers: Writers) {
         if !config.exact_requested {
             return;
         }
-        let live = &self.live;
+        let requested = add(&self.live.requested, new.wrapping_sub(old), writers);
         if new >= old {
-            let delta = new - old;
-            let requested = live
-                .requested
-                .fetch_add(delta, Ordering::Relaxed)
-                .wrapping_add(delta);
-            raise(&live.peak_requested, requested);
-        } else {
-            live.requested.fetch_sub(old - new, Ordering::Relaxed);
+            raise(&self.live.peak_requested, requested);
         }
     }
 
@@ -299,6 +353,12 @@ impl PoolCounters {
             restart(&self.live.peak_requested, &self.live.requested);
         }
     }
+}
+
+/// Adds `delta` to an exact counter, written as `writers` says; returns the sum.
+#[inline(always)]
+fn add(counter: &AtomicU64, delta: u64, writers: Writers) -> u64 {
+    add_as(counter, delta, writers, Ordering::Relaxed)
 }
 
 /// Raises a high-water mark to `value` (a load first: in steady state no write at all).

@@ -9,7 +9,7 @@ use crossbeam_utils::CachePadded;
 
 use super::blocks::Record;
 use super::cache::{Entry, ThreadCache};
-use super::counters::{Writers, CACHELESS};
+use super::counters::{solo_value, Writers, CACHELESS, SOLO_NONE, SOLO_SHARED, SOLO_SWITCHING};
 use super::inner::{PoolInner, CACHELESS_SHARD, LIST_SHARDS};
 use super::{class, lifetime, PoolBuffer, PoolError, PoolEventKind};
 use crate::sync::Ordering;
@@ -77,8 +77,62 @@ impl PoolInner {
             let shard = number as usize & (LIST_SHARDS - 1);
             CachePadded::new(ThreadCache::new(shard))
         })?;
+        self.join_exact_counters(Some(thread));
         thread::remember_pool_cache(self.id, std::ptr::from_ref::<ThreadCache>(cache).cast());
         Some((cache, thread, thread::tag()))
+    }
+
+    /// Makes sure the calling thread (`thread`, with its cache claimed; `None` for a thread
+    /// without a cache) may count in the exact counters (see the invariant on
+    /// `LiveBytes::in_use`): the first thread with a cache becomes their sole writer; any
+    /// other thread ends that, waiting out the sole writer's operation in flight. Outside
+    /// any operation of the caller: it may wait for another thread's. Cheap when the
+    /// counters are shared already, or the caller's.
+    #[inline]
+    pub(super) fn join_exact_counters(&self, thread: Option<u32>) {
+        if !(self.config.exact_peaks || self.config.exact_requested) {
+            return;
+        }
+        let solo = self.counters.live.solo.load(Ordering::Acquire);
+        if solo == SOLO_SHARED || (solo != SOLO_NONE && thread.and_then(solo_value) == Some(solo)) {
+            return;
+        }
+        self.join_exact_counters_slow(thread);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn join_exact_counters_slow(&self, thread: Option<u32>) {
+        let solo = &self.counters.live.solo;
+        let mine = thread.and_then(solo_value);
+        let mut current = solo.load(Ordering::Acquire);
+        loop {
+            let next = match current {
+                SOLO_SHARED => return,
+                // Another thread is waiting out the sole writer: after its wait, shared.
+                SOLO_SWITCHING => {
+                    crate::sync::yield_now();
+                    current = solo.load(Ordering::Acquire);
+                    continue;
+                }
+                SOLO_NONE => mine.unwrap_or(SOLO_SHARED),
+                owner if Some(owner) == mine => return,
+                _ => SOLO_SWITCHING,
+            };
+            match solo.compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) if next == SOLO_SWITCHING => break,
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+        // `current` is the sole writer's value (its thread plus one), whose cache exists:
+        // it claimed it before it joined. From its next operation on it sees the switch (its
+        // light fence pairs with this heavy one); the one in flight, if any, is waited out.
+        crate::sync::asymmetric::heavy();
+        if let Some(cache) = self.caches.get(current - 1) {
+            cache.wait_out();
+        }
+        solo.store(SOLO_SHARED, Ordering::Release);
     }
 
     /// Allocates a buffer from the pool at `this`: from the calling thread's cache when it
@@ -128,7 +182,7 @@ impl PoolInner {
             return None;
         };
         record.hand_out(thread, tag, class, size);
-        inner.count_alloc(cache, class_bytes, size, true);
+        inner.count_alloc(cache, thread, class_bytes, size, true);
         cache.end_operation();
         inner.trace(PoolEventKind::Alloc, class_bytes as u64, class);
         let taken = Taken {
@@ -218,18 +272,20 @@ impl PoolInner {
             Entry::Open { .. } => {
                 let block_bytes = class::class_size(taken.class);
                 taken.record.hand_out(thread, tag, taken.class, size);
-                self.count_alloc(cache, block_bytes, size, false);
+                self.count_alloc(cache, thread, block_bytes, size, false);
                 cache.end_operation();
                 Ok(taken)
             }
         }
     }
 
-    /// Counts an allocation in the calling thread's cache (inside an operation).
+    /// Counts an allocation in the cache of the calling thread, `thread` (inside an
+    /// operation).
     #[inline(always)]
     pub(super) fn count_alloc(
         &self,
         cache: &ThreadCache,
+        thread: u32,
         class_bytes: usize,
         requested: usize,
         hit: bool,
@@ -237,8 +293,9 @@ impl PoolInner {
         cache
             .counters
             .count_alloc(hit, class_bytes, requested, Writers::Owner);
+        let writers = self.counters.exact_writers(thread);
         self.counters
-            .exact_alloc(&self.config, class_bytes as u64, requested as u64);
+            .exact_alloc(&self.config, class_bytes as u64, requested as u64, writers);
     }
 
     /// Counts a change of a handed-out block's requested size from `old` to `new` bytes (an
@@ -247,19 +304,20 @@ impl PoolInner {
     /// counted (its counters are final).
     pub(super) fn count_resize(&self, record: &Record, old: usize, new: usize) {
         record.set_requested(new);
-        let Some((cache, _, _)) = self.my_cache() else {
+        let Some((cache, thread, _)) = self.my_cache() else {
             if self.begin_cacheless() {
                 self.cacheless.count_resize(old, new, Writers::Shared);
                 self.counters
-                    .exact_resize(&self.config, old as u64, new as u64);
+                    .exact_resize(&self.config, old as u64, new as u64, Writers::Shared);
                 self.cacheless_busy.fetch_sub(1, Ordering::Release);
             }
             return;
         };
         if let Entry::Open { .. } = cache.begin_operation(&self.closed) {
             cache.counters.count_resize(old, new, Writers::Owner);
+            let writers = self.counters.exact_writers(thread);
             self.counters
-                .exact_resize(&self.config, old as u64, new as u64);
+                .exact_resize(&self.config, old as u64, new as u64, writers);
             cache.end_operation();
         }
     }
@@ -298,8 +356,9 @@ impl PoolInner {
                 cache
                     .counters
                     .count_free(class_bytes, requested, Writers::Owner);
+                let writers = self.counters.exact_writers(thread);
                 self.counters
-                    .exact_free(config, class_bytes as u64, requested as u64);
+                    .exact_free(config, class_bytes as u64, requested as u64, writers);
                 // Inside the operation: after `end_operation`, a closing thread may free the pool.
                 self.trace(PoolEventKind::Free, class_bytes as u64, class);
                 cache.end_operation();
@@ -311,6 +370,7 @@ impl PoolInner {
     /// Starts an operation of a thread without a cache: the pool's open (and the operation
     /// counted, so the close waits for it), or closed.
     pub(super) fn begin_cacheless(&self) -> bool {
+        self.join_exact_counters(None);
         self.cacheless_busy.fetch_add(1, Ordering::SeqCst);
         if self.closed.load(Ordering::SeqCst) {
             self.cacheless_busy.fetch_sub(1, Ordering::Release);
@@ -362,9 +422,11 @@ impl PoolInner {
         }
         let (bytes, requested) = (class_bytes as u64, requested as u64);
         if allocation {
-            self.counters.exact_alloc(&self.config, bytes, requested);
+            self.counters
+                .exact_alloc(&self.config, bytes, requested, Writers::Shared);
         } else {
-            self.counters.exact_free(&self.config, bytes, requested);
+            self.counters
+                .exact_free(&self.config, bytes, requested, Writers::Shared);
         }
     }
 
