@@ -248,7 +248,7 @@ fn a_free_reaches_the_thread_that_allocated() {
 /// **a second thread ends the sole writer's counting**: the main thread, the pool's first
 /// user, counts its allocations and frees in the exact counters with plain loads and stores
 /// (it is their sole writer); a worker's first allocation makes them shared, while the main
-/// thread frees and allocates. No count is lost: the bytes in use end at zero, and the peak
+/// thread frees. No count is lost: the bytes in use end at zero, and the peak
 /// lies between the most one thread held and what both held at once.
 ///
 /// Planted bug caught: `join_without_waiting_out` (the worker makes the counters shared

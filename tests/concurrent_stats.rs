@@ -233,8 +233,7 @@ fn a_read_never_counts_more_frees_than_allocations() {
 }
 
 /// A pool's first user counts alone (plain stores); the exact counts carry over when a
-/// second thread, and then a thread without a cache (in its thread-local destructors), start
-/// counting, and the first user's later counts add to theirs.
+/// second thread starts counting, and the first user's later counts add to theirs.
 #[test]
 fn exact_counts_carry_over_when_a_second_thread_starts_counting() {
     let pool = BufferPool::with_config(PoolConfig {
@@ -244,7 +243,7 @@ fn exact_counts_carry_over_when_a_second_thread_starts_counting() {
     .unwrap();
     let class = |size| BufferPool::class_size_for(size).unwrap() as u64;
     let first = pool.alloc(4096).unwrap(); // the sole writer from here on
-    let resized = pool.alloc(1000).unwrap();
+    let second = pool.alloc(1000).unwrap();
     let kept = std::thread::scope(|scope| {
         scope
             .spawn(|| {
@@ -266,7 +265,18 @@ fn exact_counts_carry_over_when_a_second_thread_starts_counting() {
     let stats = pool.stats();
     assert_eq!(stats.in_use_bytes, held - class(4096), "{stats}");
 
-    // A thread whose thread-locals are being destroyed counts without a cache.
+    drop((kept, second));
+    let stats = pool.stats();
+    assert_eq!(stats.in_use_bytes, 0, "{stats}");
+    assert_eq!(stats.requested_bytes, 0, "{stats}");
+    assert_eq!(stats.peak_in_use_bytes, held + class(64), "{stats}");
+}
+
+/// A thread whose thread-locals are being destroyed (it holds no thread index any more)
+/// frees a block of a pool whose sole writer is another thread: it counts without a cache,
+/// after making the counters shared, and nothing is lost.
+#[test]
+fn a_free_without_a_cache_ends_the_sole_writers_counting() {
     struct DropsLate(Option<ferropool::PoolBuffer>);
     impl Drop for DropsLate {
         fn drop(&mut self) {
@@ -276,12 +286,29 @@ fn exact_counts_carry_over_when_a_second_thread_starts_counting() {
     thread_local! {
         static LATE: std::cell::RefCell<Option<DropsLate>> = const { std::cell::RefCell::new(None) };
     }
-    std::thread::scope(|scope| {
-        scope.spawn(|| LATE.with(|late| *late.borrow_mut() = Some(DropsLate(Some(kept)))));
-    });
-    drop(resized);
+    let pool = BufferPool::new();
+    let class = |size| BufferPool::class_size_for(size).unwrap() as u64;
+    let late = pool.alloc(100_000).unwrap(); // this thread: the sole writer
+    let kept = pool.alloc(4096).unwrap();
+    let other = BufferPool::new();
+    std::thread::spawn(move || {
+        LATE.with(|slot| *slot.borrow_mut() = Some(DropsLate(Some(late))));
+        // The thread's index is claimed after `LATE` was set, so it is given back before
+        // `LATE` is destroyed: the free there has no cache.
+        drop(other.alloc(64).unwrap());
+    })
+    .join() // (unlike a scope's end, `join` waits for the thread-local destructors)
+    .unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.in_use_bytes, class(4096), "{stats}");
+    assert_eq!(stats.frees, 1, "{stats}");
+    drop(kept); // counted with a read-modify-write now
+    drop(pool.alloc(64).unwrap());
     let stats = pool.stats();
     assert_eq!(stats.in_use_bytes, 0, "{stats}");
-    assert_eq!(stats.requested_bytes, 0, "{stats}");
-    assert_eq!(stats.peak_in_use_bytes, held + class(64), "{stats}");
+    assert_eq!(
+        stats.peak_in_use_bytes,
+        class(100_000) + class(4096),
+        "{stats}"
+    );
 }

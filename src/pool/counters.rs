@@ -232,11 +232,13 @@ pub(super) struct LiveBytes {
     /// Bytes (class sizes) of the blocks handed out: every allocation adds, every free
     /// subtracts, so each value it takes is the true figure at that instant.
     ///
-    /// Invariant: while `solo` names a thread, only that thread writes it (and `requested`),
-    /// inside an operation of its cache, with a load and a store; otherwise every writer
+    /// Invariant: while `solo` names a thread index, only the thread holding that index
+    /// writes it (and `requested`), inside an operation of its cache, with a load and a
+    /// store (a thread that takes the index after its holder exited takes the role too: the
+    /// index's hand-over orders their accesses); otherwise every writer
     /// uses one read-modify-write per change. A thread that finds another one named there
     /// moves `solo` to [`SOLO_SWITCHING`], fences heavily, waits out the named thread's
-    /// operation in flight and only then stores [`SOLO_SHARED`]; the named thread checks
+    /// operation in flight and only then stores [`SOLO_SHARED`]; the named index's thread checks
     /// `solo` inside each operation, after the operation's light fence, so it either sees
     /// the switch or is waited out (the handshake of `crate::handshake`).
     pub(super) in_use: AtomicU64,
