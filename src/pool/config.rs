@@ -57,16 +57,16 @@ pub struct PoolConfig {
     /// the peaks, run a step, read the true high-water mark. While one thread alone uses
     /// the pool (or threads one after another that take the same thread index, as a
     /// worker spawned and joined in turn does), it updates the counter with a plain load
-    /// and store, and it costs
-    /// next to nothing (an alloc + free pair on an AMD Zen 5 machine: 7.5-8.3 ns against
-    /// 15.6-16.7 ns with a locked instruction each). From the first allocation, free or
-    /// resize of a second thread (one with another index) on, for good, it costs one shared read-modify-write per
-    /// allocation and one per free (the counter's cache line moves between threads that
-    /// allocate at once): on 2-core machines, mixed sizes with half the frees made by a
-    /// neighbour thread and no byte touched, 0.68-0.84x the throughput of
-    /// `exact_peaks: false` on two threads (0.76-0.84x on the earlier Intel and AMD
-    /// machines; `benches/README.md`). An exact peak cannot be had for less: the maximum
-    /// over time of a sum of per-thread counts is no function of per-thread figures.
+    /// and store, which costs next to nothing (an alloc + free pair on an AMD Zen 5
+    /// machine: 7.5-8.3 ns against 15.6-16.7 ns with a locked instruction each). From the
+    /// first allocation, free or resize of a thread with another index on, for good, it
+    /// costs one shared read-modify-write per allocation and one per free (the counter's
+    /// cache line moves between threads that allocate at once): on 2-core machines, mixed
+    /// sizes with half the frees made by a neighbour thread and no byte touched, 0.59-0.84x
+    /// the throughput of `exact_peaks: false` on two threads (on that Zen 5 machine; 0.76-0.84x
+    /// on earlier Intel and AMD ones; `benches/README.md`). An exact peak cannot be had for
+    /// less: the maximum over time of a sum of per-thread counts is no function of
+    /// per-thread figures.
     ///
     /// When off, each thread counts on its own only: `in_use_bytes` is a sum of per-thread
     /// counters read one after another (exact when no other thread is using the pool,

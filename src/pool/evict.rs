@@ -228,12 +228,7 @@ impl PoolInner {
         size: usize,
         zeroed: bool,
     ) -> Result<PoolBuffer, PoolError> {
-        match PoolInner::serve_uncached(this, size, zeroed) {
-            Err(PoolError::BudgetExceeded(report)) => {
-                PoolInner::alloc_evicting(this, size, zeroed, report)
-            }
-            served => served,
-        }
+        PoolInner::serve_uncached(this, size, zeroed, true)
     }
 
     /// An allocation the budget refused with `report`: evicts values until it is served or

@@ -15,28 +15,59 @@ use super::{class, lifetime, PoolBuffer, PoolError, PoolEventKind};
 use crate::sync::Ordering;
 use crate::thread;
 
-/// A block just taken for a buffer.
+/// A block just taken for a buffer: two words, so that a call returns it (or an `Option` of
+/// it) in registers. A taken block's address is read from its record when needed. (With
+/// the address and a separate flag byte in it, the value went through the stack, and the
+/// flag's one-byte store then stalled an eight-byte load of the same word: a fifth of the
+/// samples of an allocation past the thread cache, in `perf`.)
 pub(super) struct Taken<'p> {
     pub(super) record: &'p Record,
-    pub(super) addr: NonNull<u8>,
-    /// The block's class: the request's own, or a larger one (see
-    /// [`PoolInner::pop_list_or_larger`]).
-    pub(super) class: usize,
-    /// Whether its bytes are known to be zero.
-    pub(super) zeroed: bool,
+    /// The block's class (the request's own, or a larger one: see
+    /// [`PoolInner::pop_list_or_larger`]), with [`Taken::ZEROED`] set when its bytes are known
+    /// to be zero.
+    class_and_zeroed: usize,
 }
 
-impl Taken<'_> {
+impl<'p> Taken<'p> {
+    /// Set in `class_and_zeroed` for a block known to be zero (classes are far below it).
+    const ZEROED: usize = 1 << (usize::BITS - 1);
+
+    /// The block of `record`, of `class`; `zeroed` when its bytes are known to be zero.
+    #[inline(always)]
+    pub(super) fn new(record: &'p Record, class: usize, zeroed: bool) -> Self {
+        debug_assert!(class < class::CLASSES);
+        let flag = if zeroed { Self::ZEROED } else { 0 };
+        Self {
+            record,
+            class_and_zeroed: class | flag,
+        }
+    }
+
+    /// The block's class.
+    #[inline(always)]
+    pub(super) fn class(&self) -> usize {
+        self.class_and_zeroed & !Self::ZEROED
+    }
+
+    /// Whether the block's bytes are known to be zero.
+    #[inline(always)]
+    fn zeroed(&self) -> bool {
+        self.class_and_zeroed & Self::ZEROED != 0
+    }
+
     /// The buffer of `size` bytes over this block (whose class holds at least `size`
     /// bytes), zeroed first if `zeroed` asks and the block is not known to be zero.
     #[inline(always)]
     fn into_buffer(self, pool: NonNull<PoolInner>, size: usize, zeroed: bool) -> PoolBuffer {
-        if zeroed && !self.zeroed {
-            // SAFETY: the block holds `class_size(self.class) >= size` bytes and is
+        // SAFETY: a taken record holds its block (listed, binned or just given one), whose
+        // address it keeps until the block is released.
+        let addr = unsafe { self.record.addr() };
+        if zeroed && !self.zeroed() {
+            // SAFETY: the block holds `class_size(self.class()) >= size` bytes and is
             // exclusively ours (just taken).
-            unsafe { self.addr.as_ptr().write_bytes(0, size) };
+            unsafe { addr.as_ptr().write_bytes(0, size) };
         }
-        PoolBuffer::new(pool, self.addr, size, self.record, self.class, zeroed)
+        PoolBuffer::new(pool, addr, size, self.record, self.class(), zeroed)
     }
 }
 
@@ -185,14 +216,7 @@ impl PoolInner {
         inner.count_alloc(cache, thread, class_bytes, size, true);
         cache.end_operation();
         inner.trace(PoolEventKind::Alloc, class_bytes as u64, class);
-        let taken = Taken {
-            record,
-            // SAFETY: a record on a bin holds its block's non-null address.
-            addr: unsafe { record.addr() },
-            class,
-            zeroed: false,
-        };
-        Some(taken.into_buffer(this, size, zeroed))
+        Some(Taken::new(record, class, false).into_buffer(this, size, zeroed))
     }
 
     /// Everything [`alloc_cached`](Self::alloc_cached) leaves: the errors, a thread without
@@ -204,18 +228,22 @@ impl PoolInner {
         size: usize,
         zeroed: bool,
     ) -> Result<PoolBuffer, PoolError> {
-        Self::serve_uncached(this, size, zeroed)
+        Self::serve_uncached(this, size, zeroed, false)
     }
 
     /// The body of [`alloc_uncached`](Self::alloc_uncached), inlined into each cold caller,
     /// so that the result is not returned through one more call: a caller that received it
     /// from a call and then returned it copied it through memory, 16 bytes at a time out of
-    /// word-sized stores, a load the store buffer cannot forward.
+    /// word-sized stores, a load the store buffer cannot forward. With `evict`, a request
+    /// the budget refuses goes on to [`alloc_evicting`](Self::alloc_evicting) from where the
+    /// refusal is met (a caller that matched the returned result instead copied it the same
+    /// way).
     #[inline(always)]
     pub(super) fn serve_uncached(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
+        evict: bool,
     ) -> Result<PoolBuffer, PoolError> {
         // SAFETY: the caller holds a handle or a live buffer of the pool, which keeps it alive.
         let inner = unsafe { this.as_ref() };
@@ -226,16 +254,27 @@ impl PoolInner {
         let class_bytes = class::class_size(class);
         let Some((cache, thread, tag)) = inner.my_cache() else {
             let tag = thread::tag();
-            return inner.alloc_cacheless(this, class, class_bytes, size, zeroed, tag);
+            return match inner.alloc_cacheless(this, class, class_bytes, size, zeroed, tag) {
+                Err(PoolError::BudgetExceeded(report)) if evict => {
+                    Self::alloc_evicting(this, size, zeroed, report)
+                }
+                served => served,
+            };
         };
         // A closed pool refuses before a block is taken (`alloc_slow` checks again, under
         // the cache's operation, for a close that comes meanwhile).
         if inner.closed.load(Ordering::Acquire) {
             return Err(PoolError::Closed);
         }
-        let taken = inner.alloc_slow(cache, class, class_bytes, size, zeroed, thread, tag)?;
-        let block_bytes = class::class_size(taken.class);
-        inner.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class);
+        let taken = match inner.alloc_slow(cache, class, class_bytes, size, zeroed, thread, tag) {
+            Ok(taken) => taken,
+            Err(PoolError::BudgetExceeded(report)) if evict => {
+                return Self::alloc_evicting(this, size, zeroed, report);
+            }
+            Err(error) => return Err(error),
+        };
+        let block_bytes = class::class_size(taken.class());
+        inner.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class());
         Ok(taken.into_buffer(this, size, zeroed))
     }
 
@@ -266,12 +305,12 @@ impl PoolInner {
             Entry::Closed => {
                 // Only a buffer's `alloc_sibling` allocates without a handle; the pool
                 // closed meanwhile, and its lists are drained for good: release the block.
-                self.release_block(taken.record.index, taken.class);
+                self.release_block(taken.record.index, taken.class());
                 Err(PoolError::Closed)
             }
             Entry::Open { .. } => {
-                let block_bytes = class::class_size(taken.class);
-                taken.record.hand_out(thread, tag, taken.class, size);
+                let block_bytes = class::class_size(taken.class());
+                taken.record.hand_out(thread, tag, taken.class(), size);
                 self.count_alloc(cache, thread, block_bytes, size, false);
                 cache.end_operation();
                 Ok(taken)
@@ -399,14 +438,14 @@ impl PoolInner {
             .pop_list_or_larger(CACHELESS_SHARD, class)
             .inspect(|taken| self.note_lender_drawn(taken, class))
             .map_or_else(|| self.system_alloc(class, class_bytes, size, zeroed), Ok);
-        let block_bytes = taken.as_ref().map_or(0, |t| class::class_size(t.class));
+        let block_bytes = taken.as_ref().map_or(0, |t| class::class_size(t.class()));
         if let Ok(taken) = &taken {
-            taken.record.hand_out(CACHELESS, tag, taken.class, size);
+            taken.record.hand_out(CACHELESS, tag, taken.class(), size);
             self.count_cacheless(block_bytes, size, true);
         }
         self.cacheless_busy.fetch_sub(1, Ordering::Release);
         let taken = taken?;
-        self.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class);
+        self.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class());
         Ok(taken.into_buffer(this, size, zeroed))
     }
 
@@ -467,16 +506,9 @@ impl PoolInner {
                 break;
             }
         }
-        let record = self.blocks.record(popped?);
-        // SAFETY: a listed record holds its block's non-null address (written before the
-        // Release push that our Acquire pop synchronises with).
-        let addr = unsafe { record.addr() };
-        Some(Taken {
-            record,
-            addr,
-            class,
-            zeroed: false,
-        })
+        // A listed record holds its block's address, written before the Release push that
+        // our Acquire pop synchronises with.
+        Some(Taken::new(self.blocks.record(popped?), class, false))
     }
 
     /// [`pop_list`](Self::pop_list) of `class`, or, when its lists are empty and the
@@ -525,8 +557,8 @@ impl PoolInner {
     /// Notes, for the idle policy, the class of a block taken for a request of `class`
     /// when it is another one: not idle, it serves its neighbour.
     fn note_lender_drawn(&self, taken: &Taken<'_>, class: usize) {
-        if taken.class != class {
-            self.note_class_drawn(taken.class);
+        if taken.class() != class {
+            self.note_class_drawn(taken.class());
         }
     }
 

@@ -83,12 +83,7 @@ impl PoolInner {
             .system_allocations
             .fetch_add(1, Ordering::Relaxed);
         self.trace(PoolEventKind::SystemAlloc, class_bytes as u64, class);
-        Ok(Taken {
-            record,
-            addr,
-            class,
-            zeroed,
-        })
+        Ok(Taken::new(record, class, zeroed))
     }
 
     /// The layout of a block of `class_bytes`: the configured alignment, or 2 MiB for a block
