@@ -250,7 +250,11 @@ pub(super) struct LiveBytes {
     /// Moves only forward (none, a thread, switching, shared) by compare-exchange, and to
     /// shared by a `Release` store after the wait; a thread joins (see
     /// `PoolInner::join_exact_counters`) before it first counts.
-    pub(super) solo: AtomicU32,
+    ///
+    /// On a cache line of its own: every operation reads it, and only a joining thread
+    /// writes it. On the counters' line, its load fetched a line the other thread had just
+    /// written for reading, and the add then had to take it again for writing.
+    pub(super) solo: CachePadded<AtomicU32>,
     /// Invariant: the largest value `in_use` took since the last reset, as far as its
     /// movers and readers raised it (an allocation raises it with the value its add gave, a
     /// read with the value it reports); never a value `in_use` did not take.
