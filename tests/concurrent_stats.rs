@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use ferropool::{BufferPool, PoolConfig};
 
+mod common;
+
 /// Sets its flag when dropped, so that threads racing a failed assertion stop too (the test
 /// then fails instead of waiting for them).
 struct StopOnDrop<'a>(&'a AtomicBool);
@@ -277,24 +279,15 @@ fn exact_counts_carry_over_when_a_second_thread_starts_counting() {
 /// after making the counters shared, and nothing is lost.
 #[test]
 fn a_free_without_a_cache_ends_the_sole_writers_counting() {
-    struct DropsLate(Option<ferropool::PoolBuffer>);
-    impl Drop for DropsLate {
-        fn drop(&mut self) {
-            drop(self.0.take());
-        }
-    }
-    thread_local! {
-        static LATE: std::cell::RefCell<Option<DropsLate>> = const { std::cell::RefCell::new(None) };
-    }
     let pool = BufferPool::new();
     let class = |size| BufferPool::class_size_for(size).unwrap() as u64;
     let late = pool.alloc(100_000).unwrap(); // this thread: the sole writer
     let kept = pool.alloc(4096).unwrap();
     let other = BufferPool::new();
     std::thread::spawn(move || {
-        LATE.with(|slot| *slot.borrow_mut() = Some(DropsLate(Some(late))));
-        // The thread's index is claimed after `LATE` was set, so it is given back before
-        // `LATE` is destroyed: the free there has no cache.
+        // Held before the thread claims its index, so dropped after the index is given
+        // back: the free has no cache.
+        common::drop_at_thread_exit(late);
         drop(other.alloc(64).unwrap());
     })
     .join() // (unlike a scope's end, `join` waits for the thread-local destructors)

@@ -521,21 +521,12 @@ fn bad_input_is_typed() {
 
 #[test]
 fn free_from_a_thread_local_destructor_does_not_panic() {
-    struct FreeOnExit(Option<ferropool::PoolBuffer>);
-    impl Drop for FreeOnExit {
-        fn drop(&mut self) {
-            drop(self.0.take());
-        }
-    }
-    thread_local! {
-        static HELD: std::cell::RefCell<FreeOnExit> = const { std::cell::RefCell::new(FreeOnExit(None)) };
-    }
     let pool = BufferPool::new();
     let p = pool.clone();
     std::thread::spawn(move || {
         let buffer = p.alloc(5000).unwrap();
-        drop(p.alloc(10).unwrap()); // create this thread's cache before HELD
-        HELD.with(|held| held.borrow_mut().0 = Some(buffer));
+        drop(p.alloc(10).unwrap()); // this thread's cache first
+        common::drop_at_thread_exit(buffer);
     })
     .join()
     .unwrap();

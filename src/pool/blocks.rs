@@ -21,10 +21,9 @@ const FIRST_PAGE: u32 = 256;
 ///
 /// One cache line each (64 bytes; 40 of them used): the thread that holds a block writes its
 /// record on every allocation and free, and records are claimed side by side, so two
-/// threads' blocks shared lines. Two threads each allocating and freeing a 4 KiB block of
-/// their own ran at 16-23 ns per pair then, 8-14 ns with a line each (about one thread's
-/// speed); for the blocks this pool is made for (4 KiB and up) the line is under 2% of the
-/// block.
+/// threads' blocks shared lines (two threads each allocating and freeing a 4 KiB block of
+/// their own: `benches/README.md`). For the blocks this pool is made for (4 KiB and up) the
+/// line is under 2% of the block.
 #[repr(align(64))]
 pub(crate) struct Record {
     /// The record's own index in the table (never changes).

@@ -148,6 +148,12 @@ impl PoolConfig {
     /// The most events a pool's trace ring keeps (about 72 MiB of events).
     pub const MAX_TRACE_EVENTS: usize = 1 << 20;
 
+    /// Whether the pool keeps a pool-wide exact counter (`exact_peaks` or
+    /// `exact_requested`).
+    pub(super) fn exact_counters(&self) -> bool {
+        self.exact_peaks || self.exact_requested
+    }
+
     /// Checks every field.
     pub(super) fn validate(&self) -> Result<(), PoolError> {
         let invalid = |field, value: usize, expected| {

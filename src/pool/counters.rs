@@ -81,7 +81,7 @@ fn add_load(total: &mut u64, counter: &AtomicU64, order: Ordering) {
 /// Adds `delta` (wrapping: a negative one as its two's complement) to `counter` as
 /// `writers` may, the write with `order`; returns the sum.
 #[inline(always)]
-fn add_as(counter: &AtomicU64, delta: u64, writers: Writers, order: Ordering) -> u64 {
+fn add(counter: &AtomicU64, delta: u64, writers: Writers, order: Ordering) -> u64 {
     match writers {
         Writers::Owner => {
             let sum = counter.load(Ordering::Relaxed).wrapping_add(delta);
@@ -93,19 +93,13 @@ fn add_as(counter: &AtomicU64, delta: u64, writers: Writers, order: Ordering) ->
 }
 
 impl OpCounters {
-    /// Adds `delta` to `counter` as `writers` may, the store with `order`.
-    #[inline(always)]
-    fn add(counter: &AtomicU64, delta: u64, writers: Writers, order: Ordering) {
-        add_as(counter, delta, writers, order);
-    }
-
     /// Counts a block handed out (`hit`: from the thread's cache).
     #[inline(always)]
     pub(super) fn count_alloc(&self, hit: bool, class_bytes: usize, requested: usize, w: Writers) {
         let relaxed = Ordering::Relaxed;
-        Self::add(if hit { &self.hits } else { &self.misses }, 1, w, relaxed);
-        Self::add(&self.allocated_bytes, class_bytes as u64, w, relaxed);
-        Self::add(&self.allocated_requested, requested as u64, w, relaxed);
+        add(if hit { &self.hits } else { &self.misses }, 1, w, relaxed);
+        add(&self.allocated_bytes, class_bytes as u64, w, relaxed);
+        add(&self.allocated_requested, requested as u64, w, relaxed);
     }
 
     /// Counts a block given back: release stores (see the invariant; on x86 the same plain
@@ -113,16 +107,16 @@ impl OpCounters {
     #[inline(always)]
     pub(super) fn count_free(&self, class_bytes: usize, requested: usize, w: Writers) {
         let release = Ordering::Release;
-        Self::add(&self.frees, 1, w, release);
-        Self::add(&self.freed_bytes, class_bytes as u64, w, release);
-        Self::add(&self.freed_requested, requested as u64, w, release);
+        add(&self.frees, 1, w, release);
+        add(&self.freed_bytes, class_bytes as u64, w, release);
+        add(&self.freed_requested, requested as u64, w, release);
     }
 
     /// Counts a block's requested size changed from `old` to `new` bytes, as a free of `old`
     /// requested bytes and an allocation of `new` would, without counting a block.
     pub(super) fn count_resize(&self, old: usize, new: usize, w: Writers) {
-        Self::add(&self.allocated_requested, new as u64, w, Ordering::Relaxed);
-        Self::add(&self.freed_requested, old as u64, w, Ordering::Release);
+        add(&self.allocated_requested, new as u64, w, Ordering::Relaxed);
+        add(&self.freed_requested, old as u64, w, Ordering::Release);
     }
 
     /// Adds this set's frees (blocks and bytes) to `totals`, with acquire loads (see the
@@ -265,11 +259,14 @@ pub(super) struct LiveBytes {
 
 impl PoolCounters {
     /// How the calling thread, `thread` (with a cache, inside one of its operations),
-    /// writes the exact counters: alone with loads and stores when it is their sole writer,
-    /// else with read-modify-writes.
+    /// writes the exact counters `config` keeps: alone with loads and stores when it is
+    /// their sole writer, else with read-modify-writes. (Without exact counters the answer
+    /// is never used, and nothing is loaded.)
     #[inline(always)]
-    pub(super) fn exact_writers(&self, thread: u32) -> Writers {
-        if solo_value(thread) == Some(self.live.solo.load(Ordering::Relaxed)) {
+    pub(super) fn exact_writers(&self, config: &PoolConfig, thread: u32) -> Writers {
+        if config.exact_counters()
+            && solo_value(thread) == Some(self.live.solo.load(Ordering::Relaxed))
+        {
             Writers::Owner
         } else {
             Writers::Shared
@@ -290,12 +287,15 @@ impl PoolCounters {
         // the thread's cache busy for good); the counts never exceed the bytes held.
         let live = &self.live;
         if config.exact_peaks {
-            raise(&live.peak_in_use, add(&live.in_use, bytes, writers));
+            raise(
+                &live.peak_in_use,
+                add(&live.in_use, bytes, writers, Ordering::Relaxed),
+            );
         }
         if config.exact_requested {
             raise(
                 &live.peak_requested,
-                add(&live.requested, requested, writers),
+                add(&live.requested, requested, writers, Ordering::Relaxed),
             );
         }
     }
@@ -310,10 +310,20 @@ impl PoolCounters {
         writers: Writers,
     ) {
         if config.exact_peaks {
-            add(&self.live.in_use, bytes.wrapping_neg(), writers);
+            add(
+                &self.live.in_use,
+                bytes.wrapping_neg(),
+                writers,
+                Ordering::Relaxed,
+            );
         }
         if config.exact_requested {
-            add(&self.live.requested, requested.wrapping_neg(), writers);
+            add(
+                &self.live.requested,
+                requested.wrapping_neg(),
+                writers,
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -324,7 +334,12 @@ impl PoolCounters {
         if !config.exact_requested {
             return;
         }
-        let requested = add(&self.live.requested, new.wrapping_sub(old), writers);
+        let requested = add(
+            &self.live.requested,
+            new.wrapping_sub(old),
+            writers,
+            Ordering::Relaxed,
+        );
         if new >= old {
             raise(&self.live.peak_requested, requested);
         }
@@ -359,12 +374,6 @@ impl PoolCounters {
             restart(&self.live.peak_requested, &self.live.requested);
         }
     }
-}
-
-/// Adds `delta` to an exact counter, written as `writers` says; returns the sum.
-#[inline(always)]
-fn add(counter: &AtomicU64, delta: u64, writers: Writers) -> u64 {
-    add_as(counter, delta, writers, Ordering::Relaxed)
 }
 
 /// Raises a high-water mark to `value` (a load first: in steady state no write at all).

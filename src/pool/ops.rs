@@ -121,11 +121,11 @@ impl PoolInner {
     /// counters are shared already, or the caller's.
     #[inline]
     pub(super) fn join_exact_counters(&self, thread: Option<u32>) {
-        if !(self.config.exact_peaks || self.config.exact_requested) {
+        if !self.config.exact_counters() {
             return;
         }
         let solo = self.counters.live.solo.load(Ordering::Acquire);
-        if solo == SOLO_SHARED || (solo != SOLO_NONE && thread.and_then(solo_value) == Some(solo)) {
+        if solo == SOLO_SHARED || thread.and_then(solo_value) == Some(solo) {
             return;
         }
         self.join_exact_counters_slow(thread);
@@ -332,7 +332,7 @@ impl PoolInner {
         cache
             .counters
             .count_alloc(hit, class_bytes, requested, Writers::Owner);
-        let writers = self.counters.exact_writers(thread);
+        let writers = self.counters.exact_writers(&self.config, thread);
         self.counters
             .exact_alloc(&self.config, class_bytes as u64, requested as u64, writers);
     }
@@ -354,7 +354,7 @@ impl PoolInner {
         };
         if let Entry::Open { .. } = cache.begin_operation(&self.closed) {
             cache.counters.count_resize(old, new, Writers::Owner);
-            let writers = self.counters.exact_writers(thread);
+            let writers = self.counters.exact_writers(&self.config, thread);
             self.counters
                 .exact_resize(&self.config, old as u64, new as u64, writers);
             cache.end_operation();
@@ -395,7 +395,7 @@ impl PoolInner {
                 cache
                     .counters
                     .count_free(class_bytes, requested, Writers::Owner);
-                let writers = self.counters.exact_writers(thread);
+                let writers = self.counters.exact_writers(&self.config, thread);
                 self.counters
                     .exact_free(config, class_bytes as u64, requested as u64, writers);
                 // Inside the operation: after `end_operation`, a closing thread may free the pool.

@@ -85,3 +85,16 @@ impl Drop for Tracked {
         self.ledger.0[self.id].fetch_add(1, Ordering::SeqCst);
     }
 }
+
+/// Keeps `value` in a thread-local of the calling thread, so that it is dropped when the
+/// thread's thread-locals are destroyed. Thread-locals are destroyed in the reverse order of
+/// their first use on the thread: call this before the thread first uses a pool (or arena)
+/// for a drop that runs after the thread's index is given back, after it for one that runs
+/// before.
+pub(crate) fn drop_at_thread_exit(value: impl std::any::Any) {
+    thread_local! {
+        static HELD: std::cell::RefCell<Vec<Box<dyn std::any::Any>>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    HELD.with(|held| held.borrow_mut().push(Box::new(value)));
+}
