@@ -108,6 +108,18 @@ fn vacant_slots_on_the_main_shard(
     arena.flush(&collector.register().pin()).unwrap();
 }
 
+/// An arena (removal batches of 1) whose one used slot is vacant again, on the main
+/// shard's free list: it holds one page, all vacant, which a `trim` releases (1 slot).
+/// Returns it and the slot's stale key.
+fn one_vacant_page(collector: &Collector) -> (Arc<SlotArena<Record>>, Key) {
+    let mut arena = arena(collector, 1);
+    let key = arena
+        .insert(Record::new(0, &Arc::new(AtomicUsize::new(0))))
+        .unwrap();
+    drop(arena.take(key).unwrap());
+    (Arc::new(arena), key)
+}
+
 /// The main thread inserts record 2 while another thread inserts record 1; returns the keys
 /// (the main thread's first).
 fn racing_inserts(
@@ -430,13 +442,7 @@ fn trim_racing_an_insert() {
     model(|| {
         let collector = Collector::new();
         let drops = Arc::new(AtomicUsize::new(0));
-        let mut arena = arena(&collector, 1);
-        // One used slot, vacant again: the arena holds one vacant page.
-        let key = arena
-            .insert(Record::new(0, &Arc::new(AtomicUsize::new(0))))
-            .unwrap();
-        drop(arena.take(key).unwrap());
-        let arena = Arc::new(arena);
+        let (arena, _) = one_vacant_page(&collector);
         let inserter = {
             let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
             thread::spawn(move || {
@@ -465,12 +471,7 @@ fn trim_racing_an_insert() {
 fn a_discard_racing_a_trim() {
     model(|| {
         let collector = Collector::new();
-        let mut arena = arena(&collector, 1);
-        let key = arena
-            .insert(Record::new(0, &Arc::new(AtomicUsize::new(0))))
-            .unwrap();
-        drop(arena.take(key).unwrap());
-        let arena = Arc::new(arena);
+        let (arena, key) = one_vacant_page(&collector);
         let discarder = {
             let arena = Arc::clone(&arena);
             thread::spawn(move || {

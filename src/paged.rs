@@ -197,8 +197,9 @@ impl<T> PagedTable<T> {
     /// # Safety
     ///
     /// References into the page obtained earlier through `&self` may still be in use: the
-    /// caller must keep the returned page alive until none is (the arena defers its drop
-    /// past an epoch grace period, or holds exclusive access).
+    /// caller must keep the returned page alive until none is (the arena waits out every
+    /// thread-cache operation in flight and then defers its drop past an epoch grace
+    /// period, or holds exclusive access).
     pub(crate) unsafe fn take_page(&self, page: usize) -> Option<Page<T>> {
         let base = self.pages[page].swap(ptr::null_mut(), Ordering::AcqRel);
         NonNull::new(base).map(|base| Page {

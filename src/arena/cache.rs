@@ -59,13 +59,14 @@ pub(super) struct ArenaThreadCache {
     pub(super) refills: AtomicU32,
 }
 
-/// What `ArenaInner::add_removed` did.
+/// What `ArenaInner::add_removed` (or `discard_in`) did with a removed slot.
 pub(super) enum Added {
     /// The slot joined the cache's batch.
     Kept,
     /// The batch is full: the chain starting here is the caller's to defer.
     Full(Link),
-    /// A drainer holds the cache: the caller uses the shard's batch.
+    /// The cache's batch is not at hand (a drainer holds the cache, or the thread has
+    /// none): the caller uses the shard's shared batch.
     Busy,
 }
 

@@ -61,7 +61,7 @@ use panics::Panics;
 use recycle::ReadyLists;
 use shard::Shard;
 use slot::{OCCUPIED, REMOVED, VACANT};
-use table::{stale, ArenaInner, CHUNK};
+use table::{ArenaInner, CHUNK};
 
 /// A lock-free arena of generational slots whose removed values are reclaimed through
 /// crossbeam-epoch.
@@ -483,16 +483,7 @@ impl<T: Send + 'static> SlotArena<T> {
     pub fn remove<'g>(&'g self, key: Key, guard: &'g Guard) -> Result<&'g T, ArenaError> {
         let arena = &self.arena;
         self.check_guard(guard)?;
-        let slot = arena.resolve(key)?;
-        let generation = key.generation();
-        if let Err(actual) = slot.state.compare_exchange(
-            slot::state(generation, OCCUPIED),
-            slot::state(generation.wrapping_add(1), REMOVED),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            return Err(stale(key, actual));
-        }
+        let slot = arena.mark_removed(key)?;
         self.add_to_batch(key.index(), guard);
         // SAFETY: this call won the OCCUPIED -> REMOVED transition, so the value is
         // initialised; it is dropped only after a grace period that waits for `guard`.
@@ -505,12 +496,14 @@ impl<T: Send + 'static> SlotArena<T> {
     /// the key resolves to [`ArenaError::Stale`]; the value is dropped as after
     /// [`remove`](Self::remove), once every thread that could have seen it has unpinned.
     ///
-    /// This is the removal to use when the value is not needed: it costs a compare-exchange
-    /// and a few plain stores, where `remove` also pins (and the caller's guard check). A
-    /// stale key may point into a page that a concurrent [`trim`](Self::trim) releases;
-    /// `discard` reads the slot inside an operation on its thread's cache of this arena, and
-    /// `trim` waits for such operations in flight before it frees a page. A thread without
-    /// that cache (its thread-locals are being destroyed) pins instead.
+    /// This is the removal to use when the value is not needed: it costs the thread's cache
+    /// lookup, an operation on that cache (two sequence stores and its light fence), a
+    /// compare-exchange and a few plain stores, and a pin only when it fills a removal
+    /// batch; `remove` needs a guard (the caller's pin) and checks it. A stale key may point
+    /// into a page that a concurrent [`trim`](Self::trim) releases; `discard` reads the slot
+    /// inside an operation on its thread's cache of this arena, and `trim` waits for such
+    /// operations in flight before it frees a page. A thread without that cache (its
+    /// thread-locals are being destroyed) pins instead.
     ///
     /// ```
     /// use ferropool::{ArenaError, SlotArena};
@@ -528,19 +521,31 @@ impl<T: Send + 'static> SlotArena<T> {
     /// key does not resolve to a live value; removing twice yields [`ArenaError::Stale`].
     #[inline]
     pub fn discard(&self, key: Key) -> Result<(), ArenaError> {
-        let arena = &self.arena;
-        let Some((cache, shard)) = arena.my_cache() else {
-            return self.remove(key, &self.pin()).map(drop);
+        let Some((cache, shard)) = self.arena.my_cache() else {
+            return self.discard_without_cache(key);
         };
-        let full = match arena.discard_in(cache, key)? {
-            Added::Kept => return Ok(()),
-            Added::Full(head) => Some(head),
-            Added::Busy => arena.add_shared_removed(shard, key.index()),
-        };
-        if let Some(head) = full {
-            self.defer_full_batch(shard, head, &self.pin());
+        match self.arena.discard_in(cache, key)? {
+            Added::Kept => {}
+            added => self.defer_discarded(added, shard, key.index()),
         }
         Ok(())
+    }
+
+    /// [`discard`](Self::discard) for a thread without a cache: a pinned `remove`.
+    #[cold]
+    #[inline(never)]
+    fn discard_without_cache(&self, key: Key) -> Result<(), ArenaError> {
+        self.remove(key, &self.pin()).map(drop)
+    }
+
+    /// The rest of a [`discard`](Self::discard) whose slot did not simply join the cache's
+    /// batch: defers the batch it filled, under a pin taken for that.
+    #[cold]
+    #[inline(never)]
+    fn defer_discarded(&self, added: Added, shard: usize, index: u32) {
+        if let Some(head) = self.batch_to_defer(added, shard, index) {
+            self.defer_full_batch(shard, head, &self.pin());
+        }
     }
 
     /// Removes the value of `key` and returns it by value. Exclusive access means no reader
@@ -745,8 +750,11 @@ impl<T: Send + 'static> SlotArena<T> {
     /// collector, recycles the batches whose grace period has passed, then releases the
     /// trailing pages whose slots are all vacant. Returns how many slots were released.
     ///
-    /// Safe to call at any time from any thread: a page that a concurrent operation could
-    /// still touch is kept, and released memory is freed after an epoch grace period.
+    /// Safe to call at any time from any thread: released memory is freed only after every
+    /// operation of a thread cache in flight has ended (an unpinned [`discard`](Self::discard)
+    /// may be reading a released page) and then an epoch grace period. So a `trim` waits
+    /// for other threads' short cache operations, and one waits for ever on a thread stopped
+    /// inside one (for example in the child of a `fork` taken at that moment).
     /// Removed values still in their grace period keep their pages (a later call gets
     /// them); so does every page below an occupied slot (keys never move). Keys into a
     /// released page stay stale: the page's next allocation starts its generations past

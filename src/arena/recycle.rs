@@ -365,16 +365,24 @@ impl<T: Send + 'static> super::SlotArena<T> {
     /// the collector when it is full.
     pub(super) fn add_to_batch(&self, index: u32, guard: &Guard) {
         let arena = &self.arena;
-        let shard = match arena.my_cache() {
-            Some((cache, shard)) => match arena.add_removed(cache, index) {
-                Added::Kept => return,
-                Added::Full(head) => return self.defer_full_batch(shard, head, guard),
-                Added::Busy => shard,
-            },
-            None => arena.my_shard(),
+        let (added, shard) = match arena.my_cache() {
+            Some((cache, shard)) => (arena.add_removed(cache, index), shard),
+            None => (Added::Busy, arena.my_shard()),
         };
-        if let Some(head) = arena.add_shared_removed(shard, index) {
+        if let Some(head) = self.batch_to_defer(added, shard, index) {
             self.defer_full_batch(shard, head, guard);
+        }
+    }
+
+    /// The batch to defer after the removed slot `index` went where `added` says: the
+    /// cache's batch it filled, or, when the cache's batch was not at hand, the shard's
+    /// shared batch if the slot filled that one.
+    #[inline(always)]
+    pub(super) fn batch_to_defer(&self, added: Added, shard: usize, index: u32) -> Option<Link> {
+        match added {
+            Added::Kept => None,
+            Added::Full(head) => Some(head),
+            Added::Busy => self.arena.add_shared_removed(shard, index),
         }
     }
 

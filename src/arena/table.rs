@@ -151,6 +151,26 @@ impl<T> ArenaInner<T> {
         }
     }
 
+    /// Marks the value of `key` removed: the one compare-exchange from `OCCUPIED` at the
+    /// key's generation to `REMOVED` at the next, which exactly one remover wins (the others,
+    /// and stale keys, get [`ArenaError::Stale`]). Returns the slot, whose value the winner
+    /// hands to a removal batch. The caller keeps the slot's page alive (a pin, or an
+    /// operation of its thread cache).
+    #[inline(always)]
+    pub(super) fn mark_removed(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
+        let slot = self.resolve(key)?;
+        let generation = key.generation();
+        slot.state
+            .compare_exchange(
+                slot::state(generation, OCCUPIED),
+                slot::state(generation.wrapping_add(1), REMOVED),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map_err(|actual| stale(key, actual))?;
+        Ok(slot)
+    }
+
     /// Calls `f` on every slot below the frontier in an allocated page. The caller keeps
     /// the pages alive (a pin, or exclusive access).
     pub(super) fn for_each_slot<'a>(&'a self, mut f: impl FnMut(u32, &'a Slot<T>)) {
@@ -442,18 +462,9 @@ impl<T> ArenaInner<T> {
         key: Key,
     ) -> Result<Added, ArenaError> {
         cache.handshake.begin();
-        let removed = self.resolve(key).and_then(|slot| {
-            let generation = key.generation();
-            slot.state
-                .compare_exchange(
-                    slot::state(generation, OCCUPIED),
-                    slot::state(generation.wrapping_add(1), REMOVED),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .map_err(|actual| stale(key, actual))
-        });
-        let added = removed.map(|_| self.add_removed_in_operation(cache, key.index()));
+        let added = self
+            .mark_removed(key)
+            .map(|_| self.add_removed_in_operation(cache, key.index()));
         cache.handshake.end();
         added
     }
