@@ -175,31 +175,41 @@ fn pair_table() {
         );
     }
     // Two threads, each allocating and freeing a 4 KiB block of its own, on one pool: what
-    // the threads share (the exact counter, with `exact_peaks`; block records side by side).
-    for exact_peaks in [true, false] {
-        let config = ferropool::PoolConfig {
-            exact_peaks,
-            ..Default::default()
-        };
+    // the threads share (the exact counter, with `exact_peaks`; block records side by side),
+    // and glibc's `Vec` doing the same in the same invocation.
+    let two_threads = |pair: &(dyn Fn() + Sync)| {
         let mut runs: Vec<f64> = (0..5)
             .map(|_| {
-                let pool = BufferPool::with_config(config.clone()).unwrap();
                 let elapsed = common::run_threads(2, u64::from(PAIR_CALLS), &|_, n| {
                     for _ in 0..n {
-                        let mut buf = pool.alloc(black_box(4096)).unwrap();
-                        black_box(buf.as_mut_ptr());
-                        drop(buf);
+                        pair();
                     }
                 });
                 elapsed.as_secs_f64() * 1e9 / f64::from(PAIR_CALLS)
             })
             .collect();
         runs.sort_by(f64::total_cmp);
+        (runs[2], runs[0], runs[4])
+    };
+    for exact_peaks in [true, false] {
+        let pool = BufferPool::with_config(ferropool::PoolConfig {
+            exact_peaks,
+            ..Default::default()
+        })
+        .unwrap();
+        let (median, low, high) = two_threads(&|| {
+            let mut buf = pool.alloc(black_box(4096)).unwrap();
+            black_box(buf.as_mut_ptr());
+            drop(buf);
+        });
         println!(
-            "alloc + free, 2 threads, own 4 KiB blocks, exact_peaks: {exact_peaks:<5}: {:5.1} ns per pair per thread (median of 5 x {PAIR_CALLS}; runs {:.1}-{:.1})",
-            runs[2], runs[0], runs[4]
+            "alloc + free, 2 threads, own 4 KiB blocks, exact_peaks: {exact_peaks:<5}: {median:5.1} ns per pair per thread (median of 5 x {PAIR_CALLS}; runs {low:.1}-{high:.1})"
         );
     }
+    let (median, low, high) = two_threads(&|| vec_pair(4096));
+    println!(
+        "alloc + free, 2 threads, own 4 KiB blocks, glibc Vec          : {median:5.1} ns per pair per thread (median of 5 x {PAIR_CALLS}; runs {low:.1}-{high:.1})"
+    );
 }
 
 /// Median of `rounds` timings of `f`, in microseconds.
