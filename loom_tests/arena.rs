@@ -159,13 +159,34 @@ fn get_racing_discard() {
     get_racing_a_removal(|arena, key| arena.discard(key).unwrap());
 }
 
-/// The body of the two models above: `remove` runs on the main thread while another thread
+/// **get racing a discard that waits in a partial batch**: as above, with removal batches of
+/// two, so the discarded slot stays in the main thread's cache until the `flush` after it
+/// takes the cache and defers the partial batch. That flush pins after the reader did: the
+/// grace period it starts must still wait for the reader.
+///
+/// Planted bug caught: `flush_without_grace` (a flush hands the partial batches it takes
+/// from the caches straight to the ready lists, as if a batch that waited in a cache were
+/// already past its grace period).
+#[test]
+fn get_racing_a_discard_flushed_from_a_partial_batch() {
+    get_racing_a_removal_in(arena_batching_two, |arena, key| arena.discard(key).unwrap());
+}
+
+/// The body of the models above: `remove` runs on the main thread while another thread
 /// reads the key under a pin.
 fn get_racing_a_removal(remove: fn(&SlotArena<Record>, Key)) {
+    get_racing_a_removal_in(|collector| arena(collector, 1), remove);
+}
+
+/// [`get_racing_a_removal`] on the arena that `build` makes.
+fn get_racing_a_removal_in(
+    build: fn(&Collector) -> SlotArena<Record>,
+    remove: fn(&SlotArena<Record>, Key),
+) {
     model(move || {
         let collector = Collector::new();
         let drops = Arc::new(AtomicUsize::new(0));
-        let arena = Arc::new(arena(&collector, 1));
+        let arena = Arc::new(build(&collector));
         let key = arena.insert(Record::new(7, &drops)).unwrap();
 
         let reader = {
