@@ -223,12 +223,8 @@ fn mops(ops: usize, mut work: impl FnMut() -> Duration) -> f64 {
 
 /// The median of `runs` of `ops` operations each, in M operations/s.
 fn median_mops(ops: usize, runs: Vec<Duration>) -> f64 {
-    let mut rates: Vec<f64> = runs
-        .into_iter()
-        .map(|run| ops as f64 / run.as_secs_f64() / 1e6)
-        .collect();
-    rates.sort_by(f64::total_cmp);
-    rates[rates.len() / 2]
+    let rates = runs.iter().map(|run| ops as f64 / run.as_secs_f64() / 1e6);
+    common::spread(rates.collect()).1
 }
 
 /// The churn workload: each thread inserts `KEYS` keys of its own, reads them, removes them,

@@ -131,7 +131,7 @@ fn producer_consumer(pool: &Pool) {
     trace_steps(pool, 2, 1); // the pool reserves what a step needs
     let before = pool.0.stats().system_allocations;
     let mut faults = 0;
-    let mut rounds: Vec<(f64, f64, f64)> = (0..ROUNDS)
+    let rounds: Vec<(f64, f64, f64)> = (0..ROUNDS)
         .map(|_| {
             let vec_floor =
                 time_touching(&mut resident.iter_mut().map(|b| (b.as_mut_ptr(), b.len())));
@@ -144,14 +144,11 @@ fn producer_consumer(pool: &Pool) {
         .collect();
     let system = pool.0.stats().system_allocations - before;
     drop((resident, held));
-    let spread = |rounds: &mut Vec<(f64, f64, f64)>, key: fn(&(f64, f64, f64)) -> f64| {
-        rounds.sort_by(|a, b| key(a).total_cmp(&key(b)));
-        let figures: Vec<f64> = rounds.iter().map(key).collect();
-        (figures[0], figures[ROUNDS / 2], figures[ROUNDS - 1])
-    };
-    let step = spread(&mut rounds, |r| r.0);
-    let over_vec = spread(&mut rounds, |r| r.0 / r.1);
-    let over_pool = spread(&mut rounds, |r| r.0 / r.2);
+    let spread =
+        |key: fn(&(f64, f64, f64)) -> f64| common::spread(rounds.iter().map(key).collect());
+    let step = spread(|r| r.0);
+    let over_vec = spread(|r| r.0 / r.1);
+    let over_pool = spread(|r| r.0 / r.2);
     println!(
         "producer/consumer step ferropool, {ROUNDS} rounds, medians (min-max): {:.2} ms ({:.2}-{:.2}); over touching resident Vecs {:.2}x ({:.2}-{:.2}), over touching the pool's blocks held {:.2}x ({:.2}-{:.2}); {faults} faults and {system} system allocations in the timed steps",
         step.1, step.0, step.2, over_vec.1, over_vec.0, over_vec.2, over_pool.1, over_pool.0, over_pool.2,
@@ -178,18 +175,15 @@ fn pair_table() {
     // the threads share (the exact counter, with `exact_peaks`; block records side by side),
     // and glibc's `Vec` doing the same in the same invocation.
     let two_threads = |pair: &(dyn Fn() + Sync)| {
-        let mut runs: Vec<f64> = (0..5)
-            .map(|_| {
-                let elapsed = common::run_threads(2, u64::from(PAIR_CALLS), &|_, n| {
-                    for _ in 0..n {
-                        pair();
-                    }
-                });
-                elapsed.as_secs_f64() * 1e9 / f64::from(PAIR_CALLS)
-            })
-            .collect();
-        runs.sort_by(f64::total_cmp);
-        (runs[2], runs[0], runs[4])
+        let runs = (0..5).map(|_| {
+            let elapsed = common::run_threads(2, u64::from(PAIR_CALLS), &|_, n| {
+                for _ in 0..n {
+                    pair();
+                }
+            });
+            elapsed.as_secs_f64() * 1e9 / f64::from(PAIR_CALLS)
+        });
+        common::spread(runs.collect())
     };
     for exact_peaks in [true, false] {
         let pool = BufferPool::with_config(ferropool::PoolConfig {
@@ -197,7 +191,7 @@ fn pair_table() {
             ..Default::default()
         })
         .unwrap();
-        let (median, low, high) = two_threads(&|| {
+        let (low, median, high) = two_threads(&|| {
             let mut buf = pool.alloc(black_box(4096)).unwrap();
             black_box(buf.as_mut_ptr());
             drop(buf);
@@ -206,7 +200,7 @@ fn pair_table() {
             "alloc + free, 2 threads, own 4 KiB blocks, exact_peaks: {exact_peaks:<5}: {median:5.1} ns per pair per thread (median of 5 x {PAIR_CALLS}; runs {low:.1}-{high:.1})"
         );
     }
-    let (median, low, high) = two_threads(&|| vec_pair(4096));
+    let (low, median, high) = two_threads(&|| vec_pair(4096));
     println!(
         "alloc + free, 2 threads, own 4 KiB blocks, glibc Vec          : {median:5.1} ns per pair per thread (median of 5 x {PAIR_CALLS}; runs {low:.1}-{high:.1})"
     );
@@ -214,9 +208,7 @@ fn pair_table() {
 
 /// Median of `rounds` timings of `f`, in microseconds.
 fn median_us(rounds: usize, mut f: impl FnMut() -> std::time::Duration) -> f64 {
-    let mut times: Vec<f64> = (0..rounds).map(|_| f().as_secs_f64() * 1e6).collect();
-    times.sort_by(f64::total_cmp);
-    times[rounds / 2]
+    common::spread((0..rounds).map(|_| f().as_secs_f64() * 1e6).collect()).1
 }
 
 /// `trim` of a pool whose one user caches a block, and a pool's whole life (made, used,
@@ -299,9 +291,9 @@ fn cross_thread_table() {
             }
         }
     }
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        (values[ROUNDS / 2], values[0], values[ROUNDS - 1])
+    let median = |values: Vec<f64>| {
+        let (low, median, high) = common::spread(values);
+        (median, low, high)
     };
     for ((name, ..), [one, two]) in configs.iter().zip(runs) {
         let rates = |runs: &[(f64, f64)]| median(runs.iter().map(|r| r.0).collect());

@@ -39,3 +39,12 @@ pub(crate) fn run_threads(
         .expect("at least one thread");
     last - first
 }
+
+/// The least, the median and the greatest of `values` (at least one): what the runners
+/// print for a set of repeated runs.
+#[allow(dead_code, reason = "unused by the retain bench")]
+pub(crate) fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let last = values.len() - 1;
+    (values[0], values[values.len() / 2], values[last])
+}

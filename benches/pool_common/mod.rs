@@ -302,11 +302,8 @@ pub(crate) fn scaling_table<S: Source>(source: &S) {
     let per_thread = 200_000;
     let mut one = 0.0;
     for threads in [1, 2, 4, 8, 16] {
-        let mut runs: Vec<f64> = (0..5)
-            .map(|_| scaling(source, threads, per_thread / threads.min(4), true))
-            .collect();
-        runs.sort_by(f64::total_cmp);
-        let median = runs[2];
+        let runs = (0..5).map(|_| scaling(source, threads, per_thread / threads.min(4), true));
+        let median = common::spread(runs.collect()).1;
         if threads == 1 {
             one = median;
         }
