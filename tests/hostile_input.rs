@@ -86,6 +86,28 @@ fn overflowing_shapes_and_strides_are_typed_errors() {
     assert!(Tensor::from_iter_in(BufferPool::global(), [1u8], &huge).is_err());
 }
 
+/// A shape with a 0 has no elements however large its other dimensions, whatever their
+/// order: every order is accepted, and a permutation that moves the 0 behind the huge
+/// dimensions counts 0 (its product overflowed before the 0 was reached: a typed error for
+/// some orders, a panic in `permute` with overflow checks on).
+#[test]
+fn zero_element_shapes_count_zero_in_every_order() {
+    let orders: [[usize; 3]; 3] = [[0, usize::MAX, 2], [usize::MAX, 0, 2], [usize::MAX, 2, 0]];
+    for shape in orders {
+        let layout = Layout::contiguous(&shape).unwrap();
+        assert_eq!(layout.numel(), 0, "{shape:?}");
+        for axes in [[0, 1, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]] {
+            assert_eq!(
+                layout.permute(&axes).unwrap().numel(),
+                0,
+                "{shape:?} {axes:?}"
+            );
+        }
+        let tensor = Tensor::from_slice::<f32>(&[], &shape).unwrap();
+        assert_eq!(tensor.numel(), 0);
+    }
+}
+
 /// A caller-owned payload whose shape's element count overflows is refused when the tensor
 /// is built, so `numel` can never wrap.
 #[test]
@@ -105,6 +127,23 @@ fn external_payload_shapes_are_checked() {
         matches!(result, Err(TensorError::InvalidLayout { .. })),
         "{result:?}"
     );
+}
+
+/// A caller-owned payload of no elements whose other dimensions are huge: accepted, and its
+/// `numel` is 0 (a plain product overflowed).
+#[test]
+fn an_external_payload_of_no_elements_counts_zero() {
+    #[derive(Debug)]
+    struct Empty;
+    impl ferropool::ExternalPayload for Empty {
+        fn tag(&self) -> u32 {
+            1
+        }
+        fn shape(&self) -> &[usize] {
+            &[usize::MAX, 2, 0]
+        }
+    }
+    assert_eq!(Tensor::external(Empty).unwrap().numel(), 0);
 }
 
 /// A request above the largest class, and zero-byte requests, are answered without panics.

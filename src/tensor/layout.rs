@@ -217,7 +217,9 @@ impl Layout {
             expected = expected.saturating_mul(dim);
         }
         Self {
-            numel: shape.iter().product(),
+            // Never `None` (the caller checked); were it, `usize::MAX` over-counts, and every
+            // byte count built on it fails its checks instead of under-counting.
+            numel: element_count(&shape).unwrap_or(usize::MAX),
             shape,
             strides,
             offset,
@@ -458,12 +460,19 @@ impl Layout {
     }
 }
 
-/// The element count of `shape`, checked for overflow.
+/// The element count of `shape`, checked for overflow: 0 when any dimension is 0, however
+/// large the others (so the count does not depend on the order of the dimensions, and a
+/// permuted layout counts as the original did).
 pub(crate) fn numel(shape: &[usize]) -> Result<usize, TensorError> {
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| TensorError::InvalidLayout {
-            reason: format!("the element count of shape {shape:?} overflows usize"),
-        })
+    element_count(shape).ok_or_else(|| TensorError::InvalidLayout {
+        reason: format!("the element count of shape {shape:?} overflows usize"),
+    })
+}
+
+/// [`numel`] as an `Option`: `None` if the count overflows.
+fn element_count(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
 }
