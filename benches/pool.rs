@@ -107,52 +107,10 @@ fn cold_blocks(c: &mut Criterion) {
     group.finish();
 }
 
-/// The training-step trace with its buffers allocated on one thread and freed on another,
-/// every step: system allocations and faults per steady-state step, and the time against the
-/// floor of touching the same pages in buffers never freed.
-fn producer_consumer(pool: &Pool) {
-    const ROUNDS: usize = 9;
-    let sizes = step_sizes();
-    let time_touching = |bufs: &mut dyn Iterator<Item = (*mut u8, usize)>| {
-        let started = std::time::Instant::now();
-        for (ptr, len) in bufs {
-            touch(black_box(ptr), len);
-        }
-        started.elapsed().as_secs_f64() * 1e3
-    };
-    // Two floors, touching memory that stays resident: `Vec`s (4 KiB pages, scattered), and
-    // the pool's own blocks held for the whole run (blocks of the same classes as a step's,
-    // so the same kind of pages and cache sets: what a step costs over it is the
-    // allocator's and the hand-over's). Each round measures both right before its step, so
-    // that the machine's drift moves a round's three figures together.
-    let mut resident: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![1u8; s]).collect();
-    let mut held: Vec<PoolBuffer> = sizes.iter().map(|&s| pool.get(s)).collect();
-    time_touching(&mut held.iter_mut().map(|b| (b.as_mut_ptr(), b.len()))); // resident now
-    trace_steps(pool, 2, 1); // the pool reserves what a step needs
-    let before = pool.0.stats().system_allocations;
-    let mut faults = 0;
-    let rounds: Vec<(f64, f64, f64)> = (0..ROUNDS)
-        .map(|_| {
-            let vec_floor =
-                time_touching(&mut resident.iter_mut().map(|b| (b.as_mut_ptr(), b.len())));
-            let pool_floor = time_touching(&mut held.iter_mut().map(|b| (b.as_mut_ptr(), b.len())));
-            // One warm-up step with the freer thread of the timed one.
-            let (times, step_faults) = trace_step_times(pool, 1, 1);
-            faults += step_faults;
-            (times[0].as_secs_f64() * 1e3, vec_floor, pool_floor)
-        })
-        .collect();
-    let system = pool.0.stats().system_allocations - before;
-    drop((resident, held));
-    let spread =
-        |key: fn(&(f64, f64, f64)) -> f64| common::spread(rounds.iter().map(key).collect());
-    let step = spread(|r| r.0);
-    let over_vec = spread(|r| r.0 / r.1);
-    let over_pool = spread(|r| r.0 / r.2);
-    println!(
-        "producer/consumer step ferropool, {ROUNDS} rounds, medians (min-max): {:.2} ms ({:.2}-{:.2}); over touching resident Vecs {:.2}x ({:.2}-{:.2}), over touching the pool's blocks held {:.2}x ({:.2}-{:.2}); {faults} faults and {system} system allocations in the timed steps",
-        step.1, step.0, step.2, over_vec.1, over_vec.0, over_vec.2, over_pool.1, over_pool.0, over_pool.2,
-    );
+/// The producer/consumer runner for the pool, then for glibc's `Vec`, in one invocation.
+fn producer_consumers(pool: &Pool, glibc: &System) {
+    producer_consumer(pool, &|| pool.0.stats().system_allocations);
+    producer_consumer(glibc, &|| 0);
 }
 
 /// Alloc + free on one thread, the pool and glibc's `Vec` alternated size by size, each
@@ -323,6 +281,10 @@ fn main() {
     }
     let pool = Pool(BufferPool::new());
     let glibc = System("glibc_vec");
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_STEP").is_some() {
+        producer_consumers(&pool, &glibc);
+        return;
+    }
     let mut c = Criterion::default()
         .warm_up_time(std::time::Duration::from_millis(300))
         .measurement_time(std::time::Duration::from_secs(1))
@@ -340,7 +302,7 @@ fn main() {
     c.final_summary();
     fault_table(&pool);
     fault_table(&glibc);
-    producer_consumer(&pool);
+    producer_consumers(&pool, &glibc);
     scaling_table(&pool);
     scaling_table(&glibc);
     thread_index_table();

@@ -16,6 +16,10 @@ fn main() {
         return;
     }
     let mimalloc = System("mimalloc_vec");
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_STEP").is_some() {
+        producer_consumer(&mimalloc, &|| 0);
+        return;
+    }
     let mut c = Criterion::default()
         .warm_up_time(std::time::Duration::from_millis(300))
         .measurement_time(std::time::Duration::from_secs(1))
@@ -26,6 +30,7 @@ fn main() {
     training_trace(&mut c, &mimalloc);
     c.final_summary();
     fault_table(&mimalloc);
+    producer_consumer(&mimalloc, &|| 0);
     scaling_table(&mimalloc);
     pair_table();
 }

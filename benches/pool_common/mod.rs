@@ -144,44 +144,71 @@ pub(crate) fn with_fill<S: Source>(c: &mut Criterion, source: &S) {
 }
 
 /// One step of the trace: allocate and touch every buffer, free them on another thread.
+/// Returns the time the allocations took (a clock read on each side of each one).
 pub(crate) fn run_step<S: Source>(
     source: &S,
     sizes: &[usize],
     to_freer: &mpsc::SyncSender<Vec<S::Buf>>,
-) {
+) -> Duration {
     let mut bufs = Vec::with_capacity(sizes.len());
+    let mut allocating = Duration::ZERO;
     for &size in sizes {
+        let started = Instant::now();
         let mut buf = source.get(size);
+        allocating += started.elapsed();
         touch(S::ptr(&mut buf), size);
         bufs.push(buf);
     }
     to_freer.send(bufs).unwrap();
+    allocating
 }
 
 /// Runs `steps` steps with a freer thread; returns (time per step, faults per step), measured
 /// after `warmup` steps.
 pub(crate) fn trace_steps<S: Source>(source: &S, warmup: u64, steps: u64) -> (Duration, f64) {
     let (times, faults) = trace_step_times(source, warmup, steps);
-    let total: Duration = times.iter().sum();
+    let total: Duration = times.iter().map(|time| time.total).sum();
     (total / steps as u32, faults as f64 / steps as f64)
 }
 
+/// One step of the trace, timed in parts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StepTime {
+    /// From the first allocation until the freer thread reported its frees done.
+    pub(crate) total: Duration,
+    /// The producing thread's part: allocating and touching every buffer, and the send.
+    pub(crate) producing: Duration,
+    /// Of `producing`, the allocation calls alone.
+    pub(crate) allocating: Duration,
+    /// The freer thread's part: dropping the step's buffers.
+    pub(crate) freeing: Duration,
+}
+
+impl StepTime {
+    /// What is neither thread's work: the two hand-offs between them (the freer woken with
+    /// the buffers, the producer woken with the report), which the scheduler decides.
+    pub(crate) fn hand_offs(&self) -> Duration {
+        self.total.saturating_sub(self.producing + self.freeing)
+    }
+}
+
 /// Runs `steps` steps with one freer thread, after `warmup` steps with the same thread (so
-/// that its stack and its first frees are behind it); returns each step's time and the
+/// that its stack and its first frees are behind it); returns each step's times and the
 /// minor faults of the whole process over the timed steps.
 pub(crate) fn trace_step_times<S: Source>(
     source: &S,
     warmup: u64,
     steps: u64,
-) -> (Vec<Duration>, u64) {
+) -> (Vec<StepTime>, u64) {
     let sizes = step_sizes();
     let (tx, rx) = mpsc::sync_channel::<Vec<S::Buf>>(1);
-    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel::<Duration>();
     std::thread::scope(|scope| {
         scope.spawn(move || {
             for bufs in rx {
+                let started = Instant::now();
                 drop(bufs);
-                done_tx.send(()).unwrap();
+                done_tx.send(started.elapsed()).unwrap();
             }
         });
         for _ in 0..warmup {
@@ -192,9 +219,15 @@ pub(crate) fn trace_step_times<S: Source>(
         let times = (0..steps)
             .map(|_| {
                 let started = Instant::now();
-                run_step(source, &sizes, &tx);
-                done_rx.recv().unwrap();
-                started.elapsed()
+                let allocating = run_step(source, &sizes, &tx);
+                let producing = started.elapsed();
+                let freeing = done_rx.recv().unwrap();
+                StepTime {
+                    total: started.elapsed(),
+                    producing,
+                    allocating,
+                    freeing,
+                }
             })
             .collect();
         let faults = minor_faults() - faults;
@@ -240,6 +273,97 @@ pub(crate) fn fault_table<S: Source>(source: &S) {
         "training step {:<10} {:>8.2} ms/step, {faults:.0} faults/step",
         source.name(),
         step.as_secs_f64() * 1e3
+    );
+}
+
+/// The training-step trace with its buffers allocated on one thread and freed on another,
+/// every step: system allocations and faults per steady-state step, and the time against the
+/// floor of touching the same pages in buffers never freed. `system_allocations` reads the
+/// source's count of them (0 where it keeps none).
+pub(crate) fn producer_consumer<S: Source>(source: &S, system_allocations: &dyn Fn() -> u64) {
+    const ROUNDS: usize = 9;
+    let sizes = step_sizes();
+    let time_touching = |bufs: &mut dyn Iterator<Item = (*mut u8, usize)>| {
+        let started = Instant::now();
+        for (ptr, len) in bufs {
+            touch(black_box(ptr), len);
+        }
+        started.elapsed().as_secs_f64() * 1e3
+    };
+    // Two floors, touching memory that stays resident: `Vec`s (4 KiB pages, scattered), and
+    // the source's own blocks of a step's sizes held for the whole run (for the pool, blocks
+    // of the same classes as a step's, so the same kind of pages and cache sets: what a
+    // step costs over it is the allocator's and the hand-overs'). Each round measures both
+    // right before its step, so that the machine's drift moves a round's figures together.
+    let mut resident: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![1u8; s]).collect();
+    let mut held: Vec<S::Buf> = sizes.iter().map(|&s| source.get(s)).collect();
+    time_touching(
+        &mut held
+            .iter_mut()
+            .zip(&sizes)
+            .map(|(b, &len)| (S::ptr(b), len)),
+    ); // resident now
+    trace_steps(source, 2, 1); // the source reserves what a step needs
+    let before = system_allocations();
+    let mut faults = 0;
+    /// A round: its step's parts and the two floors measured right before it, in ms.
+    struct Round {
+        step: StepTime,
+        vec_floor: f64,
+        held_floor: f64,
+    }
+    let ms = |time: Duration| time.as_secs_f64() * 1e3;
+    let rounds: Vec<Round> = (0..ROUNDS)
+        .map(|_| {
+            let vec_floor =
+                time_touching(&mut resident.iter_mut().map(|b| (b.as_mut_ptr(), b.len())));
+            let held_floor = time_touching(
+                &mut held
+                    .iter_mut()
+                    .zip(&sizes)
+                    .map(|(b, &len)| (S::ptr(b), len)),
+            );
+            // One warm-up step with the freer thread of the timed one.
+            let (times, step_faults) = trace_step_times(source, 1, 1);
+            faults += step_faults;
+            Round {
+                step: times[0],
+                vec_floor,
+                held_floor,
+            }
+        })
+        .collect();
+    let system = system_allocations() - before;
+    drop((resident, held));
+    let spread = |key: &dyn Fn(&Round) -> f64| common::spread(rounds.iter().map(key).collect());
+    let step = spread(&|r| ms(r.step.total));
+    let over_vec = spread(&|r| ms(r.step.total) / r.vec_floor);
+    let over_held = spread(&|r| ms(r.step.total) / r.held_floor);
+    println!(
+        "producer/consumer step {:<10} {ROUNDS} rounds, medians (min-max): {:.2} ms ({:.2}-{:.2}); over touching resident Vecs {:.2}x ({:.2}-{:.2}), over touching its blocks held {:.2}x ({:.2}-{:.2}); {faults} faults and {system} system allocations in the timed steps",
+        source.name(),
+        step.1, step.0, step.2, over_vec.1, over_vec.0, over_vec.2, over_held.1, over_held.0, over_held.2,
+    );
+    // The step in parts: the producer's (allocations, touching, the send) against the same
+    // floor, the freer's drops, and the two hand-offs between the threads, which are the
+    // scheduler's (a sleeping thread woken on another CPU) rather than either allocator's.
+    let producing = spread(&|r| ms(r.step.producing) / r.held_floor);
+    let allocating = spread(&|r| ms(r.step.allocating) * 1e3);
+    let freeing = spread(&|r| ms(r.step.freeing) * 1e3);
+    let hand_offs = spread(&|r| ms(r.step.hand_offs()) * 1e3);
+    let slowest = rounds
+        .iter()
+        .max_by(|a, b| {
+            (ms(a.step.total) / a.held_floor).total_cmp(&(ms(b.step.total) / b.held_floor))
+        })
+        .expect("at least one round");
+    println!(
+        "producer/consumer step {:<10} in parts: producing over the held blocks' floor {:.2}x ({:.2}-{:.2}), of which allocating {:.0} us ({:.0}-{:.0}); freeing {:.0} us ({:.0}-{:.0}); hand-offs {:.0} us ({:.0}-{:.0}); the round furthest over its floor: {:.2}x, floor {:.3} ms, producing {:.3} ms (allocating {:.0} us), freeing {:.0} us, hand-offs {:.0} us",
+        source.name(),
+        producing.1, producing.0, producing.2, allocating.1, allocating.0, allocating.2, freeing.1, freeing.0, freeing.2,
+        hand_offs.1, hand_offs.0, hand_offs.2,
+        ms(slowest.step.total) / slowest.held_floor, slowest.held_floor,
+        ms(slowest.step.producing), ms(slowest.step.allocating) * 1e3, ms(slowest.step.freeing) * 1e3, ms(slowest.step.hand_offs()) * 1e3,
     );
 }
 
