@@ -504,3 +504,41 @@ fn a_recompute_whose_wrong_result_panics_as_it_drops_leaves_the_value_readable()
     drop(saved);
     assert_eq!(pool.stats().in_use_bytes, 0);
 }
+
+/// A chain whose recomputes' closures panic as they drop (two of them, and the last
+/// handle's own): every closure is dropped exactly once, every block goes back, and the
+/// first panic reaches the caller. (The chain's drop let the first panic unwind through
+/// the links still pending, whose own panicking drop then aborted the process.)
+#[test]
+fn a_chain_whose_closures_panic_as_they_drop_drops_every_one_once() {
+    struct PanicOnDrop(Arc<AtomicUsize>);
+    impl Drop for PanicOnDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            panic!("a recompute's closure panicked as it dropped");
+        }
+    }
+    let pool = BufferPool::new();
+    let drops = Arc::new(AtomicUsize::new(0));
+    let link = |input: Option<&RetainedValue>| {
+        let guard = PanicOnDrop(Arc::clone(&drops));
+        let pool2 = pool.clone();
+        let recompute = Recompute::new(input.cloned(), move |_| {
+            let _held = &guard;
+            filled(&pool2, 64, 1.0)
+        });
+        RetainedValue::evictable(&pool, filled(&pool, 64, 1.0).unwrap(), recompute).unwrap()
+    };
+    let first = link(None);
+    let second = link(Some(&first));
+    let third = link(Some(&second));
+    drop((first, second));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(third)));
+    assert!(outcome.is_err(), "the first panic is resumed");
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        3,
+        "every closure dropped once"
+    );
+    assert_eq!(pool.stats().in_use_bytes, 0, "every block back");
+}

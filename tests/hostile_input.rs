@@ -5,7 +5,9 @@
 mod common;
 
 use common::assert_pool_consistent;
-use ferropool::{BufferPool, Layout, Tensor, TensorError};
+use ferropool::{
+    AllocationGroup, BufferPool, Layout, Recompute, RetainedValue, Tensor, TensorError,
+};
 
 /// The element count fits in `usize` but its byte count does not: before the fix the byte
 /// count wrapped to 4, an 8-byte block was allocated and 4096 elements were written into it.
@@ -260,4 +262,75 @@ fn a_tag_scope_in_a_thread_local_destructor_leaves_no_stale_tag() {
         0,
         "an allocation after the scope ended was tagged"
     );
+}
+
+/// A broadcast view (zero strides) of one element counts as many elements as its shape:
+/// copying it out is a typed error when the bytes overflow `usize` or the memory is refused
+/// (the copy reserved the count unchecked: a capacity-overflow panic, or an abort).
+#[test]
+fn copying_out_a_huge_broadcast_view_is_a_typed_error() {
+    let t = Tensor::from_slice(&[1.0f64], &[1]).unwrap();
+    let (mut group, slots) = AllocationGroup::from_tensors([t]).unwrap();
+    let overflowing = Layout::new(&[1 << 31, 1 << 30], &[0, 0], 0).unwrap();
+    let view = group.add_view(slots[0], overflowing).unwrap();
+    let copy = group.read_view(view).unwrap().to_vec::<f64>();
+    assert!(
+        matches!(
+            copy,
+            Err(TensorError::CopyTooLarge {
+                elements,
+                element_bytes: 8
+            }) if elements == 1 << 61
+        ),
+        "{copy:?}"
+    );
+    // 2^46 elements: 512 TiB, which no machine gives (sanitizers and Miri would stop at
+    // the request instead of refusing it).
+    #[cfg(not(any(miri, ferropool_sanitizer)))]
+    {
+        let refused = Layout::new(&[1 << 46], &[0], 0).unwrap();
+        let view = group.add_view(slots[0], refused).unwrap();
+        let copy = group.read_view(view).unwrap().to_vec::<f64>();
+        assert!(
+            matches!(copy, Err(TensorError::CopyTooLarge { .. })),
+            "{copy:?}"
+        );
+    }
+}
+
+/// An iterator that yields `left` items and claims far more in its size hint.
+struct Boastful<T> {
+    left: usize,
+    make: fn() -> T,
+}
+
+impl<T> Iterator for Boastful<T> {
+    type Item = T;
+    fn next(&mut self) -> Option<T> {
+        self.left = self.left.checked_sub(1)?;
+        Some((self.make)())
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (usize::MAX / 4, None)
+    }
+}
+
+/// Constructors that take an iterator trust what it yields, not its size hint (collecting
+/// it reserved the hint's lower bound first: a capacity-overflow panic, or an abort).
+#[test]
+fn constructors_do_not_trust_a_size_hint() {
+    let tensors = Boastful {
+        left: 5,
+        make: || Tensor::from_slice(&[1u8], &[1]).unwrap(),
+    };
+    let (group, slots) = AllocationGroup::from_tensors(tensors).unwrap();
+    assert_eq!((group.len(), slots.len()), (5, 5));
+    let inputs = Boastful {
+        left: 2,
+        make: || RetainedValue::from_tensor(Tensor::from_slice(&[1u8], &[1]).unwrap()),
+    };
+    let recompute = Recompute::new(inputs, |_| {
+        Tensor::from_slice(&[1u8], &[1]).map_err(Into::into)
+    });
+    assert_eq!(recompute.inputs().len(), 2);
 }

@@ -9,6 +9,7 @@
 //! same budget: a recompute's own allocations may evict other values, never one that a read
 //! or a recompute in progress pins.
 
+use std::any::Any;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
@@ -64,7 +65,7 @@ impl Recompute {
         compute: impl Fn(&[TensorRead<'_>]) -> Result<Tensor> + Send + Sync + 'static,
     ) -> Self {
         Self {
-            inputs: inputs.into_iter().collect(),
+            inputs: crate::collect_as_they_come(inputs),
             compute: Box::new(compute),
             cost: None,
         }
@@ -121,8 +122,13 @@ impl fmt::Debug for EvictableTensor {
 }
 
 impl Drop for EvictableTensor {
+    /// Takes the chain of values this one owns alone apart link by link, then drops its own
+    /// computation. Each of those drops runs user code (a closure's captures, a payload's
+    /// drop) and may panic: the walk goes on (every link and closure is dropped once) and
+    /// the first panic is resumed at the end, when the thread is not unwinding already.
     fn drop(&mut self) {
         self.pool.inner().unregister_evictable(&self.core);
+        let mut first_panic = None;
         // A chain of evictable values owns its inputs through the recomputes: take it apart
         // one link at a time here, or dropping a long chain's last handle would recurse once
         // per link (the inputs of an input this drop owns alone come out before it goes).
@@ -133,8 +139,25 @@ impl Drop for EvictableTensor {
                     pending.append(&mut tensor.recompute.inputs);
                 }
             }
-            drop(input);
+            drop_caught(input, &mut first_panic);
         }
+        // The computation, here rather than with the fields: a panic in it there, while the
+        // panic below unwinds, would abort. (The stand-in is never called.)
+        let compute =
+            std::mem::replace(&mut self.recompute.compute, Box::new(|_| Err(reentered())));
+        drop_caught(compute, &mut first_panic);
+        if let Some(payload) = first_panic {
+            if !std::thread::panicking() {
+                std::panic::resume_unwind(payload);
+            }
+        }
+    }
+}
+
+/// Drops `value`, catching a panic of its drop into `first_panic` (kept if it holds one).
+fn drop_caught<T>(value: T, first_panic: &mut Option<Box<dyn Any + Send>>) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
+        first_panic.get_or_insert(payload);
     }
 }
 

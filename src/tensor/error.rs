@@ -92,6 +92,19 @@ pub enum TensorError {
         /// The external dtype.
         dtype: DType,
     },
+    /// A copy of a view's elements out of the pool (into a `Vec`) needs more memory than the
+    /// system gives, or more bytes than `usize` counts: a view whose zero strides repeat a
+    /// few elements can count far more elements than its buffer holds.
+    #[error(
+        "copying {elements} elements of {element_bytes} bytes each out of the view: the \
+         memory was refused, or the byte count overflows usize"
+    )]
+    CopyTooLarge {
+        /// Elements of the view.
+        elements: usize,
+        /// Bytes per element.
+        element_bytes: usize,
+    },
     /// The pool refused a buffer.
     #[error(transparent)]
     Pool(#[from] PoolError),

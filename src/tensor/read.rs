@@ -250,13 +250,36 @@ impl<'a> TensorRead<'a> {
     ///
     /// # Errors
     ///
-    /// [`TensorError::DTypeMismatch`] or [`TensorError::ExternalDType`].
+    /// [`TensorError::DTypeMismatch`] or [`TensorError::ExternalDType`];
+    /// [`TensorError::CopyTooLarge`] if the copy's memory is refused (a broadcast view, with
+    /// zero strides, may count far more elements than its buffer holds).
+    ///
+    /// ```
+    /// use ferropool::{AllocationGroup, Layout, Tensor, TensorError};
+    /// let t = Tensor::from_slice(&[1.0f64], &[1])?;
+    /// let (mut group, slots) = AllocationGroup::from_tensors([t])?;
+    /// let everywhere = Layout::new(&[1 << 31, 1 << 30], &[0, 0], 0)?; // one element, 2^61 times
+    /// let view = group.add_view(slots[0], everywhere)?;
+    /// let copy = group.read_view(view)?.to_vec::<f64>();
+    /// assert!(matches!(copy, Err(TensorError::CopyTooLarge { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, TensorError> {
         let (all, layout) = self.elements::<T>()?;
         if layout.is_contiguous() {
             return Ok(all[layout.offset()..layout.offset() + layout.numel()].to_vec());
         }
-        let mut out = Vec::with_capacity(layout.numel());
+        let mut out = Vec::new();
+        let refused = || TensorError::CopyTooLarge {
+            elements: layout.numel(),
+            element_bytes: std::mem::size_of::<T>(),
+        };
+        layout
+            .numel()
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(refused)?;
+        out.try_reserve_exact(layout.numel())
+            .map_err(|_| refused())?;
         for_each_offset(layout, |offset| out.push(all[offset]));
         Ok(out)
     }
