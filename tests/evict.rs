@@ -542,3 +542,31 @@ fn a_chain_whose_closures_panic_as_they_drop_drops_every_one_once() {
     );
     assert_eq!(pool.stats().in_use_bytes, 0, "every block back");
 }
+
+/// A recompute may get a block of a larger class (borrowed from a neighbour's list while
+/// the pool has no budget): the value's bytes are then that block's, for the eviction
+/// policy's weights and the pinned bytes a refusal reports (they stayed the first block's).
+#[test]
+fn a_recompute_into_a_larger_block_counts_that_block() {
+    let pool = BufferPool::with_config(PoolConfig {
+        thread_cache_bytes: 0,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let saved = leaf(&pool, 64 * KIB, 1.0, &calls);
+    assert!(saved.evict());
+    let own_class = pool.alloc(64 * KIB).unwrap(); // the evicted block: its list is empty now
+    drop(
+        (0..2)
+            .map(|_| pool.alloc(80 * KIB).unwrap())
+            .collect::<Vec<_>>(),
+    ); // one to lend
+    assert_eq!(first_element(&saved), 1.0);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "recomputed");
+    let RetentionContainer::Evictable(held) = saved.container() else {
+        panic!("an evictable value");
+    };
+    assert_eq!(held.bytes(), 80 * KIB as u64, "the lent block's bytes");
+    drop(own_class);
+}

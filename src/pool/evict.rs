@@ -162,8 +162,8 @@ impl PoolInner {
                 }
                 drop(state);
                 let stale = now.saturating_sub(value.last_use.load(Ordering::Relaxed)) + 1;
-                let score = value.cost_now() as f64 / (value.bytes as f64 * stale as f64);
-                let same = value.class == class;
+                let score = value.cost_now() as f64 / (value.bytes() as f64 * stale as f64);
+                let same = value.class() == class;
                 let better = match best {
                     None => true,
                     Some((s, best_same, _)) => (same, -score) > (best_same, -s),
@@ -197,8 +197,8 @@ impl PoolInner {
         for value in registry.slots.iter().flatten() {
             let state = value.lock();
             match (state.phase, state.readers) {
-                (Phase::Resident, 0) => held.evictable += value.bytes,
-                (Phase::Resident, _) => held.pinned += value.bytes,
+                (Phase::Resident, 0) => held.evictable += value.bytes(),
+                (Phase::Resident, _) => held.pinned += value.bytes(),
                 _ => {}
             }
         }

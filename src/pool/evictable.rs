@@ -42,9 +42,13 @@ pub(super) struct State {
 pub(crate) struct Evictable {
     /// Its entry in the pool's registry (fixed at registration).
     pub(super) slot: usize,
-    /// The class of its block and the block's bytes.
-    pub(super) class: usize,
-    pub(super) bytes: u64,
+    /// The class of its block and the block's bytes: those of the block it holds, or held
+    /// last. Set when it is made and by each recompute (whose block may be of a larger
+    /// class: one borrowed from a neighbour's list while the pool had no budget), with
+    /// `state` locked; read with the lock, or of a value found resident and unpinned, which
+    /// no recompute can be filling.
+    pub(super) class: AtomicUsize,
+    pub(super) bytes: AtomicU64,
     /// The cost of recomputing it, in the owner's unit.
     pub(super) cost: u64,
     /// The evictable values it is recomputed from: their cost counts in its score while
@@ -86,7 +90,7 @@ impl Drop for Evictable {
 impl fmt::Debug for Evictable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Evictable")
-            .field("bytes", &self.bytes)
+            .field("bytes", &self.bytes())
             .field("cost", &self.cost)
             .field("resident", &self.resident.load(Ordering::Relaxed))
             .finish_non_exhaustive()
@@ -114,8 +118,8 @@ impl Evictable {
     ) -> Self {
         Self {
             slot,
-            class: buffer.class(),
-            bytes: buffer.capacity() as u64,
+            class: AtomicUsize::new(buffer.class()),
+            bytes: AtomicU64::new(buffer.capacity() as u64),
             cost,
             parents,
             state: Mutex::new(State {
@@ -138,7 +142,12 @@ impl Evictable {
 
     /// The block's bytes (its class size).
     pub(crate) fn bytes(&self) -> u64 {
-        self.bytes
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The block's class.
+    pub(crate) fn class(&self) -> usize {
+        self.class.load(Ordering::Relaxed)
     }
 
     /// Whether the bytes are in a block now (a snapshot).
@@ -193,6 +202,9 @@ impl Evictable {
     pub(crate) fn fill(&self, evictor: &Evictor, buffer: PoolBuffer) {
         let mut state = self.lock();
         debug_assert_eq!(state.phase, Phase::Recomputing);
+        self.class.store(buffer.class(), Ordering::Relaxed);
+        self.bytes
+            .store(buffer.capacity() as u64, Ordering::Relaxed);
         // SAFETY: the lock is held and the value has no reader (it was not resident), as the
         // invariant on `buffer` requires for a write.
         self.buffer.with_mut(|slot| unsafe { *slot = Some(buffer) });
