@@ -480,6 +480,38 @@ fn trim_racing_an_insert() {
     });
 }
 
+/// **a trim keeps the page a claim allocated**: another thread inserts into an arena whose
+/// only page is full, so it allocates the next page and then claims its first slots, while
+/// the main thread trims. The trim finds that page past the frontier with no claimed slot,
+/// and the full page below it, so it unfreezes the frontier where it was: the page must
+/// stay, or the claim, which expects that very frontier, lands in a page no longer there.
+///
+/// Planted bug caught: `trim_takes_a_claimers_page` (the trim releases a page past the
+/// frontier).
+#[test]
+fn a_trim_keeps_the_page_a_claim_allocated() {
+    model(|| {
+        let collector = Collector::new();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let arena = Arc::new(arena(&collector, 1));
+        let first = arena.insert(Record::new(0, &drops)).unwrap();
+        let inserter = {
+            let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
+            thread::spawn(move || {
+                let key = arena.insert(Record::new(1, &drops)).unwrap();
+                assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
+                key
+            })
+        };
+        arena.trim();
+        let key = inserter.join().unwrap();
+        assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
+        assert_eq!(arena.with(first, |r| r.read()).unwrap(), 0);
+        drop(arena);
+        assert_eq!(drops.load(Ordering::SeqCst), 2, "each record dropped once");
+    });
+}
+
 /// **a discard racing a trim**: another thread discards a stale key (without a pin) into
 /// the only page while the main thread trims, releasing that page, and then pins and flushes
 /// until the page's grace period has passed and it is freed. The discard reports the key

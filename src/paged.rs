@@ -54,40 +54,78 @@ impl<T> Drop for Page<T> {
 }
 
 /// A page of `len` elements, `init(offset)` each, from the system allocator (never the global
-/// allocator, which may be ferropool's own front end).
-pub(crate) fn allocate<T>(len: usize, mut init: impl FnMut(usize) -> T) -> *mut T {
-    let layout = Layout::array::<T>(len).expect("page sizes fit in isize");
+/// allocator, which may be ferropool's own front end). Aborts the process if the system
+/// refuses the memory, as `Box::new` does (see [`try_allocate`]).
+pub(crate) fn allocate<T>(len: usize, init: impl FnMut(usize) -> T) -> *mut T {
+    match try_allocate(len, init) {
+        Ok(base) => base,
+        Err(Refused(Some(layout))) => std::alloc::handle_alloc_error(layout),
+        Err(Refused(None)) => capacity_overflow(),
+    }
+}
+
+#[cold]
+fn capacity_overflow() -> ! {
+    panic!("a page's size does not fit in isize")
+}
+
+/// The system refused a page: its layout, or `None` if its size does not fit in `isize`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Refused(pub(crate) Option<Layout>);
+
+/// [`allocate`], with a refusal returned instead of ending the process.
+pub(crate) fn try_allocate<T>(
+    len: usize,
+    mut init: impl FnMut(usize) -> T,
+) -> Result<*mut T, Refused> {
+    let layout = Layout::array::<T>(len).map_err(|_| Refused(None))?;
     if layout.size() == 0 {
-        return NonNull::dangling().as_ptr();
+        return Ok(NonNull::dangling().as_ptr());
     }
     // SAFETY: the layout has a non-zero size.
     let base = unsafe { system::alloc(layout) }.cast::<T>();
     if base.is_null() {
-        std::alloc::handle_alloc_error(layout);
+        return Err(Refused(Some(layout)));
     }
     for offset in 0..len {
         // SAFETY: `offset < len`, inside the fresh allocation, written once.
         unsafe { base.add(offset).write(init(offset)) };
     }
-    base
+    Ok(base)
 }
 
 /// Makes `at` point to an array of `len` elements (`init(offset)` each, from [`allocate`])
 /// unless it points to one already: another thread may win the race, and then its array
 /// stays and ours is dropped. `at` must only ever hold null or such an array.
 pub(crate) fn publish_once<T>(at: &AtomicPtr<T>, len: usize, init: impl FnMut(usize) -> T) {
-    if !at.load(Ordering::Acquire).is_null() {
-        return;
+    if let Err(Refused(refused)) = try_publish_once(at, len, init) {
+        match refused {
+            Some(layout) => std::alloc::handle_alloc_error(layout),
+            None => capacity_overflow(),
+        }
     }
-    let fresh = allocate(len, init);
+}
+
+/// [`publish_once`], with a refusal returned instead of ending the process (`at` is then
+/// left as it was).
+pub(crate) fn try_publish_once<T>(
+    at: &AtomicPtr<T>,
+    len: usize,
+    init: impl FnMut(usize) -> T,
+) -> Result<(), Refused> {
+    if !at.load(Ordering::Acquire).is_null() {
+        return Ok(());
+    }
+    let fresh = try_allocate(len, init)?;
     if at
         .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
-        // SAFETY: `fresh` came from `allocate` above with this length and was never
+        // SAFETY: `fresh` came from `try_allocate` above with this length and was never
         // published, so it is still ours alone.
         unsafe { free(fresh, len) };
     }
+    Ok(())
 }
 
 /// Drops and frees a page from [`allocate`].
@@ -190,6 +228,16 @@ impl<T> PagedTable<T> {
     /// already (another thread may win the race: then its page stays and ours is dropped).
     pub(crate) fn ensure_page(&self, page: usize, init: impl FnMut(usize) -> T) {
         publish_once(&self.pages[page], self.page_len(page), init);
+    }
+
+    /// [`ensure_page`](Self::ensure_page), with a refusal of the memory returned (the page
+    /// is then still unallocated) instead of ending the process.
+    pub(crate) fn try_ensure_page(
+        &self,
+        page: usize,
+        init: impl FnMut(usize) -> T,
+    ) -> Result<(), Refused> {
+        try_publish_once(&self.pages[page], self.page_len(page), init)
     }
 
     /// Unlinks page `page` and hands it to the caller, or `None` if it is not allocated.

@@ -1101,3 +1101,38 @@ fn a_thread_awaiting_its_own_slots_takes_a_ready_batch_past_the_growth_bound() {
         "slot {next} reused during its grace period"
     );
 }
+
+/// A page the system refuses is a typed error that hands the value back, with nothing
+/// claimed: the process used to abort on the failed allocation. (A first page of 65,536
+/// slots of 4 MiB values asks for 256 GiB at once, which a system that does not overcommit
+/// without limit refuses.)
+#[cfg(not(any(miri, ferropool_sanitizer)))]
+#[test]
+fn a_page_the_system_refuses_is_a_typed_error() {
+    let overcommits = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
+        .is_ok_and(|mode| mode.trim() == "1");
+    if overcommits {
+        eprintln!("skipped: this system grants any allocation (vm.overcommit_memory = 1)");
+        return;
+    }
+    std::thread::Builder::new()
+        .stack_size(512 << 20)
+        .spawn(|| {
+            let arena = SlotArena::with_config(ArenaConfig {
+                first_page_len: 1 << 16,
+                ..ArenaConfig::default()
+            })
+            .unwrap();
+            let (error, value) = arena.try_insert([7u8; 4 << 20]).unwrap_err();
+            assert!(
+                matches!(error, ArenaError::OutOfMemory { slots: 65_536, .. }),
+                "{error:?}"
+            );
+            assert_eq!(value[0], 7, "the value came back");
+            assert_eq!((arena.len(), arena.capacity()), (0, 0));
+            assert!(arena.insert([0u8; 4 << 20]).is_err(), "and again");
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}

@@ -75,4 +75,13 @@ pub enum ArenaError {
         /// The number of addressable slots.
         capacity: u64,
     },
+    /// The arena needed a new page of slots and the system refused the memory (or its size
+    /// does not fit in `isize`). Nothing was claimed: a later insert may succeed.
+    #[error("the system refused a page of {slots} slots ({bytes} bytes) for the arena")]
+    OutOfMemory {
+        /// Slots in the page.
+        slots: u64,
+        /// Bytes of the page's slots (`u64::MAX` if that overflows).
+        bytes: u64,
+    },
 }

@@ -283,7 +283,9 @@ impl<T: Send + 'static> SlotArena<T> {
     /// # Errors
     ///
     /// [`ArenaError::Full`] when all 2^32 - 1 slot indices are in use (or exhausted after
-    /// 2^32 reuses); `value` is dropped.
+    /// 2^32 reuses); [`ArenaError::OutOfMemory`] when the arena needs a new page of slots
+    /// and the system refuses it; `value` is dropped (see [`try_insert`](Self::try_insert)
+    /// to get it back).
     ///
     /// # Panics
     ///

@@ -282,6 +282,13 @@ impl<T> ArenaInner<T> {
             if cost > allowance {
                 return Ok(None);
             }
+            // The page before the claim: a page the system refuses is then an error with
+            // nothing claimed (a claimed chunk cannot be given back). A trim keeps a page no
+            // claimed slot reaches yet, and releases one that claimed slots reach only by
+            // moving the frontier below them, so the page is still there if the
+            // compare-exchange below succeeds (claims that bring the frontier back allocate
+            // it again first).
+            self.allocate_page(page)?;
             // AcqRel: see the invariant on `frontier`.
             match self.frontier.compare_exchange_weak(
                 frontier,
@@ -297,17 +304,35 @@ impl<T> ArenaInner<T> {
         let start = start as u32;
         // A chunk lies within one page: pages start at multiples of the first page's length,
         // which the chunk divides.
-        let (page, _) = self.slots.locate(start);
-        let floor = self.page_floor[page].load(Ordering::Relaxed);
-        self.links.ensure_page(page, |_| AtomicU32::new(NIL));
-        self.chains.ensure_page(page, |_| AtomicU32::new(NIL));
-        self.slots.ensure_page(page, |_| Slot::vacant(floor));
+        debug_assert!(self.slots.has_page(self.slots.locate(start).0));
         // Link start .. end in order.
         for index in start..end - 1 {
             self.links.at(index).store(index + 2, Ordering::Relaxed);
         }
         self.links.at(end - 1).store(NIL, Ordering::Relaxed);
         Ok(Some((start, cost)))
+    }
+
+    /// Allocates page `page` of the slot, link and chain tables, those not allocated yet:
+    /// vacant slots at the page's generation floor.
+    fn allocate_page(&self, page: usize) -> Result<(), ArenaError> {
+        let refused = |_| {
+            let slots = self.slots.page_len(page) as u64;
+            ArenaError::OutOfMemory {
+                slots,
+                bytes: slots.saturating_mul(std::mem::size_of::<Slot<T>>() as u64),
+            }
+        };
+        let floor = self.page_floor[page].load(Ordering::Relaxed);
+        self.links
+            .try_ensure_page(page, |_| AtomicU32::new(NIL))
+            .map_err(refused)?;
+        self.chains
+            .try_ensure_page(page, |_| AtomicU32::new(NIL))
+            .map_err(refused)?;
+        self.slots
+            .try_ensure_page(page, |_| Slot::vacant(floor))
+            .map_err(refused)
     }
 
     /// Drops the values of the removed chain starting at `head` and publishes its slots on

@@ -8,8 +8,11 @@
 //! list, counts the vacant slots it took per page, and unlinks the trailing pages whose used
 //! slots (those below the frontier) it holds all of. A page with a slot some thread is using
 //! (popped, claimed, occupied, removed, being recycled) is never released, because that slot
-//! is not on a free list; a null page below the frontier means a claimer is about to
-//! allocate it, so the trim stops there. Finally it lowers the frontier to the first
+//! is not on a free list. A claim allocates its page before it moves the frontier into it,
+//! so every page below the frontier is allocated (a null one would stop the trim there), and
+//! a page past the frontier is one a claimer is about to claim from: kept, since this trim
+//! may unfreeze the frontier at the very value that claim expects. Finally it lowers the
+//! frontier to the first
 //! released page and unfreezes it in one store, once it has given the kept slots back to the
 //! shards they came from.
 //!
@@ -71,6 +74,12 @@ impl<T> ArenaInner<T> {
                 }
                 continue;
             };
+            if used == 0 {
+                // Past the frontier: a claimer allocated it and is about to claim its first
+                // chunk (the claim allocates before it moves the frontier). It stays: the
+                // claim finds it there, even if this trim leaves the frontier where it was.
+                continue;
+            }
             if vacant_in_page[k] != used {
                 break;
             }
