@@ -334,3 +334,13 @@ fn constructors_do_not_trust_a_size_hint() {
     });
     assert_eq!(recompute.inputs().len(), 2);
 }
+
+/// Statistics with extreme counts (deserialized, or built by hand) print without an
+/// overflow: the summary added two counts to decide whether to show its eviction line.
+#[test]
+fn statistics_with_extreme_counts_print() {
+    let mut stats = ferropool::PoolStats::default();
+    stats.evictions = u64::MAX;
+    stats.recomputations = 1;
+    assert!(stats.to_string().contains("evicted"));
+}

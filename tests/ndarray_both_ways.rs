@@ -334,3 +334,24 @@ proptest! {
         }
     }
 }
+
+/// A length-1 axis may carry any stride (it is never stepped along), even one above
+/// `isize::MAX`, which ndarray reads as negative: the arrays of such a view work both ways
+/// (its array was accepted and then panicked in `to_owned`, negating `isize::MIN`).
+#[test]
+fn a_unit_axis_with_a_stride_past_isize_max_makes_a_working_array() {
+    let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let (mut group, slots) = AllocationGroup::from_tensors([t]).unwrap();
+    for stride in [1 << 63, usize::MAX] {
+        let layout = Layout::new(&[1, 3], &[stride, 1], 0).unwrap();
+        let view = group.add_view(slots[0], layout).unwrap();
+        let array = group.read_view(view).unwrap().to_ndarray::<f32>().unwrap();
+        assert_eq!(array.iter().copied().collect::<Vec<_>>(), [1.0, 2.0, 3.0]);
+        assert_eq!(array.to_owned().sum(), 6.0);
+        let mut write = group.write_view(view).unwrap();
+        let mut array = write.to_ndarray_mut::<f32>().unwrap();
+        array[[0, 2]] = 4.0;
+        assert_eq!(array.to_owned().sum(), 7.0);
+        array[[0, 2]] = 3.0;
+    }
+}

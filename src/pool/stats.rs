@@ -196,7 +196,7 @@ impl fmt::Display for PoolStats {
             self.budget_failures,
             self.trims,
         )?;
-        if self.evictions + self.recomputations > 0 {
+        if self.evictions > 0 || self.recomputations > 0 {
             write!(
                 f,
                 "\nevicted   {} values ({}); {} recomputed ({}) in {:.3} s",

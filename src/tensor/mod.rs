@@ -802,7 +802,16 @@ pub(crate) fn ndarray_shape(
     if shape.contains(&0) {
         (IxDyn(shape).into(), len)
     } else {
-        (IxDyn(shape).strides(IxDyn(strides)), offset)
+        // A length-1 axis is never stepped along, so its stride may be anything a `usize`
+        // holds (the extent check skips it); ndarray reads strides as `isize`, where one
+        // above `isize::MAX` turns negative. Every other stride is within the buffer's
+        // extent, so it fits.
+        let strides: Vec<usize> = shape
+            .iter()
+            .zip(strides)
+            .map(|(&dim, &stride)| if dim == 1 { 0 } else { stride })
+            .collect();
+        (IxDyn(shape).strides(IxDyn(&strides)), offset)
     }
 }
 
