@@ -95,8 +95,9 @@ pub struct Args {
     /// recomputes it when the backward pass reads it.
     #[arg(long, value_parser = at_least_one)]
     pub checkpoint_every: Option<usize>,
-    /// Threads for the forward pass and the replay (at least 1; default: all cores).
-    #[arg(long, value_parser = at_least_one)]
+    /// Threads for the forward pass and the replay (at least 1, at most the 65,535 a thread
+    /// pool may have; default: all cores).
+    #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
     /// Byte budget of the pool, e.g. 256MiB, 1.5GiB, 10MB or 1000000 (default: none).
     ///
@@ -169,6 +170,16 @@ fn at_least_one(text: &str) -> Result<usize, String> {
     match text.trim().parse::<usize>() {
         Ok(count) if count >= 1 => Ok(count),
         _ => Err("expected a whole number of at least 1".into()),
+    }
+}
+
+/// A thread count: at least 1, and no more than a rayon thread pool may have (it caps a
+/// larger request silently, and the job sizes its per-thread state by the request).
+fn thread_count(text: &str) -> Result<usize, String> {
+    let most = rayon::max_num_threads();
+    match at_least_one(text)? {
+        count if count <= most => Ok(count),
+        _ => Err(format!("expected at most {most} threads")),
     }
 }
 

@@ -12,6 +12,14 @@ static GLOBAL: &ChosenAllocator = &train_replay::allocator::ALLOCATOR;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let allocator = &train_replay::allocator::ALLOCATOR;
+    if allocator.unknown_value() {
+        eprintln!(
+            "error: {} names no allocator (glibc, mimalloc, pool, pool-mimalloc)",
+            allocator.variable()
+        );
+        return ExitCode::FAILURE;
+    }
     let result = match &cli.command {
         Some(Command::Compare(args)) => train_replay::compare::compare(args),
         Some(Command::Train(args)) => train_replay::report::run(args),

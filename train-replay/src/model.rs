@@ -173,11 +173,15 @@ impl<'a, B: Backend> Trainer<'a, B> {
             .thread_name(|i| format!("worker {i}")) // the trace's track names
             .build()
             .map_err(|e| anyhow!("starting {threads} worker thread(s): {e}"))?;
+        // Hidden layers and the output layer.
+        let layer_count = args.layers.saturating_add(1);
         Ok(Self {
             backend,
             layers,
             keep: match args.keep() {
-                Keep::Every(every) => Keep::Every(every.max(1)),
+                // Past the layer count it keeps the first layer's input alone, as the count
+                // does (and sizes a scratch vector by it).
+                Keep::Every(every) => Keep::Every(every.clamp(1, layer_count)),
                 Keep::Fitted => Keep::Fitted,
             },
             threads,

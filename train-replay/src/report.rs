@@ -20,7 +20,21 @@ use crate::show::{bytes, table};
 /// line only if `--json`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     if !allocator::choice().is_pool() {
-        // The baselines: plain vectors from glibc or mimalloc.
+        // The baselines: plain vectors from glibc or mimalloc. They have no pool to trace or
+        // to budget: a trace or plot asked for would silently not be written.
+        if args.trace.is_some() || args.plot.is_some() {
+            return Err(anyhow::anyhow!(
+                "--trace and --plot record the pool's events: this run uses {} ({} chooses)",
+                allocator::choice().name(),
+                allocator::VARIABLE
+            ));
+        }
+        if args.budget.is_some() && !args.json {
+            eprintln!(
+                "note: --budget caps the pool; this run uses {} and ignores it",
+                allocator::choice().name()
+            );
+        }
         let summary = train(&VecBackend, args, None, |_, _| {})?;
         println!("{}", summary.line());
         return Ok(());
@@ -47,7 +61,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         announce(args);
     }
     let bar = (std::io::stderr().is_terminal() && !quiet).then(|| progress_bar(args.steps));
-    let mut boundaries = Vec::with_capacity(args.steps);
+    // Grown as steps end: `--steps` may be any count, and a run may be stopped early.
+    let mut boundaries = Vec::new();
     let started = Instant::now();
     let trained = train(&backend, args, Some(pool), |step, loss| {
         boundaries.extend(pool.trace_now_ns());

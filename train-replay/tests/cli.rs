@@ -108,3 +108,75 @@ fn a_budget_takes_decimals_and_si_units() {
         );
     }
 }
+
+/// More threads than a thread pool may have is refused (rayon caps the pool silently, and
+/// the job sized its per-thread state by the request: a capacity overflow).
+#[test]
+fn more_threads_than_a_pool_may_have_are_refused() {
+    refused("--threads", "18446744073709551615", &["at most"]);
+    refused("--threads", "65536", &["at most"]);
+}
+
+/// A checkpoint interval past the layer count keeps the first layer's input alone, as the
+/// layer count itself does (the replay sized a scratch vector by it: a capacity overflow).
+#[test]
+fn a_checkpoint_interval_past_the_layers_trains() {
+    let out = train_replay(&[
+        "--steps",
+        "1",
+        "--batch",
+        "8",
+        "--hidden",
+        "8",
+        "--layers",
+        "1",
+        "--threads",
+        "1",
+        "--checkpoint-every",
+        "18446744073709551615",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The baselines have no pool: a trace or plot asked of them is an error (it was silently
+/// not written), and an allocator name the job does not know is refused (it ran the
+/// default).
+#[test]
+fn pool_only_outputs_and_unknown_allocators_are_refused() {
+    let tiny = [
+        "--steps",
+        "1",
+        "--batch",
+        "8",
+        "--hidden",
+        "8",
+        "--layers",
+        "1",
+        "--threads",
+        "1",
+    ];
+    let trace =
+        std::env::temp_dir().join(format!("train-replay-glibc-{}.json", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_train-replay"))
+        .env("TRAIN_REPLAY_ALLOCATOR", "glibc")
+        .args(tiny)
+        .args(["--trace", trace.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--trace"), "{stderr}");
+    assert!(!trace.exists());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_train-replay"))
+        .env("TRAIN_REPLAY_ALLOCATOR", "jemalloc")
+        .args(tiny)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("names no allocator"), "{stderr}");
+}
