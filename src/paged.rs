@@ -57,21 +57,23 @@ impl<T> Drop for Page<T> {
 /// allocator, which may be ferropool's own front end). Aborts the process if the system
 /// refuses the memory, as `Box::new` does (see [`try_allocate`]).
 pub(crate) fn allocate<T>(len: usize, init: impl FnMut(usize) -> T) -> *mut T {
-    match try_allocate(len, init) {
-        Ok(base) => base,
-        Err(Refused(Some(layout))) => std::alloc::handle_alloc_error(layout),
-        Err(Refused(None)) => capacity_overflow(),
-    }
-}
-
-#[cold]
-fn capacity_overflow() -> ! {
-    panic!("a page's size does not fit in isize")
+    try_allocate(len, init).unwrap_or_else(|refused| refused.end_process())
 }
 
 /// The system refused a page: its layout, or `None` if its size does not fit in `isize`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Refused(pub(crate) Option<Layout>);
+
+impl Refused {
+    /// Ends the process as a refused `Box::new` does (or panics, for a size past `isize`).
+    #[cold]
+    fn end_process(self) -> ! {
+        match self.0 {
+            Some(layout) => std::alloc::handle_alloc_error(layout),
+            None => panic!("a page's size does not fit in isize"),
+        }
+    }
+}
 
 /// [`allocate`], with a refusal returned instead of ending the process.
 pub(crate) fn try_allocate<T>(
@@ -98,11 +100,8 @@ pub(crate) fn try_allocate<T>(
 /// unless it points to one already: another thread may win the race, and then its array
 /// stays and ours is dropped. `at` must only ever hold null or such an array.
 pub(crate) fn publish_once<T>(at: &AtomicPtr<T>, len: usize, init: impl FnMut(usize) -> T) {
-    if let Err(Refused(refused)) = try_publish_once(at, len, init) {
-        match refused {
-            Some(layout) => std::alloc::handle_alloc_error(layout),
-            None => capacity_overflow(),
-        }
+    if let Err(refused) = try_publish_once(at, len, init) {
+        refused.end_process();
     }
 }
 

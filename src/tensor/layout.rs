@@ -470,7 +470,7 @@ pub(crate) fn numel(shape: &[usize]) -> Result<usize, TensorError> {
 }
 
 /// [`numel`] as an `Option`: `None` if the count overflows.
-fn element_count(shape: &[usize]) -> Option<usize> {
+pub(crate) fn element_count(shape: &[usize]) -> Option<usize> {
     if shape.contains(&0) {
         return Some(0);
     }

@@ -375,10 +375,9 @@ impl Tensor {
     pub fn numel(&self) -> usize {
         match &self.repr {
             Repr::Pooled { layout, .. } => layout.numel(),
-            // The count fits (invariant on `Repr::External`), so this is never `usize::MAX`
-            // by overflow; the product is checked all the same, with 0 first: a zero-element
-            // shape may list huge dimensions before its 0.
-            Repr::External { shape, .. } => numel(shape).unwrap_or(usize::MAX),
+            // The count fits (invariant on `Repr::External`); counted with 0 first all the
+            // same: a zero-element shape may list huge dimensions before its 0.
+            Repr::External { shape, .. } => layout::element_count(shape).unwrap_or(usize::MAX),
         }
     }
 

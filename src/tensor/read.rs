@@ -269,17 +269,13 @@ impl<'a> TensorRead<'a> {
         if layout.is_contiguous() {
             return Ok(all[layout.offset()..layout.offset() + layout.numel()].to_vec());
         }
+        // Refused when the bytes overflow as well as when the system refuses them.
         let mut out = Vec::new();
-        let refused = || TensorError::CopyTooLarge {
-            elements: layout.numel(),
-            element_bytes: std::mem::size_of::<T>(),
-        };
-        layout
-            .numel()
-            .checked_mul(std::mem::size_of::<T>())
-            .ok_or_else(refused)?;
         out.try_reserve_exact(layout.numel())
-            .map_err(|_| refused())?;
+            .map_err(|_| TensorError::CopyTooLarge {
+                elements: layout.numel(),
+                element_bytes: std::mem::size_of::<T>(),
+            })?;
         for_each_offset(layout, |offset| out.push(all[offset]));
         Ok(out)
     }
