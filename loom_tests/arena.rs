@@ -450,6 +450,19 @@ fn a_dry_shard_grows_before_it_steals() {
     });
 }
 
+/// Another thread that inserts record 1, checks it reads back, and returns its key.
+fn spawn_inserter(
+    arena: &Arc<SlotArena<Record>>,
+    drops: &Arc<AtomicUsize>,
+) -> thread::JoinHandle<Key> {
+    let (arena, drops) = (Arc::clone(arena), Arc::clone(drops));
+    thread::spawn(move || {
+        let key = arena.insert(Record::new(1, &drops)).unwrap();
+        assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
+        key
+    })
+}
+
 /// **trim racing an insert**: one thread trims while another inserts into an arena whose
 /// only page is vacant, so the insert pops the page's vacant slot or claims a fresh one at
 /// the very moment the trim decides whether the page can go. The insert's value always
@@ -464,14 +477,7 @@ fn trim_racing_an_insert() {
         let collector = Collector::new();
         let drops = Arc::new(AtomicUsize::new(0));
         let (arena, _) = one_vacant_page(&collector);
-        let inserter = {
-            let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
-            thread::spawn(move || {
-                let key = arena.insert(Record::new(1, &drops)).unwrap();
-                assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
-                key
-            })
-        };
+        let inserter = spawn_inserter(&arena, &drops);
         arena.trim();
         let key = inserter.join().unwrap();
         assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
@@ -495,14 +501,7 @@ fn a_trim_keeps_the_page_a_claim_allocated() {
         let drops = Arc::new(AtomicUsize::new(0));
         let arena = Arc::new(arena(&collector, 1));
         let first = arena.insert(Record::new(0, &drops)).unwrap();
-        let inserter = {
-            let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
-            thread::spawn(move || {
-                let key = arena.insert(Record::new(1, &drops)).unwrap();
-                assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
-                key
-            })
-        };
+        let inserter = spawn_inserter(&arena, &drops);
         arena.trim();
         let key = inserter.join().unwrap();
         assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);

@@ -110,21 +110,24 @@ fn zero_element_shapes_count_zero_in_every_order() {
     }
 }
 
+/// A caller-owned payload of the given shape.
+#[derive(Debug)]
+struct Shaped(&'static [usize]);
+
+impl ferropool::ExternalPayload for Shaped {
+    fn tag(&self) -> u32 {
+        1
+    }
+    fn shape(&self) -> &[usize] {
+        self.0
+    }
+}
+
 /// A caller-owned payload whose shape's element count overflows is refused when the tensor
 /// is built, so `numel` can never wrap.
 #[test]
 fn external_payload_shapes_are_checked() {
-    #[derive(Debug)]
-    struct Huge;
-    impl ferropool::ExternalPayload for Huge {
-        fn tag(&self) -> u32 {
-            1
-        }
-        fn shape(&self) -> &[usize] {
-            &[usize::MAX, 3]
-        }
-    }
-    let result = Tensor::external(Huge);
+    let result = Tensor::external(Shaped(&[usize::MAX, 3]));
     assert!(
         matches!(result, Err(TensorError::InvalidLayout { .. })),
         "{result:?}"
@@ -135,17 +138,8 @@ fn external_payload_shapes_are_checked() {
 /// `numel` is 0 (a plain product overflowed).
 #[test]
 fn an_external_payload_of_no_elements_counts_zero() {
-    #[derive(Debug)]
-    struct Empty;
-    impl ferropool::ExternalPayload for Empty {
-        fn tag(&self) -> u32 {
-            1
-        }
-        fn shape(&self) -> &[usize] {
-            &[usize::MAX, 2, 0]
-        }
-    }
-    assert_eq!(Tensor::external(Empty).unwrap().numel(), 0);
+    let empty = Tensor::external(Shaped(&[usize::MAX, 2, 0])).unwrap();
+    assert_eq!(empty.numel(), 0);
 }
 
 /// A request above the largest class, and zero-byte requests, are answered without panics.

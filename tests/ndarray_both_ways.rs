@@ -346,6 +346,13 @@ fn a_unit_axis_with_a_stride_past_isize_max_makes_a_working_array() {
         let layout = Layout::new(&[1, 3], &[stride, 1], 0).unwrap();
         let view = group.add_view(slots[0], layout).unwrap();
         let array = group.read_view(view).unwrap().to_ndarray::<f32>().unwrap();
+        // (Before, the unit axis's stride read as negative; in a build without overflow
+        // checks the rest of this test passed regardless.)
+        assert!(
+            array.strides().iter().all(|&s| s >= 0),
+            "{:?}",
+            array.strides()
+        );
         assert_eq!(array.iter().copied().collect::<Vec<_>>(), [1.0, 2.0, 3.0]);
         assert_eq!(array.to_owned().sum(), 6.0);
         let mut write = group.write_view(view).unwrap();

@@ -117,24 +117,27 @@ fn more_threads_than_a_pool_may_have_are_refused() {
     refused("--threads", "65536", &["at most"]);
 }
 
+/// A one-step run of the smallest model on one thread.
+const TINY: [&str; 10] = [
+    "--steps",
+    "1",
+    "--batch",
+    "8",
+    "--hidden",
+    "8",
+    "--layers",
+    "1",
+    "--threads",
+    "1",
+];
+
 /// A checkpoint interval past the layer count keeps the first layer's input alone, as the
 /// layer count itself does (the replay sized a scratch vector by it: a capacity overflow).
 #[test]
 fn a_checkpoint_interval_past_the_layers_trains() {
-    let out = train_replay(&[
-        "--steps",
-        "1",
-        "--batch",
-        "8",
-        "--hidden",
-        "8",
-        "--layers",
-        "1",
-        "--threads",
-        "1",
-        "--checkpoint-every",
-        "18446744073709551615",
-    ]);
+    let mut args = TINY.to_vec();
+    args.extend(["--checkpoint-every", "18446744073709551615"]);
+    let out = train_replay(&args);
     assert!(
         out.status.success(),
         "{}",
@@ -147,23 +150,11 @@ fn a_checkpoint_interval_past_the_layers_trains() {
 /// default).
 #[test]
 fn pool_only_outputs_and_unknown_allocators_are_refused() {
-    let tiny = [
-        "--steps",
-        "1",
-        "--batch",
-        "8",
-        "--hidden",
-        "8",
-        "--layers",
-        "1",
-        "--threads",
-        "1",
-    ];
     let trace =
         std::env::temp_dir().join(format!("train-replay-glibc-{}.json", std::process::id()));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_train-replay"))
         .env("TRAIN_REPLAY_ALLOCATOR", "glibc")
-        .args(tiny)
+        .args(TINY)
         .args(["--trace", trace.to_str().unwrap()])
         .output()
         .unwrap();
@@ -173,7 +164,7 @@ fn pool_only_outputs_and_unknown_allocators_are_refused() {
     assert!(!trace.exists());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_train-replay"))
         .env("TRAIN_REPLAY_ALLOCATOR", "jemalloc")
-        .args(tiny)
+        .args(TINY)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
