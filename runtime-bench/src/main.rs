@@ -47,6 +47,22 @@ struct Args {
     thread_counts: Vec<usize>,
 }
 
+/// Bytes in GiB, for a message.
+fn gib(bytes: usize) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// Memory the system has available (`MemAvailable` of `/proc/meminfo`), in bytes; `None`
+/// where it cannot be read.
+fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info
+        .lines()
+        .find(|line| line.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// A whole number of at least 1 (clap refuses others with exit code 2).
 fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(1..)
@@ -76,6 +92,23 @@ fn main() -> anyhow::Result<()> {
         lr: args.lr,
         threads: args.threads,
     };
+    // A model or batch too large to hold would end the process inside burn (an allocation
+    // that fails aborts): refuse it here, with what it needs.
+    let available = available_memory();
+    match recipe.bytes() {
+        Some(need) if available.is_none_or(|available| need <= available) => {}
+        need => bail!(
+            "--layers {}, --hidden {} and --batch {} need {}{}",
+            args.layers,
+            args.hidden,
+            args.batch,
+            need.map_or(
+                "more memory than the address space holds".into(),
+                |need| format!("at least {} of memory", gib(need))
+            ),
+            available.map_or("".into(), |a| format!("; {} are available", gib(a)))
+        ),
+    }
     if args.compare {
         return compare::run(&recipe, &args.thread_counts, args.rounds);
     }

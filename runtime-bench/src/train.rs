@@ -36,6 +36,32 @@ pub struct Recipe {
     pub threads: usize,
 }
 
+impl Recipe {
+    /// A floor on the bytes a run holds at once: the `f32` parameters with their gradients
+    /// and Adam's two moments, and one batch's input, its layers' outputs and their ReLUs
+    /// (autodiff keeps them for the backward pass). `None` where the count overflows.
+    pub fn bytes(&self) -> Option<usize> {
+        let (batch, hidden, layers) = (self.batch, self.hidden, self.layers);
+        // Weights and biases: INPUT -> hidden, (layers - 1) x hidden -> hidden, hidden -> CLASSES.
+        let first = INPUT.checked_add(1)?.checked_mul(hidden)?;
+        let middle = hidden
+            .checked_add(1)?
+            .checked_mul(hidden)?
+            .checked_mul(layers - 1)?;
+        let last = hidden.checked_add(1)?.checked_mul(CLASSES)?;
+        let parameters = first.checked_add(middle)?.checked_add(last)?;
+        let widths = hidden
+            .checked_mul(layers)?
+            .checked_mul(2)?
+            .checked_add(INPUT + CLASSES)?;
+        let activations = batch.checked_mul(widths)?;
+        parameters
+            .checked_mul(4)?
+            .checked_add(activations)?
+            .checked_mul(std::mem::size_of::<f32>())
+    }
+}
+
 /// The MLP.
 #[derive(Module, Debug)]
 struct Mlp {
