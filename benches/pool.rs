@@ -6,7 +6,9 @@
 mod common;
 mod pool_common;
 
+use std::alloc::GlobalAlloc;
 use std::hint::black_box;
+use std::mem::MaybeUninit;
 
 use criterion::{BenchmarkId, Criterion};
 use ferropool::{BufferPool, PoolBuffer};
@@ -124,8 +126,18 @@ fn pair_table() {
             drop(buf);
         });
         let glibc = pair_ns(PAIR_CALLS, || vec_pair(size));
+        // The same through the `GlobalAlloc` front end (a raw block: a header, and a colour).
+        let front = ferropool::PoolAllocator::with_threshold(0);
+        let layout = std::alloc::Layout::from_size_align(size, 64).unwrap();
+        let raw = pair_ns(PAIR_CALLS, || {
+            // SAFETY: (bench) a non-zero size; the block goes back with its layout.
+            unsafe {
+                let ptr = front.alloc(black_box(layout));
+                front.dealloc(black_box(ptr), layout);
+            }
+        });
         println!(
-            "alloc + free, direct calls, best of 5 x {PAIR_CALLS}, {size:>8} B: ferropool {ours:5.1} ns, glibc Vec {glibc:5.1} ns (ferropool {:.2}x glibc's time)",
+            "alloc + free, direct calls, best of 5 x {PAIR_CALLS}, {size:>8} B: ferropool {ours:5.1} ns, glibc Vec {glibc:5.1} ns (ferropool {:.2}x glibc's time); ferropool's GlobalAlloc {raw:5.1} ns",
             ours / glibc
         );
     }
@@ -266,7 +278,101 @@ fn cross_thread_table() {
     }
 }
 
+/// Elements of the tensors the elementwise runner chains ops over: 64 KiB, 256 KiB, 1 MiB and
+/// 4 MiB of `f32`.
+const ELEMENTWISE_LENS: [usize; 4] = [16 << 10, 64 << 10, 256 << 10, 1 << 20];
+
+/// A framework's out-of-place elementwise op: `out = x * scale + shift`, four streams.
+#[inline(never)]
+fn scale_shift(out: &mut [MaybeUninit<f32>], x: &[f32], scale: &[f32], shift: &[f32]) {
+    for (((out, x), scale), shift) in out.iter_mut().zip(x).zip(scale).zip(shift) {
+        out.write(x * scale + shift);
+    }
+}
+
+/// Nanoseconds per element of `ops` chained ops on tensors of `len` elements, each op's
+/// output a fresh allocation from `allocator` (with `align`) and its input freed after it,
+/// as a framework runs a chain of elementwise ops: the streams are wherever the allocator
+/// puts its blocks within their pages.
+fn elementwise_ns(allocator: &dyn GlobalAlloc, align: usize, len: usize, ops: usize) -> f64 {
+    let layout = std::alloc::Layout::from_size_align(len * 4, align).unwrap();
+    let fresh = || {
+        // SAFETY: (bench) a non-zero size.
+        let ptr = unsafe { allocator.alloc(layout) }.cast::<MaybeUninit<f32>>();
+        assert!(!ptr.is_null());
+        // SAFETY: (bench) a fresh block of `len` elements, ours until freed.
+        unsafe { std::slice::from_raw_parts_mut(ptr, len) }
+    };
+    let filled = |value: f32| {
+        let tensor = fresh();
+        tensor.fill(MaybeUninit::new(value));
+        // SAFETY: (bench) every element written just above.
+        unsafe { std::slice::from_raw_parts_mut(tensor.as_mut_ptr().cast::<f32>(), len) }
+    };
+    let free = |tensor: &mut [f32]| {
+        // SAFETY: (bench) allocated above with `layout`, not used again.
+        unsafe { allocator.dealloc(tensor.as_mut_ptr().cast(), layout) }
+    };
+    let (scale, shift, mut x) = (filled(0.5), filled(1.0), filled(1.0));
+    let started = std::time::Instant::now();
+    for _ in 0..ops {
+        let out = fresh();
+        scale_shift(out, x, scale, shift);
+        // SAFETY: (bench) `scale_shift` wrote every element.
+        let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<f32>(), len) };
+        free(std::mem::replace(&mut x, out));
+    }
+    let ns = started.elapsed().as_nanos() as f64 / (ops * len) as f64;
+    black_box(x[len - 1]);
+    free(x);
+    free(scale);
+    free(shift);
+    ns
+}
+
+/// The elementwise runner: ferropool's front end as a framework's allocator (where each
+/// raw block gets a colour: its own offset within its pages), the same front end asked for
+/// page-aligned blocks (which get no colour, so every block sits at one offset, as before
+/// colours), glibc and mimalloc (called directly, not as the global allocator), alternated
+/// over 7 rounds after one of warm-up; ns per element, medians (min-max).
+fn elementwise_table() {
+    let pool = ferropool::PoolAllocator::new();
+    let glibc = std::alloc::System;
+    let mimalloc = mimalloc::MiMalloc;
+    let variants: [(&str, &dyn GlobalAlloc, usize); 4] = [
+        ("ferropool", &pool, 64),
+        ("ferropool, page-aligned", &pool, 4096),
+        ("glibc", &glibc, 64),
+        ("mimalloc", &mimalloc, 64),
+    ];
+    for len in ELEMENTWISE_LENS {
+        let ops = (256 << 20) / (len * 4);
+        let mut runs = vec![Vec::new(); variants.len()];
+        for round in 0..8 {
+            for ((_, allocator, align), runs) in variants.iter().zip(&mut runs) {
+                let ns = elementwise_ns(*allocator, *align, len, ops);
+                if round > 0 {
+                    runs.push(ns);
+                }
+            }
+        }
+        let mut line = format!(
+            "elementwise out = x * scale + shift, {:>5} KiB:",
+            (len * 4) >> 10
+        );
+        for ((name, ..), runs) in variants.iter().zip(runs) {
+            let (low, median, high) = common::spread(runs);
+            line += &format!(" {name} {median:.3} ({low:.3}-{high:.3})");
+        }
+        println!("{line} ns/element");
+    }
+}
+
 fn main() {
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_ELEMENTWISE").is_some() {
+        elementwise_table();
+        return;
+    }
     if std::env::var_os("FERROPOOL_BENCH_ONLY_INDEX").is_some() {
         thread_index_table();
         return;
@@ -308,6 +414,7 @@ fn main() {
     thread_index_table();
     cross_thread_table();
     pair_table();
+    elementwise_table();
     let stats = pool.0.stats();
     println!(
         "ferropool stats: {} allocations, hit rate {:.3}, {} system allocations, peak reserved {:.2}",

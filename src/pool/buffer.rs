@@ -93,6 +93,12 @@ impl PoolBuffer {
         self.len = len;
     }
 
+    /// The block's record, whose address tells blocks apart (a raw block's colour).
+    #[inline(always)]
+    pub(super) fn record_ptr(&self) -> NonNull<Record> {
+        self.record
+    }
+
     pub(super) fn new(
         pool: NonNull<PoolInner>,
         addr: NonNull<u8>,

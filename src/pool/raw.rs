@@ -14,6 +14,7 @@ use std::alloc::Layout;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
+use super::blocks::Record;
 use super::buffer::PoolBuffer;
 use super::inner::PoolInner;
 use super::PoolError;
@@ -23,8 +24,9 @@ use super::PoolError;
 #[repr(C)]
 struct Header {
     body: Body,
-    /// Which field of `body` is in use: [`POOLED`] or [`FALLBACK`]. Last, so it sits right
-    /// before the caller's pointer.
+    /// Which field of `body` is in use: [`POOLED`] (with the block's colour in its low bits,
+    /// see [`COLOUR_BITS`]) or [`FALLBACK`]. Last, so it sits right before the caller's
+    /// pointer.
     kind: usize,
 }
 
@@ -47,8 +49,10 @@ pub(super) struct Fallback {
     pub(super) layout: Layout,
 }
 
-/// `Header::kind` of a pool block.
-const POOLED: usize = 0x504F_4F4C; // "POOL"
+/// `Header::kind` of a pool block, with its colour in [`COLOUR_BITS`].
+const POOLED: usize = 0x504F_0000; // "PO", then the colour
+/// The bits of a pool block's `Header::kind` that hold its colour (see [`colour`]).
+const COLOUR_BITS: usize = 0xFFFF;
 /// `Header::kind` of a fallback block.
 const FALLBACK: usize = 0x4641_4C4C; // "FALL"
 
@@ -83,6 +87,40 @@ fn user_pointer(start: *mut u8, align: usize) -> *mut u8 {
     let offset = (start as usize + HEADER).next_multiple_of(align) - start as usize;
     debug_assert!(offset >= HEADER && offset - HEADER < align);
     start.wrapping_add(offset)
+}
+
+/// Bytes between two colours of raw blocks (see [`colour`]).
+const COLOUR_STEP: usize = 512;
+/// How many colours raw blocks take: `COLOURS * COLOUR_STEP` is a page.
+const COLOURS: usize = 8;
+
+/// The colour of a raw block of `total` bytes (header and padding included) in `buffer`,
+/// for a caller that asked for alignment `align`: extra bytes before the caller's pointer,
+/// a multiple of [`COLOUR_STEP`] within the block's capacity past `total`. Each block has
+/// its own, from its record's place in the block table (consecutive blocks take
+/// consecutive colours), reduced to the colours its spare bytes hold.
+///
+/// Why: blocks of one class sit at one offset within their pages (every large block starts
+/// on a page), so a kernel that reads two buffers and writes a third walks streams whose
+/// addresses agree in their low 12 bits: loads then wait on stores they seem to overlap
+/// (4K aliasing), and the streams share cache sets. Offsets 512 bytes apart avoid both
+/// (see DESIGN.md).
+#[inline(always)]
+fn colour(buffer: &PoolBuffer, total: usize, align: usize) -> usize {
+    if align > COLOUR_STEP {
+        return 0;
+    }
+    // Records sit side by side in the block table.
+    let record = buffer.record_ptr().as_ptr() as usize / std::mem::size_of::<Record>();
+    let colour = record % COLOURS;
+    let fits = (buffer.capacity() - total) / COLOUR_STEP;
+    // A mask, and a division only where fewer colours fit than there are.
+    let colour = if colour <= fits {
+        colour
+    } else {
+        colour % (fits + 1)
+    };
+    colour * COLOUR_STEP
 }
 
 /// Where a raw block came from, read from its header (one read: the caller frees or looks at
@@ -174,16 +212,23 @@ impl PoolInner {
                 max: super::class::MAX_SIZE,
             })?;
         let mut buffer = PoolInner::alloc(this, total, zeroed)?;
-        let ptr = user_pointer(buffer.as_mut_ptr(), layout.align());
-        // SAFETY: `ptr - start >= HEADER` and `ptr + layout.size() <= start + total`, the
-        // block's bytes, exclusively ours. The header goes in `[ptr - HEADER, ptr)`, written
-        // unaligned (the pointer has only the layout's alignment).
+        let colour = colour(&buffer, total, layout.align());
+        let ptr = user_pointer(buffer.as_mut_ptr(), layout.align()).wrapping_add(colour);
+        if zeroed && colour > 0 {
+            // SAFETY: `[total, total + colour)` of the block (`colour` fits its capacity
+            // past `total`), which the pool zeroed only up to `total`; the block is ours.
+            unsafe { buffer.as_mut_ptr().add(total).write_bytes(0, colour) };
+        }
+        // SAFETY: `ptr - start >= HEADER` and `ptr + layout.size() <= start + total + colour
+        // <= start + capacity`, the block's bytes, exclusively ours. The header goes in
+        // `[ptr - HEADER, ptr)`, written unaligned (the pointer has only the layout's
+        // alignment).
         unsafe {
             ptr.sub(HEADER).cast::<Header>().write_unaligned(Header {
                 body: Body {
                     pooled: ManuallyDrop::new(buffer),
                 },
-                kind: POOLED,
+                kind: POOLED | colour,
             });
             Ok(NonNull::new_unchecked(ptr))
         }
@@ -236,8 +281,10 @@ impl PoolInner {
         let buffer = unsafe { &mut *header.body.pooled };
         // The buffer's length counts the header and padding beside the caller's bytes: keep
         // what it counted beside `old_size`, or (for a caller whose layout claimed more than
-        // it asked for, which `Allocator` allows) what lies before the pointer.
-        let prefix = ptr.as_ptr() as usize - buffer.as_ptr() as usize;
+        // it asked for, which `Allocator` allows) what lies before the pointer, less the
+        // colour, which the length never counts.
+        let colour = header.kind & COLOUR_BITS;
+        let prefix = ptr.as_ptr() as usize - buffer.as_ptr() as usize - colour;
         let len = match buffer.len().checked_sub(old_size) {
             Some(overhead) if overhead >= prefix => overhead.saturating_add(new_size),
             _ => prefix.saturating_add(new_size),
@@ -246,5 +293,96 @@ impl PoolInner {
         // SAFETY: the same place, in the block; the copy read above is forgotten in favour of
         // this one (the header owns the buffer).
         unsafe { at.write_unaligned(header) };
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::pool::class::{class_of, class_size};
+    use crate::BufferPool;
+
+    #[test]
+    fn a_colour_fits_the_block_past_the_callers_bytes() {
+        let pool = BufferPool::new();
+        let mut totals: Vec<usize> = (1..100).map(|k| k * 777).collect();
+        for class in 0..=class_of(4 << 20).unwrap() {
+            let size = class_size(class);
+            totals.extend([size - 1, size, size + 1]);
+            totals.extend([COLOUR_STEP, 7 * COLOUR_STEP].map(|less| size.saturating_sub(less)));
+        }
+        for total in totals.into_iter().filter(|&t| t > 0 && t <= 4 << 20) {
+            let buffer = pool.alloc(total).unwrap();
+            let offset = colour(&buffer, total, 64);
+            assert_eq!(offset % COLOUR_STEP, 0, "total {total}");
+            assert!(
+                offset <= buffer.capacity() - total,
+                "total {total}: colour {offset} in a block of {}",
+                buffer.capacity()
+            );
+            assert_eq!(
+                colour(&buffer, total, 4096),
+                0,
+                "none above the step's alignment"
+            );
+        }
+    }
+
+    #[test]
+    fn raw_blocks_of_one_class_differ_in_colour_and_keep_their_bytes_in_their_block() {
+        let pool = BufferPool::new();
+        let layout = Layout::from_size_align(64 << 10, 64).unwrap();
+        // Blocks written in full, then given back: the zeroed ones below reuse them.
+        let dirty: Vec<NonNull<u8>> = (0..8)
+            .map(|_| PoolInner::alloc_raw(pool.inner, layout, false).unwrap())
+            .collect();
+        for ptr in dirty {
+            // SAFETY: from `alloc_raw`, given back once, here; the block is ours meanwhile.
+            if let Origin::Pooled(mut buffer) = unsafe { origin(ptr) } {
+                let (start, capacity) = (buffer.as_mut_ptr(), buffer.capacity());
+                // SAFETY: the whole block; the header is not read again.
+                unsafe { start.write_bytes(0xAA, capacity) };
+                drop(ManuallyDrop::into_inner(buffer));
+            }
+        }
+        let blocks: Vec<NonNull<u8>> = (0..8)
+            .map(|_| PoolInner::alloc_raw(pool.inner, layout, true).unwrap())
+            .collect();
+        // Where each caller's pointer sits in its block (the blocks themselves may sit
+        // anywhere in their pages, wherever the system put them).
+        let mut offsets: Vec<usize> = blocks
+            .iter()
+            .map(|&ptr| {
+                // SAFETY: from `alloc_raw`, in use; the copy is only looked at.
+                let origin = unsafe { origin(ptr) };
+                match origin {
+                    Origin::Pooled(buffer) => ptr.as_ptr() as usize - buffer.as_ptr() as usize,
+                    Origin::Fallback(_) => unreachable!("a pool block"),
+                }
+            })
+            .collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        assert!(offsets.len() >= 4, "offsets within the blocks: {offsets:?}");
+        let zeros = vec![0u8; layout.size()];
+        for &ptr in &blocks {
+            // SAFETY: from `alloc_raw`, in use; the copy is only looked at.
+            let capacity = unsafe { origin(ptr) }.pooled_capacity(ptr).unwrap();
+            assert!(
+                capacity >= layout.size(),
+                "{capacity} for {}",
+                layout.size()
+            );
+            // SAFETY: `layout.size()` zeroed bytes from `ptr` (asked for zeroed).
+            let bytes = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), layout.size()) };
+            assert!(bytes == zeros, "a zeroed block's bytes are zero");
+        }
+        for ptr in blocks {
+            // SAFETY: from `alloc_raw`, given back once.
+            if let Origin::Pooled(buffer) = unsafe { origin(ptr) } {
+                drop(ManuallyDrop::into_inner(buffer));
+            }
+        }
+        assert_eq!(pool.stats().in_use_bytes, 0);
     }
 }
