@@ -100,8 +100,8 @@ const COLOURS: usize = 8;
 /// its own, from its record's place in the block table (consecutive blocks take
 /// consecutive colours), reduced to the colours its spare bytes hold.
 ///
-/// Why: blocks of one class sit at one offset within their pages (every large block starts
-/// on a page), so a kernel that reads two buffers and writes a third walks streams whose
+/// Why: blocks of one class sit at one offset within their pages (large blocks are mapped
+/// pages), so a kernel that reads two buffers and writes a third walks streams whose
 /// addresses agree in their low 12 bits: loads then wait on stores they seem to overlap
 /// (4K aliasing), and the streams share cache sets. Offsets 512 bytes apart avoid both
 /// (see DESIGN.md).
