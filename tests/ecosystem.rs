@@ -364,3 +364,31 @@ fn a_collection_shrinks_in_place_at_its_budget() {
     drop(bytes);
     assert_eq!(pool.stats().requested_bytes, 0);
 }
+
+#[cfg(feature = "allocator-api2")]
+#[test]
+fn an_in_place_resize_counts_what_an_allocation_of_the_new_size_counts() {
+    use allocator_api2::alloc::Allocator;
+    use std::alloc::Layout;
+    let pool = BufferPool::new();
+    let (old, small) = (
+        Layout::from_size_align(4096, 64).unwrap(),
+        Layout::from_size_align(2048, 64).unwrap(),
+    );
+    let fresh = pool.allocate(small).unwrap();
+    let counted = pool.stats().requested_bytes;
+    // SAFETY: allocated above with `small`.
+    unsafe { pool.deallocate(fresh.cast(), small) };
+    // The same size reached by growing to all the block returned, then shrinking: the count
+    // once depended on the earlier length, clamped at the block's end.
+    let block = pool.allocate(old).unwrap();
+    let full = Layout::from_size_align(block.len(), 64).unwrap();
+    // SAFETY: `block` came from `allocate` with `old`; `full` is no smaller.
+    let grown = unsafe { pool.grow(block.cast(), old, full) }.unwrap();
+    // SAFETY: `grown` holds `full`; `small` is no larger.
+    let shrunk = unsafe { pool.shrink(grown.cast(), full, small) }.unwrap();
+    assert_eq!(pool.stats().requested_bytes, counted);
+    // SAFETY: the block now has layout `small`.
+    unsafe { pool.deallocate(shrunk.cast(), small) };
+    assert_eq!(pool.stats().requested_bytes, 0);
+}

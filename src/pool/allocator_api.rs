@@ -62,7 +62,7 @@ unsafe impl Allocator for BufferPool {
             let capacity = unsafe { PoolInner::raw_capacity(ptr) };
             if raw::resizes_in_place(capacity, new_layout.size(), false) {
                 // SAFETY: a raw pool block in use, which holds `new_layout.size()` bytes.
-                unsafe { PoolInner::resize_raw(ptr, old_layout.size(), new_layout.size()) };
+                unsafe { PoolInner::resize_raw(ptr, new_layout.align(), new_layout.size()) };
                 return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
             }
         }
@@ -94,7 +94,7 @@ unsafe impl Allocator for BufferPool {
             // SAFETY: a raw pool block from `allocate` (the caller's contract), in use; it
             // holds `new_layout.size() <= old_layout.size()` bytes.
             let capacity = unsafe {
-                PoolInner::resize_raw(ptr, old_layout.size(), new_layout.size());
+                PoolInner::resize_raw(ptr, new_layout.align(), new_layout.size());
                 PoolInner::raw_capacity(ptr)
             };
             return Ok(NonNull::slice_from_raw_parts(ptr, capacity));

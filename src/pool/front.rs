@@ -363,7 +363,7 @@ unsafe impl<F: GlobalAlloc> GlobalAlloc for PoolAllocator<F> {
                 // SAFETY: a raw pool block that holds `new_size` bytes; the caller gives it
                 // to us for the call.
                 unsafe {
-                    PoolInner::resize_raw(NonNull::new_unchecked(ptr), layout.size(), new_size)
+                    PoolInner::resize_raw(NonNull::new_unchecked(ptr), layout.align(), new_size)
                 };
                 ptr
             }

@@ -261,17 +261,16 @@ impl PoolInner {
         unsafe { origin(ptr) }.pooled_capacity(ptr).unwrap_or(0)
     }
 
-    /// Records that a raw pool block allocated (or last resized) for `old_size` bytes now
-    /// holds `new_size` for its caller, in place (an in-place `realloc`): its requested
-    /// length in the header and in the pool's counters.
+    /// Records that a raw pool block now holds `new_size` bytes with alignment `align` for
+    /// its caller, in place (an in-place `realloc`, `grow` or `shrink`): its requested length
+    /// in the header and in the pool's counters, what an allocation of that layout counts.
     ///
     /// # Safety
     ///
-    /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is still in use; `old_size` is the
-    /// size the block was allocated or last resized for, `new_size` fits the block (its
-    /// pooled capacity for `ptr` is at least `new_size`), and nothing else uses the block
-    /// meanwhile.
-    pub(super) unsafe fn resize_raw(ptr: NonNull<u8>, old_size: usize, new_size: usize) {
+    /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is still in use; `new_size` fits
+    /// the block (its pooled capacity for `ptr` is at least `new_size`), and nothing else
+    /// uses the block meanwhile.
+    pub(super) unsafe fn resize_raw(ptr: NonNull<u8>, align: usize, new_size: usize) {
         // SAFETY: `alloc_raw` wrote the header right before `ptr`, in the same block (the
         // caller's contract); it is written back below, the block ours meanwhile.
         let at = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>() };
@@ -279,16 +278,14 @@ impl PoolInner {
         let mut header = unsafe { at.read_unaligned() };
         // SAFETY: a pool block's header holds its buffer.
         let buffer = unsafe { &mut *header.body.pooled };
-        // The buffer's length counts the header and padding beside the caller's bytes: keep
-        // what it counted beside `old_size`, or (for a caller whose layout claimed more than
-        // it asked for, which `Allocator` allows) what lies before the pointer, less the
-        // colour, which the length never counts.
+        // The buffer's length counts the header and padding beside the caller's bytes, as
+        // an allocation of `new_size` with `align` counts them (`overhead`), whatever earlier
+        // resizes counted; at least what lies before the pointer (after a shrink to a smaller
+        // alignment), less the colour, which the length never counts.
         let colour = header.kind & COLOUR_BITS;
         let prefix = ptr.as_ptr() as usize - buffer.as_ptr() as usize - colour;
-        let len = match buffer.len().checked_sub(old_size) {
-            Some(overhead) if overhead >= prefix => overhead.saturating_add(new_size),
-            _ => prefix.saturating_add(new_size),
-        };
+        let overhead = HEADER.saturating_add(align - 1).max(prefix);
+        let len = overhead.saturating_add(new_size);
         buffer.resize_requested(len.min(buffer.capacity()));
         // SAFETY: the same place, in the block; the copy read above is forgotten in favour of
         // this one (the header owns the buffer).
