@@ -177,6 +177,19 @@ impl ChosenAllocator {
         self.unknown.load(Ordering::Relaxed)
     }
 
+    /// The error to end the process with when the variable held a value that names no
+    /// allocator: the variable and the names it takes. `None` when it named one, or was unset.
+    pub fn unknown_value_error(&self) -> Option<String> {
+        self.unknown_value().then(|| {
+            let names: Vec<&str> = Choice::ALL.iter().map(|choice| choice.name()).collect();
+            format!(
+                "{} names no allocator ({})",
+                self.variable(),
+                names.join(", ")
+            )
+        })
+    }
+
     /// Calls that reached glibc so far (0 unless counting).
     pub fn glibc_calls(&self) -> u64 {
         self.glibc_calls.load(Ordering::Relaxed)

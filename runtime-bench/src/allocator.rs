@@ -30,8 +30,3 @@ pub static ALLOCATOR: ChosenAllocator = unsafe {
 pub fn choice() -> Choice {
     ALLOCATOR.choice()
 }
-
-/// Whether [`VARIABLE`] held a value that names no allocator.
-pub fn unknown_value() -> bool {
-    ALLOCATOR.unknown_value()
-}

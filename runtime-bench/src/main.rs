@@ -78,11 +78,8 @@ fn positive_finite(text: &str) -> Result<f64, String> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if allocator::unknown_value() {
-        bail!(
-            "{} names no allocator (glibc, mimalloc, pool, pool-mimalloc)",
-            allocator::VARIABLE
-        );
+    if let Some(error) = allocator::ALLOCATOR.unknown_value_error() {
+        bail!(error);
     }
     let recipe = train::Recipe {
         steps: args.steps,

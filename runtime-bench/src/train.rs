@@ -47,7 +47,7 @@ impl Recipe {
         let middle = hidden
             .checked_add(1)?
             .checked_mul(hidden)?
-            .checked_mul(layers - 1)?;
+            .checked_mul(layers.saturating_sub(1))?;
         let last = hidden.checked_add(1)?.checked_mul(CLASSES)?;
         let parameters = first.checked_add(middle)?.checked_add(last)?;
         let widths = hidden

@@ -12,12 +12,8 @@ static GLOBAL: &ChosenAllocator = &train_replay::allocator::ALLOCATOR;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let allocator = &train_replay::allocator::ALLOCATOR;
-    if allocator.unknown_value() {
-        eprintln!(
-            "error: {} names no allocator (glibc, mimalloc, pool, pool-mimalloc)",
-            allocator.variable()
-        );
+    if let Some(error) = train_replay::allocator::ALLOCATOR.unknown_value_error() {
+        eprintln!("error: {error}");
         return ExitCode::FAILURE;
     }
     let result = match &cli.command {
