@@ -62,7 +62,7 @@ pub(crate) fn allocate<T>(len: usize, init: impl FnMut(usize) -> T) -> *mut T {
 
 /// The system refused a page: its layout, or `None` if its size does not fit in `isize`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Refused(pub(crate) Option<Layout>);
+pub(crate) struct Refused(Option<Layout>);
 
 impl Refused {
     /// Ends the process as a refused `Box::new` does (or panics, for a size past `isize`).

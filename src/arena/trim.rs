@@ -12,9 +12,8 @@
 //! so every page below the frontier is allocated (a null one would stop the trim there), and
 //! a page past the frontier is one a claimer is about to claim from: kept, since this trim
 //! may unfreeze the frontier at the very value that claim expects. Finally it lowers the
-//! frontier to the first
-//! released page and unfreezes it in one store, once it has given the kept slots back to the
-//! shards they came from.
+//! frontier to the first released page and unfreezes it in one store, once it has given the
+//! kept slots back to the shards they came from.
 //!
 //! Giving the slots back to their own shards, before unfreezing, matters to threads that
 //! keep working meanwhile: given to the trimming thread's shard, or given back after a

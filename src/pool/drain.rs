@@ -223,9 +223,9 @@ mod tests {
         })
         .unwrap();
         // This thread uses the pool first, so that the switch from a sole writer to shared
-        // counters (a heavy fence on the thread that makes it) happens on another thread, and
-        // now: a thread that came after threads run one by one on one thread index made it
-        // here, inside the count below (once in 30 runs of the whole suite).
+        // counters (a heavy fence on the thread that makes it) happens now, on another
+        // thread. When the threads below ran one by one on one thread index, this thread's
+        // first use made the switch inside the count (in 2 of 60 runs of the suite).
         drop(tight.alloc(64 << 10).unwrap());
         std::thread::scope(|scope| {
             for _ in 0..15 {
