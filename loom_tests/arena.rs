@@ -450,17 +450,21 @@ fn a_dry_shard_grows_before_it_steals() {
     });
 }
 
-/// Another thread that inserts record 1, checks it reads back, and returns its key.
-fn spawn_inserter(
-    arena: &Arc<SlotArena<Record>>,
-    drops: &Arc<AtomicUsize>,
-) -> thread::JoinHandle<Key> {
-    let (arena, drops) = (Arc::clone(arena), Arc::clone(drops));
-    thread::spawn(move || {
-        let key = arena.insert(Record::new(1, &drops)).unwrap();
-        assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
-        key
-    })
+/// Trims on this thread while another thread inserts record 1 and reads it back; then the
+/// record still resolves here. Returns its key.
+fn trim_beside_an_insert(arena: &Arc<SlotArena<Record>>, drops: &Arc<AtomicUsize>) -> Key {
+    let inserter = {
+        let (arena, drops) = (Arc::clone(arena), Arc::clone(drops));
+        thread::spawn(move || {
+            let key = arena.insert(Record::new(1, &drops)).unwrap();
+            assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
+            key
+        })
+    };
+    arena.trim();
+    let key = inserter.join().unwrap();
+    assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
+    key
 }
 
 /// **trim racing an insert**: one thread trims while another inserts into an arena whose
@@ -477,10 +481,7 @@ fn trim_racing_an_insert() {
         let collector = Collector::new();
         let drops = Arc::new(AtomicUsize::new(0));
         let (arena, _) = one_vacant_page(&collector);
-        let inserter = spawn_inserter(&arena, &drops);
-        arena.trim();
-        let key = inserter.join().unwrap();
-        assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
+        trim_beside_an_insert(&arena, &drops);
         drop(arena);
         assert_eq!(drops.load(Ordering::SeqCst), 1, "the record dropped once");
     });
@@ -501,10 +502,7 @@ fn a_trim_keeps_the_page_a_claim_allocated() {
         let drops = Arc::new(AtomicUsize::new(0));
         let arena = Arc::new(arena(&collector, 1));
         let first = arena.insert(Record::new(0, &drops)).unwrap();
-        let inserter = spawn_inserter(&arena, &drops);
-        arena.trim();
-        let key = inserter.join().unwrap();
-        assert_eq!(arena.with(key, |r| r.read()).unwrap(), 1);
+        trim_beside_an_insert(&arena, &drops);
         assert_eq!(arena.with(first, |r| r.read()).unwrap(), 0);
         drop(arena);
         assert_eq!(drops.load(Ordering::SeqCst), 2, "each record dropped once");
