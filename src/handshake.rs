@@ -43,6 +43,15 @@ pub(crate) struct Handshake {
     drain: AtomicU32,
 }
 
+/// An operation of the owner under way: what [`Handshake::begin`] returns and
+/// [`Handshake::end`] takes back (neither `Copy` nor `Clone`, so an operation ends once).
+///
+/// Invariant: holds the odd value `begin` stored in the handshake's sequence, which only its
+/// owner writes.
+#[must_use = "an operation must be ended with `Handshake::end`"]
+#[derive(Debug)]
+pub(crate) struct Busy(u64);
+
 impl Handshake {
     pub(crate) fn new() -> Self {
         Self {
@@ -55,14 +64,16 @@ impl Handshake {
     /// other flag the caller pairs with the heavy fence), and end it with
     /// [`end`](Self::end) on every path.
     #[inline(always)]
-    pub(crate) fn begin(&self) {
+    pub(crate) fn begin(&self) -> Busy {
         let seq = self.seq.load(Ordering::Relaxed);
         debug_assert!(seq.is_multiple_of(2), "operations of one owner do not nest");
+        let busy = seq.wrapping_add(1);
         // `Release`: a drainer that reads this value (odd) and later sees it move on must
         // also see the effects of the operations before it (a later store of this thread
         // does not continue the release sequence of `end`'s store).
-        self.seq.store(seq.wrapping_add(1), Ordering::Release);
+        self.seq.store(busy, Ordering::Release);
         asymmetric::light();
+        Busy(busy)
     }
 
     /// Inside an operation: whether the owner may use its state (no drainer holds it).
@@ -73,10 +84,14 @@ impl Handshake {
 
     /// Ends an operation of the owner: everything it did is visible to a drainer that then
     /// sees the sequence move on.
+    ///
+    /// It stores the value `busy` carries plus one instead of loading the sequence again:
+    /// the owner alone writes it, so nothing moved it since `begin`, and a hot loop of
+    /// operations then reads the sequence from memory once per operation, not twice (each
+    /// read waits on the store before it).
     #[inline(always)]
-    pub(crate) fn end(&self) {
-        let seq = self.seq.load(Ordering::Relaxed);
-        self.seq.store(seq.wrapping_add(1), Ordering::Release);
+    pub(crate) fn end(&self, busy: Busy) {
+        self.seq.store(busy.0.wrapping_add(1), Ordering::Release);
     }
 
     /// Operations the owner started so far.

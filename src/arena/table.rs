@@ -424,7 +424,7 @@ impl<T> ArenaInner<T> {
     /// Takes a slot from the hand of `cache` (its owner only).
     #[inline]
     pub(super) fn pop_hand(&self, cache: &ArenaThreadCache) -> Option<u32> {
-        cache.handshake.begin();
+        let busy = cache.handshake.begin();
         let mut taken = None;
         if cache.handshake.may_use() {
             let head = cache.hand.load(Ordering::Relaxed);
@@ -434,7 +434,7 @@ impl<T> ArenaInner<T> {
                 taken = Some(head - 1);
             }
         }
-        cache.handshake.end();
+        cache.handshake.end(busy);
         taken
     }
 
@@ -442,34 +442,34 @@ impl<T> ArenaInner<T> {
     /// did. A full hand (filled by an insert that a value's drop made meanwhile) or a drain
     /// under way leaves the chain to the caller.
     pub(super) fn fill_hand(&self, cache: &ArenaThreadCache, head: Link) -> bool {
-        cache.handshake.begin();
+        let busy = cache.handshake.begin();
         let kept = cache.handshake.may_use() && cache.hand.load(Ordering::Relaxed) == NIL;
         if kept {
             cache.hand.store(head, Ordering::Relaxed);
         }
-        cache.handshake.end();
+        cache.handshake.end(busy);
         kept
     }
 
     /// Takes the whole hand of `cache` (its owner only): its vacant chain, or `NIL` (also
     /// while a drain is under way: the drainer takes it).
     pub(super) fn take_hand(&self, cache: &ArenaThreadCache) -> Link {
-        cache.handshake.begin();
+        let busy = cache.handshake.begin();
         let mut hand = NIL;
         if cache.handshake.may_use() {
             hand = cache.hand.load(Ordering::Relaxed);
             cache.hand.store(NIL, Ordering::Relaxed);
         }
-        cache.handshake.end();
+        cache.handshake.end(busy);
         hand
     }
 
     /// Adds the removed slot `index` to the batch of `cache` (its owner only).
     #[inline]
     pub(super) fn add_removed(&self, cache: &ArenaThreadCache, index: u32) -> Added {
-        cache.handshake.begin();
+        let busy = cache.handshake.begin();
         let added = self.add_removed_in_operation(cache, index);
-        cache.handshake.end();
+        cache.handshake.end(busy);
         added
     }
 
@@ -486,11 +486,11 @@ impl<T> ArenaInner<T> {
         cache: &ArenaThreadCache,
         key: Key,
     ) -> Result<Added, ArenaError> {
-        cache.handshake.begin();
+        let busy = cache.handshake.begin();
         let added = self
             .mark_removed(key)
             .map(|_| self.add_removed_in_operation(cache, key.index()));
-        cache.handshake.end();
+        cache.handshake.end(busy);
         added
     }
 

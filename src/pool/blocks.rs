@@ -133,11 +133,18 @@ impl Record {
     /// out to (`CACHELESS` for a thread without one).
     #[inline(always)]
     pub(super) fn take_back(&self) -> u32 {
+        let allocator = self.allocator();
+        self.holder.store(0, Ordering::Relaxed);
+        allocator
+    }
+
+    /// The thread index of the thread the block is handed out to (`CACHELESS` for a thread
+    /// without one), read by the thread that holds the buffer.
+    #[inline(always)]
+    pub(super) fn allocator(&self) -> u32 {
         // The freeing thread owns the buffer (it reached it through whatever synchronised
         // the hand-over), so its relaxed accesses see the allocator's store.
-        let holder = self.holder.load(Ordering::Relaxed);
-        self.holder.store(0, Ordering::Relaxed);
-        holder.wrapping_sub(1)
+        self.holder.load(Ordering::Relaxed).wrapping_sub(1)
     }
 }
 

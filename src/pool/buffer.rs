@@ -368,6 +368,11 @@ impl Drop for PoolBuffer {
 /// back 16 bytes at a time, which the CPU cannot forward from its store buffer (some 40% of
 /// an alloc + free on AMD Zen 4). A call taking the fields by value keeps them in registers.
 ///
+/// It runs the free's hot path ([`PoolInner::free_cached`], which makes no call) and leaves
+/// everything else to the cold [`give_back_uncached`], so that it saves few registers on the
+/// way in: an alloc + free of a cached 4 KiB block went from 16.5-16.7 to 14.6-14.8 ns on
+/// an AMD Zen 3 machine when the whole free stopped being this function's body.
+///
 /// The pool and record come as raw pointers, not references, on purpose: when the pool was
 /// closed this call may free both, and a reference argument would outlive them.
 ///
@@ -382,6 +387,33 @@ impl Drop for PoolBuffer {
 ///   may free the pool; see [`lifetime::count_out`]).
 #[inline(never)]
 unsafe fn give_back(
+    pool: NonNull<PoolInner>,
+    record: NonNull<Record>,
+    class: usize,
+    requested: usize,
+) {
+    {
+        // SAFETY: the caller's contract: the pool is alive until this buffer is given back.
+        let inner = unsafe { pool.as_ref() };
+        // SAFETY: the caller's contract; records live as long as their pool.
+        let cached = inner.free_cached(unsafe { record.as_ref() }, class, requested);
+        if cached {
+            return;
+        }
+    }
+    // SAFETY: the caller's contract, passed on whole: `free_cached` changed nothing.
+    unsafe { give_back_uncached(pool, record, class, requested) }
+}
+
+/// What [`give_back`] leaves to the pool's whole free: a block for the shared lists, a
+/// closed pool, a thread on another pool.
+///
+/// # Safety
+///
+/// As for [`give_back`].
+#[cold]
+#[inline(never)]
+unsafe fn give_back_uncached(
     pool: NonNull<PoolInner>,
     record: NonNull<Record>,
     class: usize,

@@ -24,7 +24,7 @@
 use super::blocks::Record;
 use super::config::BIN_CLASSES;
 use super::counters::{bump, OpCounters};
-use crate::handshake::Handshake;
+use crate::handshake::{Busy, Handshake};
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// The drain token of an owner draining its own cache (drainers' tokens are odd; see
@@ -65,10 +65,11 @@ struct Bin {
 }
 
 /// The outcome of [`ThreadCache::begin_operation`].
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Debug)]
 pub(super) enum Entry {
-    /// The pool is open; `cache_usable` says whether the bins may be used.
-    Open { cache_usable: bool },
+    /// The pool is open; `cache_usable` says whether the bins may be used. End the
+    /// operation with [`ThreadCache::end_operation`]`(busy)`.
+    Open { cache_usable: bool, busy: Busy },
     /// The pool is closed: the operation must not touch the cache (the owner is not busy).
     Closed,
 }
@@ -93,21 +94,22 @@ impl ThreadCache {
     /// Starts an operation of the owner.
     #[inline(always)]
     pub(super) fn begin_operation(&self, closed: &AtomicBool) -> Entry {
-        self.handshake.begin();
+        let busy = self.handshake.begin();
         if closed.load(Ordering::Acquire) {
-            self.handshake.end();
+            self.handshake.end(busy);
             return Entry::Closed;
         }
         Entry::Open {
             cache_usable: self.handshake.may_use(),
+            busy,
         }
     }
 
     /// Ends an operation of the owner: everything it did is visible to a drainer or closer
     /// that then sees the sequence move on.
     #[inline(always)]
-    pub(super) fn end_operation(&self) {
-        self.handshake.end();
+    pub(super) fn end_operation(&self, busy: Busy) {
+        self.handshake.end(busy);
     }
 
     /// Operations the owner started so far (for the idle policy).
