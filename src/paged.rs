@@ -25,6 +25,9 @@ pub(crate) struct PagedTable<T> {
     pages: [AtomicPtr<T>; MAX_PAGES],
 }
 
+/// Where an element lies in a [`PagedTable`]: its page, and its offset in the page.
+pub(crate) type Place = (usize, usize);
+
 /// Pages of a table whose first page holds one element (the most any table needs).
 const MAX_PAGES: usize = 33;
 
@@ -166,7 +169,7 @@ impl<T> PagedTable<T> {
 
     /// Page number and offset of `index`.
     #[inline(always)]
-    pub(crate) fn locate(&self, index: u32) -> (usize, usize) {
+    pub(crate) fn locate(&self, index: u32) -> Place {
         let shifted = u64::from(index) + self.first_page_len();
         let page = (63 - shifted.leading_zeros() - self.shift) as usize;
         let offset = (shifted - (self.first_page_len() << page)) as usize;
@@ -200,14 +203,53 @@ impl<T> PagedTable<T> {
     /// The element at `index`, if its page is allocated.
     #[inline]
     pub(crate) fn get(&self, index: u32) -> Option<&T> {
-        let (page, offset) = self.locate(index);
+        // SAFETY: this table's own `locate`.
+        unsafe { self.get_place(self.locate(index)) }
+    }
+
+    /// The element at `place`, a [`Place`] that [`locate`](Self::locate) gave, of this table
+    /// or of another one with the same first page length (tables laid out alike share one
+    /// `locate` this way), if its page is allocated.
+    ///
+    /// # Safety
+    ///
+    /// `place` came from `locate` on a table whose first page holds as many elements as
+    /// this one's, so that its offset lies within its page.
+    #[inline]
+    pub(crate) unsafe fn get_place(&self, (page, offset): Place) -> Option<&T> {
         let base = self.pages[page].load(Ordering::Acquire);
         if base.is_null() {
             return None;
         }
-        // SAFETY: `offset < page_len(page)` by `locate`, and the page stays allocated while
-        // `&self` lives and no `take_page` hands it out (invariant on `pages`).
+        debug_assert!(offset < self.page_len(page), "a place from another layout");
+        // SAFETY: `offset < page_len(page)` (the caller's contract: `locate` on a table of
+        // this layout), and the page stays allocated while `&self` lives and no `take_page`
+        // hands it out (invariant on `pages`).
         Some(unsafe { &*base.add(offset) })
+    }
+
+    /// [`get_place`](Self::get_place) where the caller knows the page to be allocated.
+    ///
+    /// # Safety
+    ///
+    /// As for `get_place`.
+    ///
+    /// # Panics
+    ///
+    /// If the page is not allocated, which is a bug in the caller.
+    #[inline]
+    pub(crate) unsafe fn at_place(&self, place: Place) -> &T {
+        // SAFETY: the caller's contract, passed on.
+        match unsafe { self.get_place(place) } {
+            Some(element) => element,
+            None => unallocated_page(place.0),
+        }
+    }
+
+    /// Whether `other` lays its elements out as this table does (the same first page
+    /// length), so that a place one's `locate` gives is valid in the other.
+    pub(crate) fn same_layout<U>(&self, other: &PagedTable<U>) -> bool {
+        self.shift == other.shift
     }
 
     /// The element at `index`, whose page the caller knows to be allocated.
@@ -268,6 +310,12 @@ impl<T> PagedTable<T> {
 #[inline(never)]
 fn unallocated(index: u32) -> ! {
     panic!("internal error: index {index} of a paged table has no page")
+}
+
+#[cold]
+#[inline(never)]
+fn unallocated_page(page: usize) -> ! {
+    panic!("internal error: page {page} of a paged table is not allocated")
 }
 
 impl<T> Drop for PagedTable<T> {

@@ -199,6 +199,11 @@ impl<T: Send + 'static> SlotArena<T> {
         // Thread caches use the asymmetric fences; decide their implementation first.
         crate::sync::asymmetric::init();
         let slots = PagedTable::new(config.first_page_len);
+        let links = PagedTable::new(config.first_page_len);
+        debug_assert!(
+            slots.same_layout(&links),
+            "invariant on `ArenaInner::links`"
+        );
         Ok(Self {
             arena: ArenaInner {
                 id: next_identity(),
@@ -208,7 +213,7 @@ impl<T: Send + 'static> SlotArena<T> {
                     / std::mem::size_of::<slot::Slot<T>>())
                     as u64,
                 page_floor: (0..slots.page_count()).map(|_| AtomicU32::new(0)).collect(),
-                links: PagedTable::new(config.first_page_len),
+                links,
                 chains: PagedTable::new(config.first_page_len),
                 slots,
                 frontier: CachePadded::new(AtomicU64::new(0)),
@@ -320,11 +325,13 @@ impl<T: Send + 'static> SlotArena<T> {
     pub fn try_insert(&self, value: T) -> Result<Key, (ArenaError, T)> {
         let arena = &self.arena;
         let cache = arena.my_cache();
-        let (index, value) = match cache.and_then(|(cache, _)| arena.pop_hand(cache)) {
-            Some(index) => (index, value),
-            None => self.refilled_slot(cache, value)?,
+        let (index, slot, value) = match cache.and_then(|(cache, _)| arena.pop_hand(cache)) {
+            Some((index, slot)) => (index, slot, value),
+            None => {
+                let (index, value) = self.refilled_slot(cache, value)?;
+                (index, arena.slots.at(index), value)
+            }
         };
-        let slot = arena.slots.at(index);
         // The slot is VACANT and ours alone: it came off a free list or from a fresh chunk.
         let generation = slot::generation(slot.state.load(Ordering::Relaxed));
         slot.value.with_mut(|value_ptr| {

@@ -15,7 +15,7 @@ use super::panics::Panics;
 use super::shard::{Shard, SharedBatch};
 use super::slot::{self, Slot, OCCUPIED, REMOVED};
 use super::{ArenaError, Key};
-use crate::paged::PagedTable;
+use crate::paged::{PagedTable, Place};
 use crate::stack::{Link, NIL};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
@@ -50,6 +50,9 @@ pub(super) struct ArenaInner<T> {
     pub(super) slots: PagedTable<Slot<T>>,
     /// The chain link of every slot (`Link` of the next slot of whichever chain it is in:
     /// vacant in a hand or on a free list, or removed in a batch).
+    ///
+    /// Invariant: laid out as `slots` (the same first page length), so that one `locate`
+    /// finds a slot and its link ([`slot_and_link`](Self::slot_and_link)).
     pub(super) links: PagedTable<AtomicU32>,
     /// For the first slot of a vacant chain on a shard's free list: the first slot of the
     /// chain below it. Never released while the arena lives (nor is `links`), so a racing pop
@@ -121,21 +124,54 @@ impl<T> ArenaInner<T> {
         index
     }
 
+    /// The slot of `index` and its chain link, found with one `locate` for both; the slot's
+    /// page must be allocated (the caller owns the slot, or keeps its page alive).
+    #[inline(always)]
+    pub(super) fn slot_and_link(&self, index: u32) -> (&Slot<T>, &AtomicU32) {
+        let place = self.slots.locate(index);
+        // SAFETY: `place` is the slots' own `locate`, and `links` is laid out as `slots`
+        // (invariant on `links`).
+        unsafe { (self.slots.at_place(place), self.links.at_place(place)) }
+    }
+
     /// The slot of `key` if the key is this arena's and its page is allocated.
     #[inline]
     pub(super) fn resolve(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
+        self.resolve_placed(key).map(|(slot, _)| slot)
+    }
+
+    /// [`resolve`](Self::resolve), with the slot's place, where its link lies too.
+    #[inline(always)]
+    fn resolve_placed(&self, key: Key) -> Result<(&Slot<T>, Place), ArenaError> {
         if key.arena() != self.id {
-            return Err(ArenaError::ForeignKey {
-                key_arena: key.arena_id(),
-                arena: self.id.get(),
-            });
+            return Err(self.foreign(key));
         }
-        self.slots
-            .get(key.index())
-            .ok_or_else(|| ArenaError::OutOfRange {
-                index: key.index(),
-                capacity: self.slots.allocated(),
-            })
+        let place = self.slots.locate(key.index());
+        // SAFETY: the slots' own `locate`.
+        match unsafe { self.slots.get_place(place) } {
+            Some(slot) => Ok((slot, place)),
+            None => Err(self.out_of_range(key)),
+        }
+    }
+
+    /// The error for a key of another arena.
+    #[cold]
+    #[inline(never)]
+    fn foreign(&self, key: Key) -> ArenaError {
+        ArenaError::ForeignKey {
+            key_arena: key.arena_id(),
+            arena: self.id.get(),
+        }
+    }
+
+    /// The error for a key whose slot's page is not allocated.
+    #[cold]
+    #[inline(never)]
+    fn out_of_range(&self, key: Key) -> ArenaError {
+        ArenaError::OutOfRange {
+            index: key.index(),
+            capacity: self.slots.allocated(),
+        }
     }
 
     /// The slot of `key` if it holds the key's value: resolved and `OCCUPIED` at the key's
@@ -158,7 +194,13 @@ impl<T> ArenaInner<T> {
     /// operation of its thread cache).
     #[inline(always)]
     pub(super) fn mark_removed(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
-        let slot = self.resolve(key)?;
+        self.mark_removed_placed(key).map(|(slot, _)| slot)
+    }
+
+    /// [`mark_removed`](Self::mark_removed), with the slot's place.
+    #[inline(always)]
+    fn mark_removed_placed(&self, key: Key) -> Result<(&Slot<T>, Place), ArenaError> {
+        let (slot, place) = self.resolve_placed(key)?;
         let generation = key.generation();
         slot.state
             .compare_exchange(
@@ -168,7 +210,7 @@ impl<T> ArenaInner<T> {
                 Ordering::Acquire,
             )
             .map_err(|actual| stale(key, actual))?;
-        Ok(slot)
+        Ok((slot, place))
     }
 
     /// Calls `f` on every slot below the frontier in an allocated page. The caller keeps
@@ -345,9 +387,8 @@ impl<T> ArenaInner<T> {
         let (mut vacant_head, mut vacant_len) = (NIL, 0);
         let mut link = head;
         while link != NIL {
-            let index = link - 1;
-            let next = self.links.at(index).load(Ordering::Relaxed);
-            let slot = self.slots.at(index);
+            let (slot, link_of_slot) = self.slot_and_link(link - 1);
+            let next = link_of_slot.load(Ordering::Relaxed);
             let state = slot.state.load(Ordering::Acquire);
             debug_assert_eq!(slot::phase(state), REMOVED);
             // First the state, then the drop: a value whose drop panics has been dropped, and
@@ -355,7 +396,7 @@ impl<T> ArenaInner<T> {
             // until the chain is published below, so a destructor that inserts cannot take it.
             let vacant = slot.vacate(slot::generation(state));
             if vacant {
-                self.links.at(index).store(vacant_head, Ordering::Relaxed);
+                link_of_slot.store(vacant_head, Ordering::Relaxed);
                 vacant_head = link;
                 vacant_len += 1;
             }
@@ -421,17 +462,20 @@ impl<T> ArenaInner<T> {
         Some((cache, cache.shard))
     }
 
-    /// Takes a slot from the hand of `cache` (its owner only).
+    /// Takes a slot from the hand of `cache` (its owner only): its index, and the slot.
     #[inline]
-    pub(super) fn pop_hand(&self, cache: &ArenaThreadCache) -> Option<u32> {
+    pub(super) fn pop_hand(&self, cache: &ArenaThreadCache) -> Option<(u32, &Slot<T>)> {
         let busy = cache.handshake.begin();
         let mut taken = None;
         if cache.handshake.may_use() {
             let head = cache.hand.load(Ordering::Relaxed);
             if head != NIL {
-                let next = self.links.at(head - 1).load(Ordering::Relaxed);
-                cache.hand.store(next, Ordering::Relaxed);
-                taken = Some(head - 1);
+                // The slot is the caller's from here on (popped), which keeps its page.
+                let (slot, link) = self.slot_and_link(head - 1);
+                cache
+                    .hand
+                    .store(link.load(Ordering::Relaxed), Ordering::Relaxed);
+                taken = Some((head - 1, slot));
             }
         }
         cache.handshake.end(busy);
@@ -468,7 +512,7 @@ impl<T> ArenaInner<T> {
     #[inline]
     pub(super) fn add_removed(&self, cache: &ArenaThreadCache, index: u32) -> Added {
         let busy = cache.handshake.begin();
-        let added = self.add_removed_in_operation(cache, index);
+        let added = self.add_removed_in_operation(cache, index, self.links.at(index));
         cache.handshake.end(busy);
         added
     }
@@ -487,22 +531,30 @@ impl<T> ArenaInner<T> {
         key: Key,
     ) -> Result<Added, ArenaError> {
         let busy = cache.handshake.begin();
-        let added = self
-            .mark_removed(key)
-            .map(|_| self.add_removed_in_operation(cache, key.index()));
+        let added = self.mark_removed_placed(key).map(|(_, place)| {
+            // SAFETY: the slots' `locate`, and `links` is laid out as `slots` (invariant on
+            // `links`).
+            let link = unsafe { self.links.at_place(place) };
+            self.add_removed_in_operation(cache, key.index(), link)
+        });
         cache.handshake.end(busy);
         added
     }
 
     /// [`add_removed`](Self::add_removed) inside an operation the caller began.
     #[inline(always)]
-    fn add_removed_in_operation(&self, cache: &ArenaThreadCache, index: u32) -> Added {
+    fn add_removed_in_operation(
+        &self,
+        cache: &ArenaThreadCache,
+        index: u32,
+        link_of_slot: &AtomicU32,
+    ) -> Added {
         if !cache.handshake.may_use() {
             return Added::Busy;
         }
         let link = index + 1;
         let head = cache.removed.load(Ordering::Relaxed);
-        self.links.at(index).store(head, Ordering::Relaxed);
+        link_of_slot.store(head, Ordering::Relaxed);
         let len = cache.removed_len.load(Ordering::Relaxed).wrapping_add(1);
         if len >= self.removal_batch {
             cache.removed.store(NIL, Ordering::Relaxed);
