@@ -492,8 +492,8 @@ impl<T: Send + 'static> SlotArena<T> {
     pub fn remove<'g>(&'g self, key: Key, guard: &'g Guard) -> Result<&'g T, ArenaError> {
         let arena = &self.arena;
         self.check_guard(guard)?;
-        let slot = arena.mark_removed(key)?;
-        self.add_to_batch(key.index(), guard);
+        let (slot, place) = arena.mark_removed(key)?;
+        self.add_to_batch(key.index(), place, guard);
         // SAFETY: this call won the OCCUPIED -> REMOVED transition, so the value is
         // initialised; it is dropped only after a grace period that waits for `guard`.
         Ok(slot

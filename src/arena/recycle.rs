@@ -22,6 +22,7 @@ use crossbeam_utils::CachePadded;
 use super::cache::{Added, ArenaThreadCache};
 use super::panics::Panics;
 use super::ArenaError;
+use crate::paged::Place;
 use crate::stack::Link;
 use crate::sync::epoch::Guard;
 use crate::sync::Arc;
@@ -360,13 +361,13 @@ impl<T: Send + 'static> super::SlotArena<T> {
         any
     }
 
-    /// Adds `index`, just removed, to the calling thread's removal batch (in its cache; in its
-    /// shard's shared batch when it has no cache or a drainer holds it); hands the batch to
-    /// the collector when it is full.
-    pub(super) fn add_to_batch(&self, index: u32, guard: &Guard) {
+    /// Adds `index`, just removed (at `place`, its slot's place), to the calling thread's
+    /// removal batch (in its cache; in its shard's shared batch when it has no cache or a
+    /// drainer holds it); hands the batch to the collector when it is full.
+    pub(super) fn add_to_batch(&self, index: u32, place: Place, guard: &Guard) {
         let arena = &self.arena;
         let (added, shard) = match arena.my_cache() {
-            Some((cache, shard)) => (arena.add_removed(cache, index), shard),
+            Some((cache, shard)) => (arena.add_removed(cache, index, arena.link_at(place)), shard),
             None => (Added::Busy, arena.my_shard()),
         };
         if let Some(head) = self.batch_to_defer(added, shard, index) {

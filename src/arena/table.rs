@@ -124,14 +124,22 @@ impl<T> ArenaInner<T> {
         index
     }
 
+    /// The chain link of the slot at `place`, a place the slots' `locate` gave (the slot's
+    /// page allocated; the links' pages are never released).
+    #[inline(always)]
+    pub(super) fn link_at(&self, place: Place) -> &AtomicU32 {
+        // SAFETY: `links` is laid out as `slots` (invariant on `links`), so a place of the
+        // slots is one of the links.
+        unsafe { self.links.at_place(place) }
+    }
+
     /// The slot of `index` and its chain link, found with one `locate` for both; the slot's
     /// page must be allocated (the caller owns the slot, or keeps its page alive).
     #[inline(always)]
     pub(super) fn slot_and_link(&self, index: u32) -> (&Slot<T>, &AtomicU32) {
         let place = self.slots.locate(index);
-        // SAFETY: `place` is the slots' own `locate`, and `links` is laid out as `slots`
-        // (invariant on `links`).
-        unsafe { (self.slots.at_place(place), self.links.at_place(place)) }
+        // SAFETY: `place` is the slots' own `locate`.
+        (unsafe { self.slots.at_place(place) }, self.link_at(place))
     }
 
     /// The slot of `key` if the key is this arena's and its page is allocated.
@@ -190,16 +198,11 @@ impl<T> ArenaInner<T> {
     /// Marks the value of `key` removed: the one compare-exchange from `OCCUPIED` at the
     /// key's generation to `REMOVED` at the next, which exactly one remover wins (the others,
     /// and stale keys, get [`ArenaError::Stale`]). Returns the slot, whose value the winner
-    /// hands to a removal batch. The caller keeps the slot's page alive (a pin, or an
-    /// operation of its thread cache).
+    /// hands to a removal batch, and its place (where [`link_at`](Self::link_at) finds its
+    /// link for the batch). The caller keeps the slot's page alive (a pin, or an operation of
+    /// its thread cache).
     #[inline(always)]
-    pub(super) fn mark_removed(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
-        self.mark_removed_placed(key).map(|(slot, _)| slot)
-    }
-
-    /// [`mark_removed`](Self::mark_removed), with the slot's place.
-    #[inline(always)]
-    fn mark_removed_placed(&self, key: Key) -> Result<(&Slot<T>, Place), ArenaError> {
+    pub(super) fn mark_removed(&self, key: Key) -> Result<(&Slot<T>, Place), ArenaError> {
         let (slot, place) = self.resolve_placed(key)?;
         let generation = key.generation();
         slot.state
@@ -510,9 +513,14 @@ impl<T> ArenaInner<T> {
 
     /// Adds the removed slot `index` to the batch of `cache` (its owner only).
     #[inline]
-    pub(super) fn add_removed(&self, cache: &ArenaThreadCache, index: u32) -> Added {
+    pub(super) fn add_removed(
+        &self,
+        cache: &ArenaThreadCache,
+        index: u32,
+        link_of_slot: &AtomicU32,
+    ) -> Added {
         let busy = cache.handshake.begin();
-        let added = self.add_removed_in_operation(cache, index, self.links.at(index));
+        let added = self.add_removed_in_operation(cache, index, link_of_slot);
         cache.handshake.end(busy);
         added
     }
@@ -531,11 +539,8 @@ impl<T> ArenaInner<T> {
         key: Key,
     ) -> Result<Added, ArenaError> {
         let busy = cache.handshake.begin();
-        let added = self.mark_removed_placed(key).map(|(_, place)| {
-            // SAFETY: the slots' `locate`, and `links` is laid out as `slots` (invariant on
-            // `links`).
-            let link = unsafe { self.links.at_place(place) };
-            self.add_removed_in_operation(cache, key.index(), link)
+        let added = self.mark_removed(key).map(|(_, place)| {
+            self.add_removed_in_operation(cache, key.index(), self.link_at(place))
         });
         cache.handshake.end(busy);
         added
