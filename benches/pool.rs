@@ -237,7 +237,9 @@ fn thread_index_table() {
 /// Prints the medians, the 2-thread / 1-thread ratios and the memory each pool reserved.
 fn cross_thread_table() {
     const ROUNDS: usize = 7;
-    const PER_RUN: usize = 200_000;
+    // Allocations per timed run, all threads together: at about 20 M/s a run lasts some 50
+    // ms, so that one descheduling of a virtual CPU (a few ms) does not halve a round.
+    const PER_RUN: usize = 1_000_000;
     // (name, exact_peaks, larger_blocks)
     let configs = [
         ("default", true, true),
