@@ -359,6 +359,53 @@ mod tests {
         assert!(table.locate(u32::MAX - 1).0 < table.page_count());
     }
 
+    /// A place from `locate` of one table is in range in every table of the same first page
+    /// length (what `get_place` and `at_place` rely on), for every length an arena accepts,
+    /// at every page's edges and at the top of the index space.
+    #[test]
+    fn a_place_fits_every_table_of_its_layout() {
+        for shift in 0..=16u32 {
+            let len = 1u32 << shift;
+            let a: PagedTable<u8> = PagedTable::new(len);
+            let b: PagedTable<u64> = PagedTable::new(len);
+            assert!(a.same_layout(&b));
+            let mut probes = vec![0u32, 1, u32::MAX - 1, u32::MAX, u32::MAX - 2];
+            for k in 0..a.page_count() {
+                let start = a.page_start(k);
+                for d in [-1i64, 0, 1] {
+                    let i = start as i64 + d;
+                    if (0..=u32::MAX as i64).contains(&i) {
+                        probes.push(i as u32);
+                    }
+                }
+                let end = start + a.page_len(k) as u64 - 1;
+                if end <= u64::from(u32::MAX) {
+                    probes.push(end as u32);
+                }
+            }
+            for i in probes {
+                let (page, offset) = a.locate(i);
+                assert!(page < a.page_count(), "len {len} index {i}: page {page}");
+                assert!(page < b.page_count());
+                assert!(offset < a.page_len(page), "len {len} index {i}");
+                assert_eq!(b.locate(i), (page, offset));
+                assert_eq!(a.page_start(page) + offset as u64, u64::from(i));
+            }
+            // The last usable index (u32::MAX - 1) lies in the last page.
+            assert!(a.locate(u32::MAX - 1).0 < a.page_count());
+            // Allocated in one, not the other: `get_place` says None instead of reading.
+            a.ensure_page(1, |_| 7);
+            let place = a.locate(a.page_start(1) as u32 + (a.page_len(1) as u32 - 1));
+            // SAFETY: (test) same layout.
+            assert_eq!(unsafe { a.get_place(place) }, Some(&7));
+            // SAFETY: (test) same layout.
+            assert!(unsafe { b.get_place(place) }.is_none());
+            if len == 1 << 16 {
+                assert!(!PagedTable::<u8>::new(1).same_layout(&a));
+            }
+        }
+    }
+
     #[test]
     fn pages_are_allocated_once_and_taken_whole() {
         let table: PagedTable<u32> = PagedTable::new(2);
