@@ -392,31 +392,43 @@ impl PoolInner {
             return false;
         }
         let class_bytes = class::class_size(class);
-        let config = &self.config;
         let Entry::Open { cache_usable, busy } = cache.begin_operation(&self.closed) else {
             return false;
         };
-        if !(cache_usable
-            && cache.push(
-                class,
-                class_bytes,
-                record,
-                config.thread_cache_blocks_per_class,
-                config.thread_cache_bytes,
-            ))
-        {
+        if !(cache_usable && self.bin(cache, class, class_bytes, record)) {
             cache.end_operation(busy);
             return false;
         }
         record.take_back();
+        self.count_free(cache, thread, class_bytes, requested);
+        cache.end_operation(busy);
+        true
+    }
+
+    /// Caches `record`'s block in the bin of `class` of `cache` if the configured limits
+    /// leave room (the owner, inside an operation with bins usable); whether it did.
+    #[inline(always)]
+    fn bin(&self, cache: &ThreadCache, class: usize, class_bytes: usize, record: &Record) -> bool {
+        let config = &self.config;
+        cache.push(
+            class,
+            class_bytes,
+            record,
+            config.thread_cache_blocks_per_class,
+            config.thread_cache_bytes,
+        )
+    }
+
+    /// Counts a free in the cache of the calling thread, `thread` (inside an operation), as
+    /// [`count_alloc`](Self::count_alloc) counts an allocation.
+    #[inline(always)]
+    fn count_free(&self, cache: &ThreadCache, thread: u32, class_bytes: usize, requested: usize) {
         cache
             .counters
             .count_free(class_bytes, requested, Writers::Owner);
-        let writers = self.counters.exact_writers(config, thread);
+        let writers = self.counters.exact_writers(&self.config, thread);
         self.counters
-            .exact_free(config, class_bytes as u64, requested as u64, writers);
-        cache.end_operation(busy);
-        true
+            .exact_free(&self.config, class_bytes as u64, requested as u64, writers);
     }
 
     /// Gives a buffer's block back (its `Drop`, through `give_back_uncached`, once
@@ -437,26 +449,14 @@ impl PoolInner {
                 true
             }
             Entry::Open { cache_usable, busy } => {
-                let config = &self.config;
                 let cached = cache_usable
                     && allocator == thread
                     && class < self.cached_classes
-                    && cache.push(
-                        class,
-                        class_bytes,
-                        record,
-                        config.thread_cache_blocks_per_class,
-                        config.thread_cache_bytes,
-                    );
+                    && self.bin(cache, class, class_bytes, record);
                 if !cached {
                     self.push_list(cache.shard, class, record);
                 }
-                cache
-                    .counters
-                    .count_free(class_bytes, requested, Writers::Owner);
-                let writers = self.counters.exact_writers(&self.config, thread);
-                self.counters
-                    .exact_free(config, class_bytes as u64, requested as u64, writers);
+                self.count_free(cache, thread, class_bytes, requested);
                 // Inside the operation: after `end_operation`, a closing thread may free the pool.
                 self.trace(PoolEventKind::Free, class_bytes as u64, class);
                 cache.end_operation(busy);
