@@ -131,6 +131,11 @@ impl<T> Roster<T> {
         (0..self.len()).filter_map(|number| self.records.get(number))
     }
 
+    /// Records in allocated pages (handed out or not yet).
+    pub(crate) fn records_allocated(&self) -> u64 {
+        self.records.allocated()
+    }
+
     /// Bytes of memory the roster holds (its pages of records, its map and leaves).
     pub(crate) fn footprint(&self) -> usize {
         let leaves = (0..self.map.page_count())

@@ -340,6 +340,44 @@ fn dropping_the_arena_drops_every_record_exactly_once() {
     ledger.assert_exactly_once(0..100);
 }
 
+/// A thread's removal batch fills, is taken and starts again, over and over, with partial
+/// batches flushed between: every removed value is dropped exactly once, and no slot comes
+/// back twice (two live keys never share an index).
+#[test]
+fn full_and_partial_batches_recycle_each_slot_once() {
+    const VALUES: usize = 40;
+    let ledger = DropLedger::new(2 * VALUES);
+    let collector = Collector::new();
+    let arena = SlotArena::with_config(small(&collector, 4, 3)).unwrap();
+    let mut keys: Vec<_> = (0..VALUES)
+        .map(|i| arena.insert(ledger.record(i)).unwrap())
+        .collect();
+    for (n, key) in keys.drain(..).enumerate() {
+        if n % 2 == 0 {
+            arena.discard(key).unwrap();
+        } else {
+            arena.remove(key, &arena.pin()).unwrap();
+        }
+        if n % 7 == 6 {
+            arena.flush(&arena.pin()).unwrap(); // a partial batch, now and then
+        }
+    }
+    for _ in 0..1000 {
+        if ledger.total() == VALUES {
+            break;
+        }
+        arena.flush(&arena.pin()).unwrap();
+    }
+    ledger.assert_exactly_once(0..VALUES);
+    let again: Vec<_> = (VALUES..2 * VALUES)
+        .map(|i| arena.insert(ledger.record(i)).unwrap())
+        .collect();
+    let indices: HashSet<u32> = again.iter().map(|key| key.index()).collect();
+    assert_eq!(indices.len(), VALUES, "a slot was handed out twice");
+    drop(arena);
+    ledger.assert_exactly_once(0..2 * VALUES);
+}
+
 #[test]
 fn take_returns_the_value_and_frees_the_slot_at_once() {
     let mut arena = SlotArena::new();

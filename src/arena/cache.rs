@@ -21,8 +21,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::handshake::Handshake;
 use crate::roster::Roster;
-use crate::stack::{Link, NIL};
-use crate::sync::AtomicU32;
+use crate::stack::NIL;
+use crate::sync::{AtomicU32, Ordering};
 
 /// Thread caches in the first page of an arena's roster (later pages double).
 pub(super) const FIRST_CACHES: u32 = 4;
@@ -45,12 +45,21 @@ pub(super) struct ArenaThreadCache {
     /// inside an operation that found the handshake free to use, or by a drainer that claimed
     /// the handshake once the owner is out, or under exclusive access to the arena.
     pub(super) hand: AtomicU32,
-    /// The owner's removal batch being filled: a chain of `REMOVED` slots linked through
-    /// `ArenaInner::links`, ending in `NIL`.
-    pub(super) removed: AtomicU32,
+    /// The owner's removal batch being filled: the indices of `REMOVED` slots, in
+    /// `removed[..removed_len]` (`removal_batch` entries in all).
+    ///
+    /// Invariant, besides the one on `hand`: when an operation of the owner fills the batch,
+    /// it sets `removed_len` to 0 and `newest_removed` to `NIL`, and the entries keep the full
+    /// batch until the owner's next operation; the owner copies them out before that
+    /// (`ArenaInner::full_batch`). Only the owner writes entries, and a drainer reads only
+    /// the first `removed_len`, so the copy races with nobody.
+    pub(super) removed: Box<[AtomicU32]>,
     /// Slots in `removed`.
     pub(super) removed_len: AtomicU32,
-    /// `hand` and `removed` as a sweep last saw them (written by sweepers only; racing
+    /// The link of the slot last added to `removed` (`NIL` when it is empty): whether the
+    /// cache holds a batch, and, for sweeps, whether the batch changed.
+    pub(super) newest_removed: AtomicU32,
+    /// `hand` and `newest_removed` as a sweep last saw them (written by sweepers only; racing
     /// sweepers at worst take a cache one sweep later, or earlier).
     pub(super) seen_hand: AtomicU32,
     pub(super) seen_removed: AtomicU32,
@@ -60,28 +69,41 @@ pub(super) struct ArenaThreadCache {
 }
 
 /// What `ArenaInner::add_removed` (or `discard_in`) did with a removed slot.
-pub(super) enum Added {
+pub(super) enum Added<'c> {
     /// The slot joined the cache's batch.
     Kept,
-    /// The batch is full: the chain starting here is the caller's to defer.
-    Full(Link),
+    /// The slot filled the batch of this cache, whose owner takes it next, with
+    /// `ArenaInner::full_batch`, and defers it.
+    Full(&'c ArenaThreadCache),
     /// The cache's batch is not at hand (a drainer holds the cache, or the thread has
     /// none): the caller uses the shard's shared batch.
     Busy,
 }
 
 impl ArenaThreadCache {
-    pub(super) fn new(shard: usize) -> Self {
+    /// A cache of shard `shard` whose batches hold `removal_batch` slots.
+    pub(super) fn new(shard: usize, removal_batch: u32) -> Self {
         Self {
             shard,
             handshake: Handshake::new(),
             hand: AtomicU32::new(NIL),
-            removed: AtomicU32::new(NIL),
+            removed: (0..removal_batch).map(|_| AtomicU32::new(NIL)).collect(),
             removed_len: AtomicU32::new(0),
+            newest_removed: AtomicU32::new(NIL),
             seen_hand: AtomicU32::new(NIL),
             seen_removed: AtomicU32::new(NIL),
             refills: AtomicU32::new(0),
         }
+    }
+
+    /// The batch that the owner's last operation filled ([`Added::Full`]): a copy of its
+    /// indices, taken by the owner before its next operation on the cache (invariant on
+    /// `removed`).
+    pub(super) fn full_batch(&self) -> Box<[u32]> {
+        self.removed
+            .iter()
+            .map(|entry| entry.load(Ordering::Relaxed))
+            .collect()
     }
 }
 

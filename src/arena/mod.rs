@@ -492,8 +492,8 @@ impl<T: Send + 'static> SlotArena<T> {
     pub fn remove<'g>(&'g self, key: Key, guard: &'g Guard) -> Result<&'g T, ArenaError> {
         let arena = &self.arena;
         self.check_guard(guard)?;
-        let (slot, place) = arena.mark_removed(key)?;
-        self.add_to_batch(key.index(), place, guard);
+        let slot = arena.mark_removed(key)?;
+        self.add_to_batch(key.index(), guard);
         // SAFETY: this call won the OCCUPIED -> REMOVED transition, so the value is
         // initialised; it is dropped only after a grace period that waits for `guard`.
         Ok(slot
@@ -551,9 +551,9 @@ impl<T: Send + 'static> SlotArena<T> {
     /// batch: defers the batch it filled, under a pin taken for that.
     #[cold]
     #[inline(never)]
-    fn defer_discarded(&self, added: Added, shard: usize, index: u32) {
-        if let Some(head) = self.batch_to_defer(added, shard, index) {
-            self.defer_full_batch(shard, head, &self.pin());
+    fn defer_discarded(&self, added: Added<'_>, shard: usize, index: u32) {
+        if let Some(slots) = self.batch_to_defer(added, shard, index) {
+            self.defer_full_batch(shard, slots, &self.pin());
         }
     }
 
@@ -634,8 +634,8 @@ impl<T: Send + 'static> SlotArena<T> {
     pub fn flush(&self, guard: &Guard) -> Result<(), ArenaError> {
         self.check_guard(guard)?;
         let caches = self.arena.drain_caches();
-        for (shard, head) in caches.into_iter().chain(self.arena.take_partial_batches()) {
-            self.defer_batch(shard, head, guard);
+        for (shard, slots) in caches.into_iter().chain(self.arena.take_partial_batches()) {
+            self.defer_batch(shard, slots, guard);
         }
         guard.flush();
         let mut panics = Panics::default();
@@ -723,9 +723,9 @@ impl<T: Send + 'static> SlotArena<T> {
         self.len() == 0
     }
 
-    /// Bytes the arena holds for per-thread state: the caches of the threads that used it,
-    /// and the map that finds them. It follows how many threads used the arena, not how
-    /// high their thread indices are.
+    /// Bytes the arena holds for per-thread state: the caches of the threads that used it
+    /// (each with room for a removal batch), and the map that finds them. It follows how
+    /// many threads used the arena, not how high their thread indices are.
     ///
     /// ```
     /// let arena = ferropool::SlotArena::new();
@@ -735,7 +735,10 @@ impl<T: Send + 'static> SlotArena<T> {
     /// # Ok::<(), ferropool::ArenaError>(())
     /// ```
     pub fn thread_state_bytes(&self) -> usize {
-        self.arena.caches.footprint()
+        let batches = self.arena.caches.records_allocated() as usize
+            * self.arena.removal_batch as usize
+            * std::mem::size_of::<AtomicU32>();
+        self.arena.caches.footprint() + batches
     }
 
     /// Slots in allocated pages.
@@ -828,8 +831,8 @@ impl<T: Send + 'static> SlotArena<T> {
         // Exclusive access: no owner is inside an operation on its cache, so draining waits
         // for nobody.
         let caches = arena.drain_caches();
-        for (shard, head) in caches.into_iter().chain(arena.take_partial_batches()) {
-            arena.recycle_chain(head, shard, &mut panics);
+        for (shard, slots) in caches.into_iter().chain(arena.take_partial_batches()) {
+            arena.recycle(slots, shard, &mut panics);
         }
         for shard in 0..arena.shards.len() {
             self.recycle_ready(shard, shard, &mut panics);

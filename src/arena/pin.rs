@@ -13,11 +13,19 @@ use crate::sync::epoch::{Collector, Guard};
 #[cfg(not(loom))]
 const KEPT: usize = 4;
 
-/// Pins the calling thread on `collector`.
+/// Pins the calling thread on `collector`. Inlined, so that a pin on the default collector
+/// is crossbeam-epoch's own, with no frame of a function that also holds the private path.
+#[inline]
 pub(super) fn pin(collector: &Collector, is_default: bool) -> Guard {
     if is_default {
         return crate::sync::epoch::pin();
     }
+    pin_private(collector)
+}
+
+/// Pins the calling thread on a private `collector`.
+#[inline(never)]
+fn pin_private(collector: &Collector) -> Guard {
     #[cfg(not(loom))]
     if let Some(guard) = pin_kept(collector) {
         return guard;

@@ -22,16 +22,25 @@ use crossbeam_utils::CachePadded;
 use super::cache::{Added, ArenaThreadCache};
 use super::panics::Panics;
 use super::ArenaError;
-use crate::paged::Place;
 use crate::stack::Link;
 use crate::sync::epoch::Guard;
 use crate::sync::Arc;
 use crate::sync::{thread_local, AtomicPtr, AtomicU32, Ordering};
 
-/// A removal batch handed to the epoch collector: the first link of its chain of slots
-/// (linked through the arena's link table).
+/// The slots of a removal batch.
+pub(super) enum BatchSlots {
+    /// A chain linked through the arena's link table, from its first link: a shard's
+    /// shared batch, built with compare-exchanges by threads without their cache at hand.
+    Chain(Link),
+    /// The slots' indices: a thread cache's batch. Recycling finds each slot from its index
+    /// alone, so the slots' loads overlap; following a chain waits for each link before it
+    /// can find the next slot.
+    Indices(Box<[u32]>),
+}
+
+/// A removal batch handed to the epoch collector.
 pub(super) struct Batch {
-    pub(super) head: Link,
+    pub(super) slots: BatchSlots,
     /// The next batch on a ready list.
     next: *mut Batch,
 }
@@ -39,14 +48,14 @@ pub(super) struct Batch {
 /// A batch in transit through the epoch collector.
 pub(super) struct PendingBatch(*mut Batch);
 
-// SAFETY: a `PendingBatch` owns its `Batch` (a plain `Box` of two words) until it is pushed
-// on a ready list; moving it to the collecting thread moves that ownership.
+// SAFETY: a `PendingBatch` owns its `Batch` (a `Box` of plain data) until it is pushed on a
+// ready list; moving it to the collecting thread moves that ownership.
 unsafe impl Send for PendingBatch {}
 
 impl PendingBatch {
-    pub(super) fn new(head: Link) -> Self {
+    pub(super) fn new(slots: BatchSlots) -> Self {
         Self(Box::into_raw(Box::new(Batch {
-            head,
+            slots,
             next: ptr::null_mut(),
         })))
     }
@@ -117,7 +126,6 @@ impl ReadyLists {
         list.pending.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Takes every ready batch of `shard`; the iterator yields their chains' first links.
     /// Takes the list of `shard` if its head has not changed since the previous sweep
     /// looked: batches that no thread of the shard came to recycle meanwhile.
     pub(super) fn take_if_stale(&self, shard: usize) -> TakenBatches {
@@ -131,6 +139,7 @@ impl ReadyLists {
         TakenBatches(list.head.swap(ptr::null_mut(), Ordering::Acquire))
     }
 
+    /// Takes every ready batch of `shard`; the iterator yields their slots.
     pub(super) fn take(&self, shard: usize) -> TakenBatches {
         let list = &self.lists[shard];
         if list.head.load(Ordering::Relaxed).is_null() {
@@ -145,9 +154,9 @@ impl ReadyLists {
 pub(super) struct TakenBatches(*mut Batch);
 
 impl Iterator for TakenBatches {
-    type Item = Link;
+    type Item = BatchSlots;
 
-    fn next(&mut self) -> Option<Link> {
+    fn next(&mut self) -> Option<BatchSlots> {
         if self.0.is_null() {
             return None;
         }
@@ -155,7 +164,7 @@ impl Iterator for TakenBatches {
         // `ReadyList::head`); each node came from `Box::into_raw` in `PendingBatch::new`.
         let batch = unsafe { Box::from_raw(self.0) };
         self.0 = batch.next;
-        Some(batch.head)
+        Some(batch.slots)
     }
 }
 
@@ -333,17 +342,17 @@ impl<T: Send + 'static> super::SlotArena<T> {
     #[cold]
     fn sweep(&self, panics: &mut Panics) {
         for shard in 0..self.arena.shards.len() {
-            for head in self.ready.take_if_stale(shard) {
-                self.arena.recycle_chain(head, shard, panics);
+            for slots in self.ready.take_if_stale(shard) {
+                self.arena.recycle(slots, shard, panics);
             }
         }
         let caches = self.arena.drain_idle_caches();
         let guard = self.pin();
-        for (shard, head) in caches
+        for (shard, slots) in caches
             .into_iter()
             .chain(self.arena.take_stale_partial_batches())
         {
-            self.defer_batch(shard, head, &guard);
+            self.defer_batch(shard, slots, &guard);
         }
         // Into the collector's shared queue (in this thread's bag they would wait for this
         // thread to flush, which a thread that only inserts rarely does), and a collection:
@@ -354,24 +363,24 @@ impl<T: Send + 'static> super::SlotArena<T> {
 
     pub(super) fn recycle_ready(&self, from: usize, to: usize, panics: &mut Panics) -> bool {
         let mut any = false;
-        for head in self.ready.take(from) {
-            self.arena.recycle_chain(head, to, panics);
+        for slots in self.ready.take(from) {
+            self.arena.recycle(slots, to, panics);
             any = true;
         }
         any
     }
 
-    /// Adds `index`, just removed (at `place`, its slot's place), to the calling thread's
-    /// removal batch (in its cache; in its shard's shared batch when it has no cache or a
-    /// drainer holds it); hands the batch to the collector when it is full.
-    pub(super) fn add_to_batch(&self, index: u32, place: Place, guard: &Guard) {
+    /// Adds `index`, just removed, to the calling thread's removal batch (in its cache; in
+    /// its shard's shared batch when it has no cache or a drainer holds it); hands the batch
+    /// to the collector when it is full.
+    pub(super) fn add_to_batch(&self, index: u32, guard: &Guard) {
         let arena = &self.arena;
         let (added, shard) = match arena.my_cache() {
-            Some((cache, shard)) => (arena.add_removed(cache, index, arena.link_at(place)), shard),
+            Some((cache, shard)) => (arena.add_removed(cache, index), shard),
             None => (Added::Busy, arena.my_shard()),
         };
-        if let Some(head) = self.batch_to_defer(added, shard, index) {
-            self.defer_full_batch(shard, head, guard);
+        if let Some(slots) = self.batch_to_defer(added, shard, index) {
+            self.defer_full_batch(shard, slots, guard);
         }
     }
 
@@ -379,29 +388,37 @@ impl<T: Send + 'static> super::SlotArena<T> {
     /// cache's batch it filled, or, when the cache's batch was not at hand, the shard's
     /// shared batch if the slot filled that one.
     #[inline(always)]
-    pub(super) fn batch_to_defer(&self, added: Added, shard: usize, index: u32) -> Option<Link> {
+    pub(super) fn batch_to_defer(
+        &self,
+        added: Added<'_>,
+        shard: usize,
+        index: u32,
+    ) -> Option<BatchSlots> {
         match added {
             Added::Kept => None,
-            Added::Full(head) => Some(head),
-            Added::Busy => self.arena.add_shared_removed(shard, index),
+            Added::Full(cache) => Some(BatchSlots::Indices(cache.full_batch())),
+            Added::Busy => self
+                .arena
+                .add_shared_removed(shard, index)
+                .map(BatchSlots::Chain),
         }
     }
 
     /// Defers a batch that just filled up, and every `FLUSH_EVERY`th one of the thread's
     /// also flushes the thread's epoch bag.
-    pub(super) fn defer_full_batch(&self, shard: usize, head: Link, guard: &Guard) {
-        self.defer_batch(shard, head, guard);
+    pub(super) fn defer_full_batch(&self, shard: usize, slots: BatchSlots, guard: &Guard) {
+        self.defer_batch(shard, slots, guard);
         if flush_due() {
             guard.flush();
         }
     }
 
-    /// Hands the removal batch starting at `head` to the collector; after its grace period
-    /// it lands on the ready list of `shard`.
-    pub(super) fn defer_batch(&self, shard: usize, head: Link, guard: &Guard) {
+    /// Hands the removal batch of `slots` to the collector; after its grace period it lands
+    /// on the ready list of `shard`.
+    pub(super) fn defer_batch(&self, shard: usize, slots: BatchSlots, guard: &Guard) {
         self.ready.note_pending(shard);
         let ready = Arc::clone(&self.ready);
-        let batch = PendingBatch::new(head);
+        let batch = PendingBatch::new(slots);
         let to_ready_list = move || ready.push(shard, batch);
         // SAFETY: the closure owns what it touches (an `Arc` of the ready lists and the batch
         // node; it reads no slot), so it may run on any thread at any later time. `guard` is

@@ -12,6 +12,7 @@ use crossbeam_utils::CachePadded;
 
 use super::cache::{Added, ArenaThreadCache, ArenaThreadCaches, SWEEP_EVERY};
 use super::panics::Panics;
+use super::recycle::BatchSlots;
 use super::shard::{Shard, SharedBatch};
 use super::slot::{self, Slot, OCCUPIED, REMOVED};
 use super::{ArenaError, Key};
@@ -49,7 +50,7 @@ pub(super) struct ArenaInner<T> {
     /// dangles.
     pub(super) slots: PagedTable<Slot<T>>,
     /// The chain link of every slot (`Link` of the next slot of whichever chain it is in:
-    /// vacant in a hand or on a free list, or removed in a batch).
+    /// vacant in a hand or on a free list, or removed in a shard's shared batch).
     ///
     /// Invariant: laid out as `slots` (the same first page length), so that one `locate`
     /// finds a slot and its link ([`slot_and_link`](Self::slot_and_link)).
@@ -143,21 +144,15 @@ impl<T> ArenaInner<T> {
     }
 
     /// The slot of `key` if the key is this arena's and its page is allocated.
-    #[inline]
-    pub(super) fn resolve(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
-        self.resolve_placed(key).map(|(slot, _)| slot)
-    }
-
-    /// [`resolve`](Self::resolve), with the slot's place, where its link lies too.
     #[inline(always)]
-    fn resolve_placed(&self, key: Key) -> Result<(&Slot<T>, Place), ArenaError> {
+    pub(super) fn resolve(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
         if key.arena() != self.id {
             return Err(self.foreign(key));
         }
         let place = self.slots.locate(key.index());
         // SAFETY: the slots' own `locate`.
         match unsafe { self.slots.get_place(place) } {
-            Some(slot) => Ok((slot, place)),
+            Some(slot) => Ok(slot),
             None => Err(self.out_of_range(key)),
         }
     }
@@ -198,12 +193,11 @@ impl<T> ArenaInner<T> {
     /// Marks the value of `key` removed: the one compare-exchange from `OCCUPIED` at the
     /// key's generation to `REMOVED` at the next, which exactly one remover wins (the others,
     /// and stale keys, get [`ArenaError::Stale`]). Returns the slot, whose value the winner
-    /// hands to a removal batch, and its place (where [`link_at`](Self::link_at) finds its
-    /// link for the batch). The caller keeps the slot's page alive (a pin, or an operation of
-    /// its thread cache).
+    /// hands to a removal batch. The caller keeps the slot's page alive (a pin, or an
+    /// operation of its thread cache).
     #[inline(always)]
-    pub(super) fn mark_removed(&self, key: Key) -> Result<(&Slot<T>, Place), ArenaError> {
-        let (slot, place) = self.resolve_placed(key)?;
+    pub(super) fn mark_removed(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
+        let slot = self.resolve(key)?;
         let generation = key.generation();
         slot.state
             .compare_exchange(
@@ -213,7 +207,7 @@ impl<T> ArenaInner<T> {
                 Ordering::Acquire,
             )
             .map_err(|actual| stale(key, actual))?;
-        Ok((slot, place))
+        Ok(slot)
     }
 
     /// Calls `f` on every slot below the frontier in an allocated page. The caller keeps
@@ -235,19 +229,19 @@ impl<T> ArenaInner<T> {
         }
     }
 
-    /// Takes every shard's partly filled removal batch: `(shard, head of its chain)` for
-    /// each shard that had one.
-    pub(super) fn take_partial_batches(&self) -> impl Iterator<Item = (usize, Link)> + '_ {
+    /// Takes every shard's partly filled removal batch: `(shard, its chain)` for each shard
+    /// that had one.
+    pub(super) fn take_partial_batches(&self) -> impl Iterator<Item = (usize, BatchSlots)> + '_ {
         self.shards.iter().enumerate().filter_map(|(shard, lists)| {
             let taken =
                 SharedBatch(lists.removed.swap(SharedBatch::EMPTY.0, Ordering::AcqRel)).head();
-            (taken != NIL).then_some((shard, taken))
+            (taken != NIL).then_some((shard, BatchSlots::Chain(taken)))
         })
     }
 
     /// Takes the shards' partly filled removal batches that have not changed since the
-    /// previous sweep looked: `(shard, head of its chain)` for each.
-    pub(super) fn take_stale_partial_batches(&self) -> Vec<(usize, Link)> {
+    /// previous sweep looked: `(shard, its chain)` for each.
+    pub(super) fn take_stale_partial_batches(&self) -> Vec<(usize, BatchSlots)> {
         let mut taken = Vec::new();
         for (shard, lists) in self.shards.iter().enumerate() {
             let removed = lists.removed.load(Ordering::Relaxed);
@@ -265,7 +259,7 @@ impl<T> ArenaInner<T> {
                     )
                     .is_ok()
             {
-                taken.push((shard, SharedBatch(removed).head()));
+                taken.push((shard, BatchSlots::Chain(SharedBatch(removed).head())));
             }
         }
         taken
@@ -380,18 +374,35 @@ impl<T> ArenaInner<T> {
             .map_err(refused)
     }
 
-    /// Drops the values of the removed chain starting at `head` and publishes its slots on
-    /// the free list of `shard`, in chains of a chunk at most (an exhausted slot is left out
-    /// for good).
+    /// Drops the values of a removal batch's slots and publishes the slots on the free list
+    /// of `shard`, in chains of a chunk at most (an exhausted slot is left out for good).
     ///
-    /// The chain's grace period has passed (it came off a ready list), or the caller has
+    /// The batch's grace period has passed (it came off a ready list), or the caller has
     /// exclusive access: no reader can see the values.
-    pub(super) fn recycle_chain(&self, head: Link, shard: usize, panics: &mut Panics) {
-        let (mut vacant_head, mut vacant_len) = (NIL, 0);
+    pub(super) fn recycle(&self, slots: BatchSlots, shard: usize, panics: &mut Panics) {
+        match slots {
+            BatchSlots::Indices(indices) => {
+                self.recycle_slots(indices.iter().copied(), shard, panics);
+            }
+            BatchSlots::Chain(head) => self.recycle_slots(self.chain(head), shard, panics),
+        }
+    }
+
+    /// The slots of the removed chain starting at `head`. Each slot's link is read before
+    /// the slot is yielded, so recycling may link the slot into another chain.
+    fn chain(&self, head: Link) -> impl Iterator<Item = u32> + '_ {
         let mut link = head;
-        while link != NIL {
-            let (slot, link_of_slot) = self.slot_and_link(link - 1);
-            let next = link_of_slot.load(Ordering::Relaxed);
+        std::iter::from_fn(move || {
+            let index = link.checked_sub(1)?; // `NIL` ends the chain
+            link = self.links.at(index).load(Ordering::Relaxed);
+            Some(index)
+        })
+    }
+
+    fn recycle_slots(&self, indices: impl Iterator<Item = u32>, shard: usize, panics: &mut Panics) {
+        let (mut vacant_head, mut vacant_len) = (NIL, 0);
+        for index in indices {
+            let (slot, link_of_slot) = self.slot_and_link(index);
             let state = slot.state.load(Ordering::Acquire);
             debug_assert_eq!(slot::phase(state), REMOVED);
             // First the state, then the drop: a value whose drop panics has been dropped, and
@@ -400,14 +411,15 @@ impl<T> ArenaInner<T> {
             let vacant = slot.vacate(slot::generation(state));
             if vacant {
                 link_of_slot.store(vacant_head, Ordering::Relaxed);
-                vacant_head = link;
+                vacant_head = index + 1;
                 vacant_len += 1;
             }
             panics.catch(|| {
                 slot.value.with_mut(|value_ptr| {
-                    // SAFETY: REMOVED means initialised; this chain was taken off a ready list
-                    // (or a removal batch under exclusive access) by this call alone, after its
-                    // grace period, so no reader holds the value and nobody else drops it.
+                    // SAFETY: REMOVED means initialised; this batch was taken off a ready list
+                    // (or out of a cache or a shard under exclusive access) by this call alone,
+                    // after its grace period, so no reader holds the value and nobody else
+                    // drops it.
                     unsafe { (*value_ptr).assume_init_drop() }
                 });
             });
@@ -417,7 +429,6 @@ impl<T> ArenaInner<T> {
                 self.push_chain(shard, vacant_head);
                 (vacant_head, vacant_len) = (NIL, 0);
             }
-            link = next;
         }
         if vacant_head != NIL {
             self.push_chain(shard, vacant_head);
@@ -459,7 +470,10 @@ impl<T> ArenaInner<T> {
         let index = u32::try_from(crate::thread::index()?).ok()?;
         let shards = self.shards.len();
         let cache: &ArenaThreadCache = self.caches.get_or_claim(index, |number| {
-            CachePadded::new(ArenaThreadCache::new(number as usize & (shards - 1)))
+            CachePadded::new(ArenaThreadCache::new(
+                number as usize & (shards - 1),
+                self.removal_batch,
+            ))
         })?;
         crate::thread::remember_arena_cache(self.id.get(), std::ptr::from_ref(cache).cast());
         Some((cache, cache.shard))
@@ -513,14 +527,9 @@ impl<T> ArenaInner<T> {
 
     /// Adds the removed slot `index` to the batch of `cache` (its owner only).
     #[inline]
-    pub(super) fn add_removed(
-        &self,
-        cache: &ArenaThreadCache,
-        index: u32,
-        link_of_slot: &AtomicU32,
-    ) -> Added {
+    pub(super) fn add_removed<'c>(&self, cache: &'c ArenaThreadCache, index: u32) -> Added<'c> {
         let busy = cache.handshake.begin();
-        let added = self.add_removed_in_operation(cache, index, link_of_slot);
+        let added = Self::add_removed_in_operation(cache, index);
         cache.handshake.end(busy);
         added
     }
@@ -533,41 +542,39 @@ impl<T> ArenaInner<T> {
     ///
     /// [`wait_out_operations`]: Self::wait_out_operations
     #[inline]
-    pub(super) fn discard_in(
+    pub(super) fn discard_in<'c>(
         &self,
-        cache: &ArenaThreadCache,
+        cache: &'c ArenaThreadCache,
         key: Key,
-    ) -> Result<Added, ArenaError> {
+    ) -> Result<Added<'c>, ArenaError> {
         let busy = cache.handshake.begin();
-        let added = self.mark_removed(key).map(|(_, place)| {
-            self.add_removed_in_operation(cache, key.index(), self.link_at(place))
-        });
+        let added = self
+            .mark_removed(key)
+            .map(|_| Self::add_removed_in_operation(cache, key.index()));
         cache.handshake.end(busy);
         added
     }
 
     /// [`add_removed`](Self::add_removed) inside an operation the caller began.
     #[inline(always)]
-    fn add_removed_in_operation(
-        &self,
-        cache: &ArenaThreadCache,
-        index: u32,
-        link_of_slot: &AtomicU32,
-    ) -> Added {
+    fn add_removed_in_operation(cache: &ArenaThreadCache, index: u32) -> Added<'_> {
         if !cache.handshake.may_use() {
             return Added::Busy;
         }
-        let link = index + 1;
-        let head = cache.removed.load(Ordering::Relaxed);
-        link_of_slot.store(head, Ordering::Relaxed);
-        let len = cache.removed_len.load(Ordering::Relaxed).wrapping_add(1);
-        if len >= self.removal_batch {
-            cache.removed.store(NIL, Ordering::Relaxed);
+        let len = cache.removed_len.load(Ordering::Relaxed);
+        let Some(entry) = cache.removed.get(len as usize) else {
+            // Never: a batch that fills is taken at once (invariant on `removed`).
+            return Added::Busy;
+        };
+        entry.store(index, Ordering::Relaxed);
+        let len = len + 1;
+        if len as usize == cache.removed.len() {
             cache.removed_len.store(0, Ordering::Relaxed);
-            Added::Full(link)
+            cache.newest_removed.store(NIL, Ordering::Relaxed);
+            Added::Full(cache)
         } else {
-            cache.removed.store(link, Ordering::Relaxed);
             cache.removed_len.store(len, Ordering::Relaxed);
+            cache.newest_removed.store(index + 1, Ordering::Relaxed);
             Added::Kept
         }
     }
@@ -611,8 +618,8 @@ impl<T> ArenaInner<T> {
     /// Takes the hand and batch of every cache that holds something, whatever its owner is
     /// doing: claims each, issues one heavy fence, waits for each owner to be out of the
     /// operation it was in. A cache another drainer holds is left to that one. The hands go
-    /// back on their owners' shards; the batches are returned, as `(shard, head of chain)`.
-    pub(super) fn drain_caches(&self) -> Vec<(usize, Link)> {
+    /// back on their owners' shards; the batches are returned, as `(shard, slots)`.
+    pub(super) fn drain_caches(&self) -> Vec<(usize, BatchSlots)> {
         self.drain_caches_where(|_| true)
     }
 
@@ -621,10 +628,10 @@ impl<T> ArenaInner<T> {
     /// a thread that inserts without removing (a thread that reuses an exited one's index
     /// inherits its cache). Parts in use change between sweeps (a hand shrinks with every
     /// insert, a batch grows with every removal), so they are left alone.
-    pub(super) fn drain_idle_caches(&self) -> Vec<(usize, Link)> {
+    pub(super) fn drain_idle_caches(&self) -> Vec<(usize, BatchSlots)> {
         self.drain_caches_where(|cache| {
             let hand = cache.hand.load(Ordering::Relaxed);
-            let removed = cache.removed.load(Ordering::Relaxed);
+            let removed = cache.newest_removed.load(Ordering::Relaxed);
             let stale = (hand != NIL && cache.seen_hand.load(Ordering::Relaxed) == hand)
                 || (removed != NIL && cache.seen_removed.load(Ordering::Relaxed) == removed);
             cache.seen_hand.store(hand, Ordering::Relaxed);
@@ -647,14 +654,14 @@ impl<T> ArenaInner<T> {
     fn drain_caches_where(
         &self,
         mut pick: impl FnMut(&ArenaThreadCache) -> bool,
-    ) -> Vec<(usize, Link)> {
+    ) -> Vec<(usize, BatchSlots)> {
         let mut claimed = Vec::new();
         for cache in self.caches.iter() {
             // A racy look: a cache that seems empty is skipped. What its owner did before the
             // caller synchronised with it is visible here, so nothing the caller could know
             // of is missed.
             let holds = cache.hand.load(Ordering::Relaxed) != NIL
-                || cache.removed.load(Ordering::Relaxed) != NIL;
+                || cache.newest_removed.load(Ordering::Relaxed) != NIL;
             if holds && pick(cache) && cache.handshake.claim() {
                 claimed.push((cache.shard, &**cache));
             }
@@ -668,16 +675,20 @@ impl<T> ArenaInner<T> {
             cache.handshake.wait_out();
             // The owner is out, and its later operations see the claim: ours.
             let hand = cache.hand.load(Ordering::Relaxed);
-            let removed = cache.removed.load(Ordering::Relaxed);
+            let removed = cache.removed_len.load(Ordering::Relaxed) as usize;
+            let removed: Box<[u32]> = cache.removed[..removed.min(cache.removed.len())]
+                .iter()
+                .map(|entry| entry.load(Ordering::Relaxed))
+                .collect();
             cache.hand.store(NIL, Ordering::Relaxed);
-            cache.removed.store(NIL, Ordering::Relaxed);
             cache.removed_len.store(0, Ordering::Relaxed);
+            cache.newest_removed.store(NIL, Ordering::Relaxed);
             cache.handshake.hand_back();
             if hand != NIL {
                 self.push_chain(shard, hand);
             }
-            if removed != NIL {
-                batches.push((shard, removed));
+            if !removed.is_empty() {
+                batches.push((shard, BatchSlots::Indices(removed)));
             }
         }
         batches
