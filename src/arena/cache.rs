@@ -41,23 +41,27 @@ pub(super) struct ArenaThreadCache {
     /// Vacant slots for the owner's next inserts: a chain linked through `ArenaInner::links`,
     /// ending in `NIL`.
     ///
-    /// Invariant (also for `removed` and `removed_len`): read or written only by the owner
-    /// inside an operation that found the handshake free to use, or by a drainer that claimed
-    /// the handshake once the owner is out, or under exclusive access to the arena.
+    /// Invariant (also for `removed_len`, and for `removed` with the exception written
+    /// there): read or written only by the owner inside an operation that found the
+    /// handshake free to use, or by a drainer that claimed the handshake once the owner is
+    /// out, or under exclusive access to the arena.
     pub(super) hand: AtomicU32,
     /// The owner's removal batch being filled: the indices of `REMOVED` slots, in
     /// `removed[..removed_len]` (`removal_batch` entries in all).
     ///
-    /// Invariant, besides the one on `hand`: when an operation of the owner fills the batch,
-    /// it sets `removed_len` to 0 and `newest_removed` to `NIL`, and the entries keep the full
-    /// batch until the owner's next operation; the owner copies them out before that
-    /// (`ArenaInner::full_batch`). Only the owner writes entries, and a drainer reads only
-    /// the first `removed_len`, so the copy races with nobody.
+    /// Invariant: as on `hand`, with one exception. When an operation of the owner fills the
+    /// batch, it sets `removed_len` to 0 and `newest_removed` to `NIL`, and the entries keep
+    /// the full batch until the owner's next operation; the owner copies them out before
+    /// that, outside any operation ([`full_batch`](Self::full_batch)). Only the owner writes
+    /// entries, and a drainer reads only the first `removed_len`, so the copy races with
+    /// nobody.
     pub(super) removed: Box<[AtomicU32]>,
     /// Slots in `removed`.
     pub(super) removed_len: AtomicU32,
     /// The link of the slot last added to `removed` (`NIL` when it is empty): whether the
-    /// cache holds a batch, and, for sweeps, whether the batch changed.
+    /// cache holds a batch, and, for sweeps, whether the batch changed. Written as `hand`
+    /// is; drainers and sweeps also read it without a claim, as a hint (a cache that seems
+    /// empty is skipped, as with `hand`).
     pub(super) newest_removed: AtomicU32,
     /// `hand` and `newest_removed` as a sweep last saw them (written by sweepers only; racing
     /// sweepers at worst take a cache one sweep later, or earlier).
@@ -73,7 +77,7 @@ pub(super) enum Added<'c> {
     /// The slot joined the cache's batch.
     Kept,
     /// The slot filled the batch of this cache, whose owner takes it next, with
-    /// `ArenaInner::full_batch`, and defers it.
+    /// [`ArenaThreadCache::full_batch`], and defers it.
     Full(&'c ArenaThreadCache),
     /// The cache's batch is not at hand (a drainer holds the cache, or the thread has
     /// none): the caller uses the shard's shared batch.

@@ -24,7 +24,9 @@ pub struct ArenaConfig {
     /// another thread's insert does), then in its thread's epoch
     /// bag for up to 7 more batches (see [Destructors](super::SlotArena#destructors)).
     /// Values that own much memory therefore call for small batches; larger ones amortise
-    /// the deferral further.
+    /// the deferral further. Each thread cache keeps room for one batch's slot indices
+    /// (4 bytes a slot, counted in
+    /// [`SlotArena::thread_state_bytes`](super::SlotArena::thread_state_bytes)).
     pub removal_batch: u32,
     /// Bytes of fresh slots each shard may claim for itself, while other shards still have
     /// vacant slots, before it takes theirs. Default 1 MiB; 0 takes other shards' slots
