@@ -259,45 +259,52 @@ fn ours_churn(threads: usize, rounds: usize, discard: bool) -> Duration {
     })
 }
 
+/// One run of sharded-slab's churn.
+fn sharded_churn(threads: usize, rounds: usize) -> Duration {
+    let slab = sharded_slab::Slab::new();
+    run_threads(threads, rounds as u64, &|_, n| {
+        let mut keys = Vec::with_capacity(KEYS);
+        for _ in 0..n {
+            keys.extend((0..KEYS as u64).map(|i| slab.insert([i, i]).unwrap()));
+            for &key in &keys {
+                black_box(*slab.get(key).unwrap());
+            }
+            for key in keys.drain(..) {
+                black_box(slab.remove(key));
+            }
+        }
+    })
+}
+
 fn churn_table(rounds: usize, thread_counts: &[usize]) {
-    println!("churn, aggregate M operations/s (each thread: insert {KEYS} own keys, read, remove; {rounds} rounds)");
+    println!("churn, aggregate M operations/s (each thread: insert {KEYS} own keys, read, remove; {rounds} rounds; ratios: median of the 5 rounds' own ratios)");
     println!("| threads | ferropool, discard | ferropool, pinned remove | sharded-slab | discard / sharded-slab | pinned remove / sharded-slab | concurrent-slotmap | RwLock<Slab> |");
     println!("|---|---|---|---|---|---|---|---|");
     for &threads in thread_counts {
         let ops = churn_ops(threads, rounds);
-        // Five runs of each removal, alternating which goes first.
-        let (mut discard, mut remove) = (Vec::new(), Vec::new());
+        // Five rounds, each a run of both removals and of sharded-slab, in an order that
+        // rotates from round to round; a ratio is taken within each round, so that a
+        // neighbour slowing the machine for a while weighs on both sides of it.
+        let (mut discard, mut remove, mut sharded) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..5 {
-            let order = if run % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
-            };
-            for by_discard in order {
-                let time = ours_churn(threads, rounds, by_discard);
-                if by_discard {
-                    discard.push(time);
-                } else {
-                    remove.push(time);
+            for which in 0..3 {
+                match (run + which) % 3 {
+                    0 => discard.push(ours_churn(threads, rounds, true)),
+                    1 => remove.push(ours_churn(threads, rounds, false)),
+                    _ => sharded.push(sharded_churn(threads, rounds)),
                 }
             }
         }
+        let within = |ours: &[Duration]| {
+            let ratios = ours
+                .iter()
+                .zip(&sharded)
+                .map(|(ours, sharded)| sharded.as_secs_f64() / ours.as_secs_f64());
+            common::spread(ratios.collect()).1
+        };
+        let (discard_ratio, remove_ratio) = (within(&discard), within(&remove));
         let (discard, remove) = (median_mops(ops, discard), median_mops(ops, remove));
-        let sharded = mops(ops, || {
-            let slab = sharded_slab::Slab::new();
-            run_threads(threads, rounds as u64, &|_, n| {
-                let mut keys = Vec::with_capacity(KEYS);
-                for _ in 0..n {
-                    keys.extend((0..KEYS as u64).map(|i| slab.insert([i, i]).unwrap()));
-                    for &key in &keys {
-                        black_box(*slab.get(key).unwrap());
-                    }
-                    for key in keys.drain(..) {
-                        black_box(slab.remove(key));
-                    }
-                }
-            })
-        });
+        let sharded = median_mops(ops, sharded);
         let slotmap = mops(ops, || {
             let map = concurrent_slotmap::SlotMap::new(1 << 22);
             run_threads(threads, rounds as u64, &|_, n| {
@@ -331,9 +338,7 @@ fn churn_table(rounds: usize, thread_counts: &[usize]) {
             })
         });
         println!(
-            "| {threads} | {discard:.1} | {remove:.1} | {sharded:.1} | {:.2}x | {:.2}x | {slotmap:.1} | {rwlock:.1} |",
-            discard / sharded,
-            remove / sharded
+            "| {threads} | {discard:.1} | {remove:.1} | {sharded:.1} | {discard_ratio:.2}x | {remove_ratio:.2}x | {slotmap:.1} | {rwlock:.1} |"
         );
     }
 }
