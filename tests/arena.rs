@@ -378,6 +378,38 @@ fn full_and_partial_batches_recycle_each_slot_once() {
     ledger.assert_exactly_once(0..2 * VALUES);
 }
 
+/// While a reader stays pinned, no grace period ends, and the removals of a busy thread pile
+/// up in the collector's queue (a batch of 1: one deferred function per removal, a bag per 8).
+/// Once the reader unpins, a few flushes drop them all: a flush collects again while that
+/// moves this arena's batches, instead of running one collection's 8 bags.
+#[test]
+fn a_few_flushes_drop_a_backlog_built_while_a_reader_was_pinned() {
+    let values = scaled(4000);
+    let ledger = DropLedger::new(values);
+    let collector = Collector::new();
+    let arena = SlotArena::with_config(small(&collector, 64, 1)).unwrap();
+    let (pinned, unpin) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let guard = arena.pin();
+            pinned.wait();
+            unpin.wait();
+            drop(guard);
+        });
+        pinned.wait();
+        for i in 0..values {
+            let key = arena.insert(ledger.record(i)).unwrap();
+            arena.remove(key, &arena.pin()).unwrap();
+        }
+        assert_eq!(ledger.total(), 0, "dropped while a reader was pinned");
+        unpin.wait();
+    });
+    for _ in 0..4 {
+        arena.flush(&arena.pin()).unwrap();
+    }
+    ledger.assert_exactly_once(0..values);
+}
+
 #[test]
 fn take_returns_the_value_and_frees_the_slot_at_once() {
     let mut arena = SlotArena::new();

@@ -638,6 +638,7 @@ impl<T: Send + 'static> SlotArena<T> {
             self.defer_batch(shard, slots, guard);
         }
         guard.flush();
+        self.collect_backlog(guard);
         let mut panics = Panics::default();
         recycle::recycling(|| {
             for shard in 0..self.arena.shards.len() {
@@ -646,6 +647,24 @@ impl<T: Send + 'static> SlotArena<T> {
         });
         panics.resume();
         Ok(())
+    }
+
+    /// Collects again while that moves this arena's batches onto its ready lists. One
+    /// collection runs at most 8 of the collector's queued bags (crossbeam-epoch's bound),
+    /// so without this a backlog queued while some reader stayed pinned (a bag per 8 full
+    /// batches) would take a `flush` per 8 bags to recycle. Each extra collection must move
+    /// a batch, so there are at most as many as batches were in transit at the start.
+    fn collect_backlog(&self, guard: &Guard) {
+        let mut pending = self.ready.pending();
+        let most = pending;
+        for _ in 0..most {
+            guard.flush();
+            let now = self.ready.pending();
+            if now >= pending {
+                break;
+            }
+            pending = now;
+        }
     }
 
     /// Calls `f` on every live value, under one pin.

@@ -101,6 +101,14 @@ impl ReadyLists {
         self.lists[shard].pending.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Batches in transit, on every shard.
+    pub(super) fn pending(&self) -> u64 {
+        self.lists
+            .iter()
+            .map(|list| u64::from(list.pending.load(Ordering::Relaxed)))
+            .sum()
+    }
+
     /// Whether `shard` has batches in transit.
     pub(super) fn has_pending(&self, shard: usize) -> bool {
         self.lists[shard].pending.load(Ordering::Relaxed) > 0
