@@ -259,10 +259,8 @@ impl<T> PagedTable<T> {
     /// If the page is not allocated, which is a bug in the caller.
     #[inline]
     pub(crate) fn at(&self, index: u32) -> &T {
-        match self.get(index) {
-            Some(element) => element,
-            None => unallocated(index),
-        }
+        // SAFETY: this table's own `locate`.
+        unsafe { self.at_place(self.locate(index)) }
     }
 
     /// Allocates page `page` with `init(offset)` for each element unless it is allocated
@@ -304,12 +302,6 @@ impl<T> PagedTable<T> {
             .map(|k| self.page_len(k) as u64)
             .sum()
     }
-}
-
-#[cold]
-#[inline(never)]
-fn unallocated(index: u32) -> ! {
-    panic!("internal error: index {index} of a paged table has no page")
 }
 
 #[cold]

@@ -1007,6 +1007,37 @@ fn an_inserting_only_thread_drops_what_an_exited_thread_removed() {
     ledger.assert_exactly_once(0..REMOVED);
 }
 
+/// A thread that only removes (keys another thread inserted) leaves a batch and no hand in
+/// its cache when it exits; the sweeps of a thread that only inserts take that batch, seeing
+/// that it did not change since they last looked, and its values are dropped without a flush.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "a sweep comes after thousands of operations per thread"
+)]
+fn a_batch_left_without_a_hand_is_swept() {
+    const REMOVED: usize = 10;
+    let arena = SlotArena::new();
+    let ledger = DropLedger::new(REMOVED);
+    let keys: Vec<_> = (0..REMOVED)
+        .map(|id| arena.insert(Some(ledger.record(id))).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for key in keys {
+                arena.discard(key).unwrap();
+            }
+        });
+    });
+    for _ in 0..1_000_000 {
+        if ledger.total() == REMOVED {
+            break;
+        }
+        arena.insert(None).unwrap();
+    }
+    ledger.assert_exactly_once(0..REMOVED);
+}
+
 /// Sweeps are counted per arena: a thread that works on two arenas in step sweeps both.
 #[test]
 #[cfg_attr(

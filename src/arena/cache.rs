@@ -50,21 +50,16 @@ pub(super) struct ArenaThreadCache {
     /// `removed[..removed_len]` (`removal_batch` entries in all).
     ///
     /// Invariant: as on `hand`, with one exception. When an operation of the owner fills the
-    /// batch, it sets `removed_len` to 0 and `newest_removed` to `NIL`, and the entries keep
-    /// the full batch until the owner's next operation; the owner copies them out before
-    /// that, outside any operation ([`full_batch`](Self::full_batch)). Only the owner writes
-    /// entries, and a drainer reads only the first `removed_len`, so the copy races with
-    /// nobody.
+    /// batch, it sets `removed_len` to 0, and the entries keep the full batch until the
+    /// owner's next operation; the owner copies them out before that, outside any operation
+    /// ([`full_batch`](Self::full_batch)). Only the owner writes entries, and a drainer reads
+    /// only the first `removed_len`, so the copy races with nobody.
     pub(super) removed: Box<[AtomicU32]>,
-    /// Slots in `removed`.
+    /// Slots in `removed`. Drainers and sweeps also read it without a claim, as a hint (a
+    /// cache that seems empty is skipped, as with `hand`).
     pub(super) removed_len: AtomicU32,
-    /// The link of the slot last added to `removed` (`NIL` when it is empty): whether the
-    /// cache holds a batch, and, for sweeps, whether the batch changed. Written as `hand`
-    /// is; drainers and sweeps also read it without a claim, as a hint (a cache that seems
-    /// empty is skipped, as with `hand`).
-    pub(super) newest_removed: AtomicU32,
-    /// `hand` and `newest_removed` as a sweep last saw them (written by sweepers only; racing
-    /// sweepers at worst take a cache one sweep later, or earlier).
+    /// `hand` and [`newest_removed`](Self::newest_removed) as a sweep last saw them (written
+    /// by sweepers only; racing sweepers at worst take a cache one sweep later, or earlier).
     pub(super) seen_hand: AtomicU32,
     pub(super) seen_removed: AtomicU32,
     /// The owner's refills of this arena, for its sweeps (the owner's alone: a plain load
@@ -93,7 +88,6 @@ impl ArenaThreadCache {
             hand: AtomicU32::new(NIL),
             removed: (0..removal_batch).map(|_| AtomicU32::new(NIL)).collect(),
             removed_len: AtomicU32::new(0),
-            newest_removed: AtomicU32::new(NIL),
             seen_hand: AtomicU32::new(NIL),
             seen_removed: AtomicU32::new(NIL),
             refills: AtomicU32::new(0),
@@ -104,10 +98,25 @@ impl ArenaThreadCache {
     /// indices, taken by the owner before its next operation on the cache (invariant on
     /// `removed`).
     pub(super) fn full_batch(&self) -> Box<[u32]> {
-        self.removed
+        self.first_removed(self.removed.len())
+    }
+
+    /// A copy of the first `len` entries of `removed` (at most all of them).
+    pub(super) fn first_removed(&self, len: usize) -> Box<[u32]> {
+        self.removed[..len.min(self.removed.len())]
             .iter()
             .map(|entry| entry.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// The link of the slot last added to the batch (`NIL` when it is empty), read without
+    /// a claim: for sweeps, whether the batch changed since they last looked. A hint, as
+    /// `seen_removed` says; it is derived from the batch, so removals store nothing more.
+    pub(super) fn newest_removed(&self) -> u32 {
+        let len = self.removed_len.load(Ordering::Relaxed) as usize;
+        len.checked_sub(1)
+            .and_then(|last| self.removed.get(last))
+            .map_or(NIL, |entry| entry.load(Ordering::Relaxed).wrapping_add(1))
     }
 }
 

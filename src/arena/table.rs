@@ -570,11 +570,9 @@ impl<T> ArenaInner<T> {
         let len = len + 1;
         if len as usize == cache.removed.len() {
             cache.removed_len.store(0, Ordering::Relaxed);
-            cache.newest_removed.store(NIL, Ordering::Relaxed);
             Added::Full(cache)
         } else {
             cache.removed_len.store(len, Ordering::Relaxed);
-            cache.newest_removed.store(index + 1, Ordering::Relaxed);
             Added::Kept
         }
     }
@@ -631,7 +629,7 @@ impl<T> ArenaInner<T> {
     pub(super) fn drain_idle_caches(&self) -> Vec<(usize, BatchSlots)> {
         self.drain_caches_where(|cache| {
             let hand = cache.hand.load(Ordering::Relaxed);
-            let removed = cache.newest_removed.load(Ordering::Relaxed);
+            let removed = cache.newest_removed();
             let stale = (hand != NIL && cache.seen_hand.load(Ordering::Relaxed) == hand)
                 || (removed != NIL && cache.seen_removed.load(Ordering::Relaxed) == removed);
             cache.seen_hand.store(hand, Ordering::Relaxed);
@@ -661,7 +659,7 @@ impl<T> ArenaInner<T> {
             // caller synchronised with it is visible here, so nothing the caller could know
             // of is missed.
             let holds = cache.hand.load(Ordering::Relaxed) != NIL
-                || cache.newest_removed.load(Ordering::Relaxed) != NIL;
+                || cache.removed_len.load(Ordering::Relaxed) != 0;
             if holds && pick(cache) && cache.handshake.claim() {
                 claimed.push((cache.shard, &**cache));
             }
@@ -675,14 +673,9 @@ impl<T> ArenaInner<T> {
             cache.handshake.wait_out();
             // The owner is out, and its later operations see the claim: ours.
             let hand = cache.hand.load(Ordering::Relaxed);
-            let removed = cache.removed_len.load(Ordering::Relaxed) as usize;
-            let removed: Box<[u32]> = cache.removed[..removed.min(cache.removed.len())]
-                .iter()
-                .map(|entry| entry.load(Ordering::Relaxed))
-                .collect();
+            let removed = cache.first_removed(cache.removed_len.load(Ordering::Relaxed) as usize);
             cache.hand.store(NIL, Ordering::Relaxed);
             cache.removed_len.store(0, Ordering::Relaxed);
-            cache.newest_removed.store(NIL, Ordering::Relaxed);
             cache.handshake.hand_back();
             if hand != NIL {
                 self.push_chain(shard, hand);
