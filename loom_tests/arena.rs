@@ -509,6 +509,38 @@ fn a_trim_keeps_the_page_a_claim_allocated() {
     });
 }
 
+/// **a trim releases the page a lost claim allocated**: another thread inserts into an arena
+/// whose only page is vacant (on the main shard's free list), claiming a fresh slot before it
+/// takes another shard's, so it allocates the next page; the main thread trims meanwhile. A
+/// trim that releases the vacant page lowers the frontier below the page the claim allocated,
+/// and the claim then claims at the lowered frontier instead. Afterwards, with the record
+/// taken out, a `shrink` (no claim in flight) releases every page: none stays allocated
+/// past the frontier with nothing claimed in it.
+///
+/// Planted bug caught: `trim_keeps_a_lost_claims_page` (a trim keeps every page past the
+/// frontier, as if a claim were always about to claim from it).
+#[test]
+fn a_trim_releases_the_page_a_lost_claim_allocated() {
+    model(|| {
+        let collector = Collector::new();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut arena = arena_growing_first(&collector, 1);
+        let vacant = arena
+            .insert(Record::new(0, &Arc::new(AtomicUsize::new(0))))
+            .unwrap();
+        drop(arena.take(vacant).unwrap());
+        let arena = Arc::new(arena);
+        let key = trim_beside_an_insert(&arena, &drops);
+        let Ok(mut arena) = Arc::try_unwrap(arena) else {
+            panic!("the inserting thread has ended")
+        };
+        drop(arena.take(key).unwrap());
+        arena.shrink();
+        assert_eq!(arena.capacity(), 0, "every page released");
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "the record dropped once");
+    });
+}
+
 /// **a discard racing a trim**: another thread discards a stale key (without a pin) into
 /// the only page while the main thread trims, releasing that page, and then pins and flushes
 /// until the page's grace period has passed and it is freed. The discard reports the key

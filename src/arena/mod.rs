@@ -55,13 +55,13 @@ use crate::paged::PagedTable;
 use crate::roster::Roster;
 use crate::stack::NIL;
 use crate::sync::epoch::{Collector, Guard};
-use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{epoch, Arc, AtomicU32, Ordering};
 use cache::{Added, ArenaThreadCache};
 use panics::Panics;
 use recycle::ReadyLists;
 use shard::Shard;
 use slot::{OCCUPIED, REMOVED, VACANT};
-use table::{ArenaInner, CHUNK};
+use table::{ArenaInner, Frontier, CHUNK};
 
 /// A lock-free arena of generational slots whose removed values are reclaimed through
 /// crossbeam-epoch.
@@ -216,7 +216,7 @@ impl<T: Send + 'static> SlotArena<T> {
                 links,
                 chains: PagedTable::new(config.first_page_len),
                 slots,
-                frontier: CachePadded::new(AtomicU64::new(0)),
+                frontier: CachePadded::new(Frontier::new()),
                 shards: (0..shards).map(|_| Shard::new()).collect(),
                 caches: Roster::new(cache::FIRST_CACHES),
             },

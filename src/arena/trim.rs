@@ -10,8 +10,11 @@
 //! (popped, claimed, occupied, removed, being recycled) is never released, because that slot
 //! is not on a free list. A claim allocates its page before it moves the frontier into it,
 //! so every page below the frontier is allocated (a null one would stop the trim there), and
-//! a page past the frontier is one a claimer is about to claim from: kept, since this trim
-//! may unfreeze the frontier at the very value that claim expects. Finally it lowers the
+//! a page past the frontier may be one a claimer is about to claim from. While any claim is
+//! in flight such a page is kept, since this trim may unfreeze the frontier at the very value
+//! that claim expects; with none in flight it is one a claim allocated and then lost to a
+//! trim that lowered the frontier, and it goes like any vacant page (kept for ever, it once
+//! stranded a page of 8,192 slots under an arena with nothing in it). Finally it lowers the
 //! frontier to the first released page and unfreezes it in one store, once it has given the
 //! kept slots back to the shards they came from.
 //!
@@ -31,17 +34,21 @@ impl<T> ArenaInner<T> {
     /// Releases trailing pages whose used slots are all vacant; `dispose` receives each
     /// released page once no new reference into it can be made. Returns the slots released.
     pub(super) fn release_vacant_pages(&self, mut dispose: impl FnMut(Page<Slot<T>>)) -> u64 {
-        let frontier = self.frontier.load(Acquire);
+        let frontier = self.frontier.at.load(Acquire);
         if frontier & FROZEN != 0 || frontier > MAX_SLOTS {
             return 0; // another trim is running, or the arena is full: nothing trails
         }
         if self
             .frontier
+            .at
             .compare_exchange(frontier, frontier | FROZEN, AcqRel, Relaxed)
             .is_err()
         {
             return 0; // a claim or another trim moved it: try again later
         }
+        // A read-modify-write, so that it reads the latest count: 0 means no claim expects a
+        // page past the frontier (the invariant on `Frontier::claims`).
+        let claim_in_flight = self.frontier.claims.fetch_add(0, AcqRel) != 0;
         // Every vacant slot, taken off its shard's list, grouped by page.
         let mut taken: Vec<Vec<u32>> = Vec::with_capacity(self.shards.len());
         let mut vacant_in_page = vec![0u64; self.slots.page_count()];
@@ -73,10 +80,12 @@ impl<T> ArenaInner<T> {
                 }
                 continue;
             };
-            if used == 0 {
-                // Past the frontier: a claimer allocated it and is about to claim its first
-                // chunk (the claim allocates before it moves the frontier). It stays: the
+            if used == 0 && claim_in_flight {
+                // Past the frontier, allocated by a claim that may be about to claim its
+                // first chunk (a claim allocates before it moves the frontier). It stays: the
                 // claim finds it there, even if this trim leaves the frontier where it was.
+                // With no claim in flight it is one a claim allocated and then lost its race
+                // for (to a trim that lowered the frontier), and it goes like a vacant page.
                 continue;
             }
             if vacant_in_page[k] != used {
@@ -91,8 +100,9 @@ impl<T> ArenaInner<T> {
             }
             self.page_floor[k].store(floor, Relaxed);
             // SAFETY: no slot of the page is in use (all used ones are in `taken`, none can
-            // be claimed while the frontier is frozen); readers that reached it before are
-            // kept safe by `dispose` (see `SlotArena::trim` and `shrink`).
+            // be claimed while the frontier is frozen, and past the frontier no claim in
+            // flight expects the page); readers that reached it before are kept safe by
+            // `dispose` (see `SlotArena::trim` and `shrink`).
             if let Some(page) = unsafe { self.slots.take_page(k) } {
                 released += page.as_slice().len() as u64;
                 dispose(page);
@@ -120,7 +130,7 @@ impl<T> ArenaInner<T> {
         }
         // Unfreeze, lowered. Release: a claimer that adds to the frontier after this sees
         // the floors written above.
-        self.frontier.store(lowered, Release);
+        self.frontier.at.store(lowered, Release);
         released
     }
 }
