@@ -541,6 +541,52 @@ fn a_trim_releases_the_page_a_lost_claim_allocated() {
     });
 }
 
+/// **a claim whose frontier a trim brought back**: another thread inserts into an arena whose
+/// only page is full, so it claims slot 1 at the frontier, while the main thread inserts a
+/// record (claiming that slot first, when it wins), removes and recycles it, and trims: the
+/// trim releases the page of slot 1 and lowers the frontier back to the value the other
+/// thread's claim read. That claim's compare-exchange then succeeds with its page released
+/// (or allocated again, by the claim itself racing the trim, with the generations from
+/// before the release). Every record resolves afterwards, the removed record's key stays
+/// stale, and every record is dropped exactly once.
+///
+/// Planted bugs caught: `claim_into_a_released_page` (the claim does not allocate its page
+/// again when it is gone) and `claim_keeps_a_stale_floor` (the claim hands out the slots of a
+/// page allocated with the generation floor from before the release).
+#[test]
+fn a_claim_whose_frontier_a_trim_brought_back() {
+    model(|| {
+        let collector = Collector::new();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let arena = Arc::new(arena(&collector, 1));
+        let first = arena.insert(Record::new(0, &drops)).unwrap();
+        let inserter = {
+            let (arena, drops) = (Arc::clone(&arena), Arc::clone(&drops));
+            thread::spawn(move || arena.insert(Record::new(1, &drops)).unwrap())
+        };
+        // Its own drop count: `read` checks the others' stays 0.
+        let removed_drops = Arc::new(AtomicUsize::new(0));
+        let removed = arena.insert(Record::new(2, &removed_drops)).unwrap();
+        arena.remove(removed, &arena.pin()).unwrap();
+        drive(&collector);
+        arena.trim();
+        let inserted = inserter.join().unwrap();
+        assert_eq!(arena.with(first, |r| r.read()).unwrap(), 0);
+        assert_eq!(arena.with(inserted, |r| r.read()).unwrap(), 1);
+        assert!(
+            !arena.contains(removed),
+            "a key from before the trim resolved"
+        );
+        drop(arena);
+        assert_eq!(drops.load(Ordering::SeqCst), 2, "each record dropped once");
+        assert_eq!(
+            removed_drops.load(Ordering::SeqCst),
+            1,
+            "the removed one too"
+        );
+    });
+}
+
 /// **a discard racing a trim**: another thread discards a stale key (without a pin) into
 /// the only page while the main thread trims, releasing that page, and then pins and flushes
 /// until the page's grace period has passed and it is freed. The discard reports the key

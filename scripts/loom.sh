@@ -34,6 +34,8 @@ planted_cases=(
   "loom_arena:a_trim_keeps_the_page_a_claim_allocated:trim_takes_a_claimers_page"
   "loom_arena:a_trim_keeps_the_page_a_claim_allocated:claims_read_by_a_load"
   "loom_arena:a_trim_releases_the_page_a_lost_claim_allocated:trim_keeps_a_lost_claims_page"
+  "loom_arena:a_claim_whose_frontier_a_trim_brought_back:claim_into_a_released_page"
+  "loom_arena:a_claim_whose_frontier_a_trim_brought_back:claim_keeps_a_stale_floor"
   "loom_arena:a_discard_racing_a_trim:trim_without_waiting_out"
   "loom_arena:get_racing_a_discard_flushed_from_a_partial_batch:flush_without_grace"
   "loom_arena:a_flush_takes_a_lane_its_owner_is_using:lane_drain_unfenced"

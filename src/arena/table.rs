@@ -365,11 +365,8 @@ impl<T> ArenaInner<T> {
             }
             // The page before the claim: a page the system refuses is then an error with
             // nothing claimed (a claimed chunk cannot be given back). While this claim is
-            // counted, a trim keeps a page no claimed slot reaches yet, and releases one that
-            // claimed slots reach only by
-            // moving the frontier below them, so the page is still there if the
-            // compare-exchange below succeeds (claims that bring the frontier back allocate
-            // it again first).
+            // counted, a trim keeps a page past the frontier, so the page is there if the
+            // compare-exchange below succeeds, except in one case handled after it.
             self.allocate_page(page)?;
             // AcqRel: see the invariant on `Frontier::at`.
             match self.frontier.at.compare_exchange_weak(
@@ -386,7 +383,30 @@ impl<T> ArenaInner<T> {
         let start = start as u32;
         // A chunk lies within one page: pages start at multiples of the first page's length,
         // which the chunk divides.
-        debug_assert!(self.slots.has_page(self.slots.locate(start).0));
+        let (page, _) = self.slots.locate(start);
+        // The frontier may have come back to the value this claim read through a trim rather
+        // than through claims: meanwhile other claims took slots past it, a trim released
+        // the page they were in (all vacant again) and lowered the frontier to this very
+        // value. Then the page may be gone, or allocated (by this claim, racing that trim)
+        // with the generation floor from before the release. The chunk is this claim's now
+        // (a trim keeps a page with claimed slots not on a free list), so: allocate the
+        // page if it is gone, and start the chunk's slots at the page's floor. `AcqRel` on
+        // the compare-exchange: it read the frontier that trim unfroze (`Release`), or a
+        // later claim's, so the floor it wrote is seen.
+        let floor = self.page_floor[page].load(Ordering::Relaxed);
+        if !self.slots.has_page(page) {
+            // The system refusing it here ends the process, as a refused `Box::new` does: the
+            // claim cannot be undone. It takes that rare race and an out-of-memory at once.
+            self.slots.ensure_page(page, |_| Slot::vacant(floor));
+        }
+        for index in start..end {
+            // Fresh slots, never handed out since their page was allocated: their generation
+            // is the floor that allocation read, at most the floor now.
+            self.slots
+                .at(index)
+                .state
+                .store(slot::state(floor, slot::VACANT), Ordering::Relaxed);
+        }
         // Link start .. end in order.
         for index in start..end - 1 {
             self.links.at(index).store(index + 2, Ordering::Relaxed);
