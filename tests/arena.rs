@@ -381,32 +381,41 @@ fn full_and_partial_batches_recycle_each_slot_once() {
 /// While a reader stays pinned, no grace period ends, and the removals of a busy thread pile
 /// up in the collector's queue (a batch of 1: one deferred function per removal, a bag per 8).
 /// Once the reader unpins, a few flushes drop them all: a flush collects again while that
-/// moves this arena's batches, instead of running one collection's 8 bags.
+/// moves this arena's batches, instead of running one collection's 8 bags. The reader's
+/// thread stays alive through the flushes: crossbeam-epoch pins an exiting thread's handle
+/// once more to hand its last bag over, and a flush meanwhile cannot end a grace period
+/// (with other tests running beside it, 3 runs of the suite in 60 failed that way).
 #[test]
 fn a_few_flushes_drop_a_backlog_built_while_a_reader_was_pinned() {
     let values = scaled(4000);
     let ledger = DropLedger::new(values);
     let collector = Collector::new();
     let arena = SlotArena::with_config(small(&collector, 64, 1)).unwrap();
-    let (pinned, unpin) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    let [pinned, unpin, unpinned, flushed] = [(); 4].map(|()| std::sync::Barrier::new(2));
     std::thread::scope(|s| {
         s.spawn(|| {
             let guard = arena.pin();
             pinned.wait();
             unpin.wait();
             drop(guard);
+            unpinned.wait();
+            flushed.wait();
         });
         pinned.wait();
         for i in 0..values {
             let key = arena.insert(ledger.record(i)).unwrap();
             arena.remove(key, &arena.pin()).unwrap();
         }
-        assert_eq!(ledger.total(), 0, "dropped while a reader was pinned");
+        let early = ledger.total();
         unpin.wait();
+        unpinned.wait();
+        for _ in 0..4 {
+            arena.flush(&arena.pin()).unwrap();
+        }
+        // Checked after the scope, so that a failure does not leave the reader waiting.
+        flushed.wait();
+        assert_eq!(early, 0, "dropped while a reader was pinned");
     });
-    for _ in 0..4 {
-        arena.flush(&arena.pin()).unwrap();
-    }
     ledger.assert_exactly_once(0..values);
 }
 
