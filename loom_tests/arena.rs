@@ -487,16 +487,17 @@ fn trim_racing_an_insert() {
     });
 }
 
-/// **a trim keeps the page a claim allocated**: another thread inserts into an arena whose
-/// only page is full, so it allocates the next page and then claims its first slots, while
-/// the main thread trims. The trim finds that page past the frontier with no claimed slot,
-/// and the full page below it, so it unfreezes the frontier where it was: the page must
-/// stay, or the claim, which expects that very frontier, lands in a page no longer there.
+/// **a trim releases the page a claim allocated**: another thread inserts into an arena
+/// whose only page is full, so it allocates the next page and then claims its first slots,
+/// while the main thread trims. The trim finds that page past the frontier and releases it,
+/// and unfreezes the frontier where it was: the claim, which expects that very frontier, can
+/// still succeed, and must then allocate its page again rather than land in one no longer
+/// there.
 ///
-/// Planted bug caught: `trim_takes_a_claimers_page` (the trim releases a page past the
-/// frontier).
+/// Planted bug caught: `claim_into_a_released_page` (a claim whose compare-exchange succeeds
+/// takes its page to be there).
 #[test]
-fn a_trim_keeps_the_page_a_claim_allocated() {
+fn a_trim_releases_the_page_a_claim_allocated() {
     model(|| {
         let collector = Collector::new();
         let drops = Arc::new(AtomicUsize::new(0));
@@ -514,8 +515,8 @@ fn a_trim_keeps_the_page_a_claim_allocated() {
 /// takes another shard's, so it allocates the next page; the main thread trims meanwhile. A
 /// trim that releases the vacant page lowers the frontier below the page the claim allocated,
 /// and the claim then claims at the lowered frontier instead. Afterwards, with the record
-/// taken out, a `shrink` (no claim in flight) releases every page: none stays allocated
-/// past the frontier with nothing claimed in it.
+/// taken out, a `shrink` releases every page: none stays allocated past the frontier with
+/// nothing claimed in it.
 ///
 /// Planted bug caught: `trim_keeps_a_lost_claims_page` (a trim keeps every page past the
 /// frontier, as if a claim were always about to claim from it).

@@ -55,13 +55,13 @@ use crate::paged::PagedTable;
 use crate::roster::Roster;
 use crate::stack::NIL;
 use crate::sync::epoch::{Collector, Guard};
-use crate::sync::{epoch, Arc, AtomicU32, Ordering};
+use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
 use cache::{Added, ArenaThreadCache};
 use panics::Panics;
 use recycle::ReadyLists;
 use shard::Shard;
 use slot::{OCCUPIED, REMOVED, VACANT};
-use table::{ArenaInner, Frontier, CHUNK};
+use table::{ArenaInner, CHUNK};
 
 /// A lock-free arena of generational slots whose removed values are reclaimed through
 /// crossbeam-epoch.
@@ -216,7 +216,7 @@ impl<T: Send + 'static> SlotArena<T> {
                 links,
                 chains: PagedTable::new(config.first_page_len),
                 slots,
-                frontier: CachePadded::new(Frontier::new()),
+                frontier: CachePadded::new(AtomicU64::new(0)),
                 shards: (0..shards).map(|_| Shard::new()).collect(),
                 caches: Roster::new(cache::FIRST_CACHES),
             },
@@ -290,7 +290,9 @@ impl<T: Send + 'static> SlotArena<T> {
     /// [`ArenaError::Full`] when all 2^32 - 1 slot indices are in use (or exhausted after
     /// 2^32 reuses); [`ArenaError::OutOfMemory`] when the arena needs a new page of slots
     /// and the system refuses it; `value` is dropped (see [`try_insert`](Self::try_insert)
-    /// to get it back).
+    /// to get it back). One refusal ends the process instead, as a refused `Box::new` does:
+    /// that of a page a concurrent [`trim`](Self::trim) released while this insert was
+    /// claiming slots in it, which the insert allocates again after its claim.
     ///
     /// # Panics
     ///

@@ -18,7 +18,7 @@ use super::slot::{self, Slot, OCCUPIED, REMOVED};
 use super::{ArenaError, Key};
 use crate::paged::{PagedTable, Place};
 use crate::stack::{Link, NIL};
-use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Slot indices are `u32`; `u32::MAX` is reserved so that `index + 1` always fits a [`Link`].
 pub(super) const MAX_SLOTS: u64 = u32::MAX as u64;
@@ -29,34 +29,6 @@ pub(super) const FROZEN: u64 = 1 << 63;
 /// Fresh slots a shard claims at once (at most the first page's length, so that a chunk
 /// never straddles two pages). Chunks keep one thread's slots on cache lines of their own.
 pub(super) const CHUNK: u32 = 64;
-
-/// The frontier past which fresh slots are claimed, and the claims that may act on it.
-pub(super) struct Frontier {
-    /// Slot indices below this have been claimed at least once, plus [`FROZEN`] while a
-    /// `trim` runs. Claims advance it with an `AcqRel` compare-exchange when it is not
-    /// frozen, and `trim` unfreezes it with a `Release` store, so a claimer sees the page
-    /// floors `trim` wrote.
-    pub(super) at: AtomicU64,
-    /// Claims running [`claim_chain_within`](ArenaInner::claim_chain_within).
-    ///
-    /// Invariant: a claim counts itself (an `AcqRel` read-modify-write) before it first reads
-    /// `at`, and uncounts itself (`Release`) only once it no longer expects the page it
-    /// allocated for the frontier it read. So when `trim`, with `at` frozen, reads 0 here
-    /// with a read-modify-write, no claim can still expect a page past the frontier: every
-    /// claim counted before that read has ended, and every later one reads `at` frozen or
-    /// unfrozen by this trim, and allocates the page it needs itself.
-    pub(super) claims: AtomicUsize,
-}
-
-impl Frontier {
-    /// A frontier at slot 0 with no claim in flight.
-    pub(super) fn new() -> Self {
-        Self {
-            at: AtomicU64::new(0),
-            claims: AtomicUsize::new(0),
-        }
-    }
-}
 
 /// Slots, links and lists: the arena less its collector.
 pub(super) struct ArenaInner<T> {
@@ -90,9 +62,11 @@ pub(super) struct ArenaInner<T> {
     /// The first generation of every slot of page `k` when the page is next allocated: the
     /// generations a released page reached, so that keys from before a `trim` stay stale.
     pub(super) page_floor: Box<[AtomicU32]>,
-    /// Where fresh slots are claimed, and the claims in flight, on one cache line: only
-    /// claims (cold: a chunk at a time) and `trim` touch it.
-    pub(super) frontier: CachePadded<Frontier>,
+    /// Slot indices below this have been claimed at least once, plus [`FROZEN`] while a
+    /// `trim` runs. Claims advance it with an `AcqRel` compare-exchange when it is not
+    /// frozen, and `trim` unfreezes it with a `Release` store, so a claimer sees the page
+    /// floors `trim` wrote.
+    pub(super) frontier: CachePadded<AtomicU64>,
     /// The free lists and removal batches, by shard; the length is a power of two.
     pub(super) shards: Box<[Shard]>,
     /// The threads' caches, one per thread index that used the arena (a thread's shard is its
@@ -239,7 +213,7 @@ impl<T> ArenaInner<T> {
     /// Calls `f` on every slot below the frontier in an allocated page. The caller keeps
     /// the pages alive (a pin, or exclusive access).
     pub(super) fn for_each_slot<'a>(&'a self, mut f: impl FnMut(u32, &'a Slot<T>)) {
-        let frontier = (self.frontier.at.load(Ordering::Acquire) & !FROZEN).min(MAX_SLOTS);
+        let frontier = (self.frontier.load(Ordering::Acquire) & !FROZEN).min(MAX_SLOTS);
         for k in 0..self.slots.page_count() {
             let start = self.slots.page_start(k);
             if start >= frontier {
@@ -319,24 +293,8 @@ impl<T> ArenaInner<T> {
         shard: usize,
         allowance: u64,
     ) -> Result<Option<(u32, u64)>, ArenaError> {
-        // Counted while it may expect a page it allocated (the invariant on
-        // `Frontier::claims`). A panic inside leaves it counted: trims then keep pages past
-        // the frontier, as if a claim were still in flight, which strands memory but is
-        // sound.
-        self.frontier.claims.fetch_add(1, Ordering::AcqRel);
-        let claimed = self.claim_counted(shard, allowance);
-        self.frontier.claims.fetch_sub(1, Ordering::Release);
-        claimed
-    }
-
-    /// [`claim_chain_within`](Self::claim_chain_within), counted in `Frontier::claims`.
-    fn claim_counted(
-        &self,
-        shard: usize,
-        allowance: u64,
-    ) -> Result<Option<(u32, u64)>, ArenaError> {
         let chunk = u64::from(self.chunk);
-        let mut frontier = self.frontier.at.load(Ordering::Acquire);
+        let mut frontier = self.frontier.load(Ordering::Acquire);
         let (start, cost) = loop {
             if frontier & FROZEN != 0 {
                 // A trim is running (briefly): it gives vacant slots back when done.
@@ -344,7 +302,7 @@ impl<T> ArenaInner<T> {
                     return Ok(Some((index, 0)));
                 }
                 crate::sync::yield_now();
-                frontier = self.frontier.at.load(Ordering::Acquire);
+                frontier = self.frontier.load(Ordering::Acquire);
                 continue;
             }
             if frontier >= MAX_SLOTS {
@@ -352,8 +310,10 @@ impl<T> ArenaInner<T> {
                     capacity: MAX_SLOTS,
                 });
             }
-            // Checked against the frontier the compare-exchange below claims from: a page,
-            // once allocated, stays so while the frontier is not frozen.
+            // Checked against the frontier the compare-exchange below claims from. A trim
+            // may release the page before that compare-exchange succeeds, and the claim then
+            // allocates it again after it (below), at a cost this figure leaves out: growth
+            // past `allowance` is bounded by a page per such race.
             let (page, _) = self.slots.locate(frontier as u32);
             let cost = if self.slots.has_page(page) {
                 chunk
@@ -364,12 +324,11 @@ impl<T> ArenaInner<T> {
                 return Ok(None);
             }
             // The page before the claim: a page the system refuses is then an error with
-            // nothing claimed (a claimed chunk cannot be given back). While this claim is
-            // counted, a trim keeps a page past the frontier, so the page is there if the
-            // compare-exchange below succeeds, except in one case handled after it.
+            // nothing claimed (a claimed chunk cannot be given back), unless a trim releases
+            // it before the compare-exchange below (handled after it).
             self.allocate_page(page)?;
-            // AcqRel: see the invariant on `Frontier::at`.
-            match self.frontier.at.compare_exchange_weak(
+            // AcqRel: see the invariant on `frontier`.
+            match self.frontier.compare_exchange_weak(
                 frontier,
                 frontier + chunk,
                 Ordering::AcqRel,
@@ -384,19 +343,21 @@ impl<T> ArenaInner<T> {
         // A chunk lies within one page: pages start at multiples of the first page's length,
         // which the chunk divides.
         let (page, _) = self.slots.locate(start);
-        // The frontier may have come back to the value this claim read through a trim rather
-        // than through claims: meanwhile other claims took slots past it, a trim released
-        // the page they were in (all vacant again) and lowered the frontier to this very
-        // value. Then the page may be gone, or allocated (by this claim, racing that trim)
-        // with the generation floor from before the release. The chunk is this claim's now
-        // (a trim keeps a page with claimed slots not on a free list), so: allocate the
-        // page if it is gone, and start the chunk's slots at the page's floor. `AcqRel` on
-        // the compare-exchange: it read the frontier that trim unfroze (`Release`), or a
-        // later claim's, so the floor it wrote is seen.
+        // A trim may have released the page after this claim allocated it, and unfrozen the
+        // frontier at the value this claim read: the page was past the frontier (a trim
+        // releases such a page; keeping it, when the claim then lost its race, stranded it
+        // for ever), or other claims took slots past that value, the trim released their
+        // page (all vacant again) and lowered the frontier to it. Then the page is gone, or
+        // allocated again (by this claim, racing that trim) with the generation floor from
+        // before the release. The chunk is this claim's now (a trim keeps a page with
+        // claimed slots not on a free list), so: allocate the page if it is gone, and start
+        // the chunk's slots at the page's floor. `AcqRel` on the compare-exchange: it read
+        // the frontier that trim unfroze (`Release`), or a later claim's, so the floor it
+        // wrote is seen.
         let floor = self.page_floor[page].load(Ordering::Relaxed);
         if !self.slots.has_page(page) {
             // The system refusing it here ends the process, as a refused `Box::new` does: the
-            // claim cannot be undone. It takes that rare race and an out-of-memory at once.
+            // claim cannot be undone. It takes that race and an out-of-memory at once.
             self.slots.ensure_page(page, |_| Slot::vacant(floor));
         }
         for index in start..end {

@@ -9,14 +9,15 @@
 //! slots (those below the frontier) it holds all of. A page with a slot some thread is using
 //! (popped, claimed, occupied, removed, being recycled) is never released, because that slot
 //! is not on a free list. A claim allocates its page before it moves the frontier into it,
-//! so every page below the frontier is allocated (a null one would stop the trim there), and
-//! a page past the frontier may be one a claimer is about to claim from. While any claim is
-//! in flight such a page is kept, since this trim may unfreeze the frontier at the very value
-//! that claim expects; with none in flight it is one a claim allocated and then lost to a
-//! trim that lowered the frontier, and it goes like any vacant page (kept for ever, it once
-//! stranded a page of 8,192 slots under an arena with nothing in it). Finally it lowers the
-//! frontier to the first released page and unfreezes it in one store, once it has given the
-//! kept slots back to the shards they came from.
+//! so every page below the frontier is allocated, but for one a claim is allocating again
+//! after a trim released it (see `claim_chain_within`); a null page with used slots stops the
+//! trim there. A page past the frontier holds no claimed slot and goes like any vacant page.
+//! A claim may have allocated it and be about to claim from it: once its compare-exchange
+//! succeeds, the claim allocates its page again if it is gone. Keeping such pages instead
+//! stranded them for ever when the claim then lost its race to a trim that lowered the
+//! frontier (a page of 8,192 slots under an arena with nothing in it). Finally the trim
+//! lowers the frontier to the first released page and unfreezes it in one store, once it has
+//! given the kept slots back to the shards they came from.
 //!
 //! Giving the slots back to their own shards, before unfreezing, matters to threads that
 //! keep working meanwhile: given to the trimming thread's shard, or given back after a
@@ -34,21 +35,17 @@ impl<T> ArenaInner<T> {
     /// Releases trailing pages whose used slots are all vacant; `dispose` receives each
     /// released page once no new reference into it can be made. Returns the slots released.
     pub(super) fn release_vacant_pages(&self, mut dispose: impl FnMut(Page<Slot<T>>)) -> u64 {
-        let frontier = self.frontier.at.load(Acquire);
+        let frontier = self.frontier.load(Acquire);
         if frontier & FROZEN != 0 || frontier > MAX_SLOTS {
             return 0; // another trim is running, or the arena is full: nothing trails
         }
         if self
             .frontier
-            .at
             .compare_exchange(frontier, frontier | FROZEN, AcqRel, Relaxed)
             .is_err()
         {
             return 0; // a claim or another trim moved it: try again later
         }
-        // A read-modify-write, so that it reads the latest count: 0 means no claim expects a
-        // page past the frontier (the invariant on `Frontier::claims`).
-        let claim_in_flight = self.frontier.claims.fetch_add(0, AcqRel) != 0;
         // Every vacant slot, taken off its shard's list, grouped by page.
         let mut taken: Vec<Vec<u32>> = Vec::with_capacity(self.shards.len());
         let mut vacant_in_page = vec![0u64; self.slots.page_count()];
@@ -76,18 +73,10 @@ impl<T> ArenaInner<T> {
                 .min(self.slots.page_len(k) as u64);
             let Some(page) = self.slots.page(k) else {
                 if used > 0 {
-                    break; // a claimer is allocating it
+                    break; // a claim allocates it again (after its compare-exchange)
                 }
                 continue;
             };
-            if used == 0 && claim_in_flight {
-                // Past the frontier, allocated by a claim that may be about to claim its
-                // first chunk (a claim allocates before it moves the frontier). It stays: the
-                // claim finds it there, even if this trim leaves the frontier where it was.
-                // With no claim in flight it is one a claim allocated and then lost its race
-                // for (to a trim that lowered the frontier), and it goes like a vacant page.
-                continue;
-            }
             if vacant_in_page[k] != used {
                 break;
             }
@@ -100,9 +89,10 @@ impl<T> ArenaInner<T> {
             }
             self.page_floor[k].store(floor, Relaxed);
             // SAFETY: no slot of the page is in use (all used ones are in `taken`, none can
-            // be claimed while the frontier is frozen, and past the frontier no claim in
-            // flight expects the page); readers that reached it before are kept safe by
-            // `dispose` (see `SlotArena::trim` and `shrink`).
+            // be claimed while the frontier is frozen, and a claim that allocated a page past
+            // the frontier before the freeze allocates it again if it wins its claim);
+            // readers that reached it before are kept safe by `dispose` (see
+            // `SlotArena::trim` and `shrink`).
             if let Some(page) = unsafe { self.slots.take_page(k) } {
                 released += page.as_slice().len() as u64;
                 dispose(page);
@@ -130,7 +120,7 @@ impl<T> ArenaInner<T> {
         }
         // Unfreeze, lowered. Release: a claimer that adds to the frontier after this sees
         // the floors written above.
-        self.frontier.at.store(lowered, Release);
+        self.frontier.store(lowered, Release);
         released
     }
 }
