@@ -45,7 +45,26 @@ fn leaf(pool: &BufferPool, bytes: usize, value: f32, calls: &Arc<AtomicUsize>) -
             filled(&pool, bytes, value)
         })
     };
-    RetainedValue::evictable(pool, filled(pool, bytes, value).unwrap(), recompute).unwrap()
+    let first = when_room(|| filled(pool, bytes, value));
+    RetainedValue::evictable(pool, first, recompute).unwrap()
+}
+
+/// Tries `attempt` again while the budget refuses it: under a budget that other threads'
+/// blocks fill at that moment, the refusal is typed and lasts only while they hold them.
+fn when_room<R>(mut attempt: impl FnMut() -> ferropool::Result<R>) -> R {
+    for _ in 0..10_000 {
+        match attempt() {
+            Ok(done) => return done,
+            Err(refused) => {
+                assert!(
+                    format!("{refused:?}").contains("BudgetExceeded"),
+                    "{refused}"
+                );
+                std::thread::yield_now();
+            }
+        }
+    }
+    panic!("still refused after 10,000 tries");
 }
 
 /// `input + 1`, element-wise, as an evictable value over `input`.
@@ -376,20 +395,45 @@ fn a_recompute_that_reads_its_own_value_is_an_error_not_a_deadlock() {
 #[test]
 fn values_dropped_and_read_while_other_threads_evict() {
     // Threads allocate past the budget (evicting), read and drop values at once: every read
-    // sees its value's bytes, and every block is back at the end.
+    // sees its value's bytes, and every block is back at the end. A thread's hog is the whole
+    // budget, so a hog granted evicts every value, and the read beside it is refused with a
+    // typed error (the recompute has no room); so can be an allocation while other threads
+    // hold blocks. Each is tried again once this thread holds no hog, and must then succeed.
     let pool = pool_with_budget(1 << 20);
     let calls = Arc::new(AtomicUsize::new(0));
     std::thread::scope(|s| {
         for t in 0..4 {
             let (pool, calls) = (pool.clone(), Arc::clone(&calls));
             s.spawn(move || {
+                let first_element = |value: &RetainedValue| {
+                    when_room(|| {
+                        value
+                            .read()
+                            .map(|read| read.tensor().as_slice::<f32>().unwrap()[0])
+                    })
+                };
                 for round in 0..200 {
                     let value = (t * 1000 + round) as f32;
                     let saved = leaf(&pool, 128 * KIB, value, &calls);
                     let clone = saved.clone();
-                    let hog = pool.alloc(256 * KIB);
-                    assert_eq!(first_element(&clone), value);
+                    // The whole budget: granted, it evicts every value, this thread's too.
+                    let hog = pool.alloc(1 << 20);
+                    // Once only while the hog is held: threads retrying with their hogs held
+                    // could wait on each other for ever.
+                    let read = clone
+                        .read()
+                        .map(|read| read.tensor().as_slice::<f32>().unwrap()[0]);
                     drop(hog);
+                    match read {
+                        Ok(first) => assert_eq!(first, value),
+                        Err(refused) => {
+                            assert!(
+                                format!("{refused:?}").contains("BudgetExceeded"),
+                                "{refused}"
+                            );
+                            assert_eq!(first_element(&clone), value);
+                        }
+                    }
                     if round % 2 == 0 {
                         drop(saved);
                         assert_eq!(first_element(&clone), value);
@@ -400,6 +444,7 @@ fn values_dropped_and_read_while_other_threads_evict() {
     });
     assert_eq!(pool.stats().in_use_bytes, 0);
     assert!(pool.stats().peak_reserved_bytes <= 1 << 20);
+    assert!(calls.load(Ordering::SeqCst) > 0, "no value was recomputed");
 }
 
 #[test]
