@@ -405,7 +405,7 @@ fn values_dropped_and_read_while_other_threads_evict() {
         for t in 0..4 {
             let (pool, calls) = (pool.clone(), Arc::clone(&calls));
             s.spawn(move || {
-                let first_element = |value: &RetainedValue| {
+                let read_when_room = |value: &RetainedValue| {
                     when_room(|| {
                         value
                             .read()
@@ -431,12 +431,12 @@ fn values_dropped_and_read_while_other_threads_evict() {
                                 format!("{refused:?}").contains("BudgetExceeded"),
                                 "{refused}"
                             );
-                            assert_eq!(first_element(&clone), value);
+                            assert_eq!(read_when_room(&clone), value);
                         }
                     }
                     if round % 2 == 0 {
                         drop(saved);
-                        assert_eq!(first_element(&clone), value);
+                        assert_eq!(read_when_room(&clone), value);
                     }
                 }
             });

@@ -362,17 +362,13 @@ impl<T> ArenaInner<T> {
         }
         for index in start..end {
             // Fresh slots, never handed out since their page was allocated: their generation
-            // is the floor that allocation read, at most the floor now.
-            self.slots
-                .at(index)
-                .state
+            // is the floor that allocation read, at most the floor now. Linked in order.
+            let (slot, link) = self.slot_and_link(index);
+            slot.state
                 .store(slot::state(floor, slot::VACANT), Ordering::Relaxed);
+            let next = if index + 1 < end { index + 2 } else { NIL };
+            link.store(next, Ordering::Relaxed);
         }
-        // Link start .. end in order.
-        for index in start..end - 1 {
-            self.links.at(index).store(index + 2, Ordering::Relaxed);
-        }
-        self.links.at(end - 1).store(NIL, Ordering::Relaxed);
         Ok(Some((start, cost)))
     }
 
