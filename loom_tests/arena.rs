@@ -68,7 +68,7 @@ fn arena(collector: &Collector, first_page_len: u32) -> SlotArena<Record> {
         removal_batch: 1,
         growth_before_stealing: 0,
         collector: Some(collector.clone()),
-        shards: None,
+        ..ArenaConfig::default()
     })
     .unwrap()
 }
@@ -631,7 +631,7 @@ fn arena_batching_two(collector: &Collector) -> SlotArena<Record> {
         removal_batch: 2,
         growth_before_stealing: 0,
         collector: Some(collector.clone()),
-        shards: None,
+        ..ArenaConfig::default()
     })
     .unwrap()
 }

@@ -12,9 +12,8 @@ fn small(collector: &Collector, first_page_len: u32, removal_batch: u32) -> Aren
     ArenaConfig {
         first_page_len,
         removal_batch,
-        growth_before_stealing: ArenaConfig::default().growth_before_stealing,
         collector: Some(collector.clone()),
-        shards: None,
+        ..ArenaConfig::default()
     }
 }
 
@@ -523,6 +522,61 @@ fn invalid_configs_are_typed_errors() {
             ..
         })
     ));
+    let no_slots = SlotArena::<u8>::with_config(ArenaConfig {
+        max_slots: 0,
+        ..ArenaConfig::default()
+    });
+    assert!(matches!(
+        no_slots,
+        Err(ArenaError::InvalidConfig {
+            field: "max_slots",
+            value: 0,
+            ..
+        })
+    ));
+}
+
+/// An arena capped at 100 slots, pages of 64 and 128, chunks of 64: its second chunk stops at
+/// the cap and leaves the frontier at 128, past the last index. Emptied, it still releases
+/// its pages (a frontier past the last index once made every `trim` give up for ever), and
+/// then fills to the cap again.
+#[test]
+fn a_capped_arena_refuses_past_its_cap_and_releases_its_pages_when_emptied() {
+    let collector = Collector::new();
+    let mut arena = SlotArena::with_config(ArenaConfig {
+        max_slots: 100,
+        shards: Some(1),
+        ..small(&collector, 64, 8)
+    })
+    .unwrap();
+    for round in 0..3 {
+        let keys: Vec<_> = (0..100u32).map(|i| arena.insert(i).unwrap()).collect();
+        assert!(
+            matches!(arena.insert(100), Err(ArenaError::Full { capacity: 100 })),
+            "round {round}"
+        );
+        let indices: HashSet<u32> = keys.iter().map(|key| key.index()).collect();
+        assert_eq!(indices.len(), 100);
+        assert!(indices.iter().all(|&index| index < 100), "round {round}");
+        for (i, key) in keys.into_iter().enumerate() {
+            assert_eq!(arena.take(key).unwrap(), i as u32);
+        }
+        assert_eq!(arena.shrink(), 64 + 128, "round {round}");
+        assert_eq!(arena.capacity(), 0);
+    }
+    // The same through `trim`, from removals waiting out their grace period.
+    let keys: Vec<_> = (0..100u32).map(|i| arena.insert(i).unwrap()).collect();
+    for key in keys {
+        arena.discard(key).unwrap();
+    }
+    let mut released = 0;
+    for _ in 0..100 {
+        released += arena.trim();
+        if arena.capacity() == 0 {
+            break;
+        }
+    }
+    assert_eq!(released, 64 + 128);
 }
 
 #[test]

@@ -43,9 +43,8 @@ proptest! {
         let mut arena = SlotArena::with_config(ArenaConfig {
             first_page_len,
             removal_batch,
-            growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(collector.clone()),
-            shards: None,
+            ..ArenaConfig::default()
         }).unwrap();
         let mut model: HashMap<Key, u32> = HashMap::new();
         // Every key ever issued, live or not, so that stale keys get exercised.

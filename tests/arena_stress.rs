@@ -21,9 +21,8 @@ fn mixed_operations_drop_every_record_exactly_once() {
         SlotArena::with_config(ArenaConfig {
             first_page_len: 4,
             removal_batch: 8,
-            growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(collector.clone()),
-            shards: None,
+            ..ArenaConfig::default()
         })
         .unwrap(),
     );

@@ -50,9 +50,8 @@ fn private(collector: &Collector, removal_batch: u32) -> SlotArena<Bomb> {
     SlotArena::with_config(ArenaConfig {
         first_page_len: 8,
         removal_batch,
-        growth_before_stealing: ArenaConfig::default().growth_before_stealing,
         collector: Some(collector.clone()),
-        shards: None,
+        ..ArenaConfig::default()
     })
     .unwrap()
 }
@@ -220,9 +219,8 @@ fn a_reentrant_drop_keeps_recursion_bounded() {
         SlotArena::with_config(ArenaConfig {
             first_page_len: 8,
             removal_batch: 8,
-            growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: None,
-            shards: None,
+            ..ArenaConfig::default()
         })
         .unwrap()
     });

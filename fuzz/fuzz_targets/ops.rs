@@ -106,9 +106,8 @@ fuzz_target!(|data: &[u8]| {
     let mut arena = SlotArena::with_config(ArenaConfig {
         first_page_len: 2,
         removal_batch: 2,
-        growth_before_stealing: ArenaConfig::default().growth_before_stealing,
         collector: Some(collector.clone()),
-        shards: None,
+        ..ArenaConfig::default()
     })
     .unwrap();
     let mut model: HashMap<ferropool::Key, u64> = HashMap::new();
@@ -121,9 +120,8 @@ fuzz_target!(|data: &[u8]| {
         SlotArena::with_config(ArenaConfig {
             first_page_len: 2,
             removal_batch: 2,
-            growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(hostile_collector.clone()),
-            shards: None,
+            ..ArenaConfig::default()
         })
         .unwrap(),
     );

@@ -50,6 +50,21 @@ pub struct ArenaConfig {
     /// in the order they first use the arena. Set it to make an arena behave the same on
     /// every machine (tests of how shards share slots, say).
     pub shards: Option<usize>,
+    /// Slot indices the arena may use, in `1..=u32::MAX`: at most this many values live at
+    /// once, and an insert past that fails with
+    /// [`ArenaError::Full`](super::ArenaError::Full). Default `u32::MAX` (every index
+    /// below `u32::MAX`, which is reserved). The page that holds the last index is
+    /// allocated whole, so [`capacity`](super::SlotArena::capacity) may exceed it.
+    ///
+    /// ```
+    /// use ferropool::{ArenaConfig, ArenaError, SlotArena};
+    /// let arena = SlotArena::with_config(ArenaConfig { max_slots: 2, ..ArenaConfig::default() })?;
+    /// arena.insert('a')?;
+    /// arena.insert('b')?;
+    /// assert!(matches!(arena.insert('c'), Err(ArenaError::Full { capacity: 2 })));
+    /// # Ok::<(), ArenaError>(())
+    /// ```
+    pub max_slots: u32,
 }
 
 impl Default for ArenaConfig {
@@ -60,6 +75,7 @@ impl Default for ArenaConfig {
             growth_before_stealing: 1 << 20,
             collector: None,
             shards: None,
+            max_slots: u32::MAX,
         }
     }
 }

@@ -161,8 +161,8 @@ impl<T: Send + 'static> SlotArena<T> {
     /// # Errors
     ///
     /// [`ArenaError::InvalidConfig`] when `first_page_len` is not a power of two in
-    /// `1..=65536`, `removal_batch` is not in `1..=4096`, or `shards` is not a power of two
-    /// in `1..=64`.
+    /// `1..=65536`, `removal_batch` is not in `1..=4096`, `shards` is not a power of two
+    /// in `1..=64`, or `max_slots` is 0.
     pub fn with_config(config: ArenaConfig) -> Result<Self, ArenaError> {
         if !config.first_page_len.is_power_of_two() || config.first_page_len > 1 << 16 {
             return Err(ArenaError::InvalidConfig {
@@ -176,6 +176,13 @@ impl<T: Send + 'static> SlotArena<T> {
                 field: "removal_batch",
                 value: u64::from(config.removal_batch),
                 expected: "a batch size in 1..=4096",
+            });
+        }
+        if config.max_slots == 0 {
+            return Err(ArenaError::InvalidConfig {
+                field: "max_slots",
+                value: 0,
+                expected: "a number of slots in 1..=4294967295",
             });
         }
         let shards = match config.shards {
@@ -209,6 +216,7 @@ impl<T: Send + 'static> SlotArena<T> {
                 id: next_identity(),
                 removal_batch: config.removal_batch,
                 chunk: CHUNK.min(config.first_page_len),
+                max_slots: u64::from(config.max_slots),
                 growth_before_stealing: (config.growth_before_stealing
                     / std::mem::size_of::<slot::Slot<T>>())
                     as u64,
@@ -287,8 +295,9 @@ impl<T: Send + 'static> SlotArena<T> {
     ///
     /// # Errors
     ///
-    /// [`ArenaError::Full`] when all 2^32 - 1 slot indices are in use (or exhausted after
-    /// 2^32 reuses); [`ArenaError::OutOfMemory`] when the arena needs a new page of slots
+    /// [`ArenaError::Full`] when every slot index the arena may use
+    /// ([`ArenaConfig::max_slots`], 2^32 - 1 by default) is in use (or exhausted after 2^32
+    /// reuses); [`ArenaError::OutOfMemory`] when the arena needs a new page of slots
     /// and the system refuses it; `value` is dropped (see [`try_insert`](Self::try_insert)
     /// to get it back). One refusal ends the process instead, as a refused `Box::new` does:
     /// that of a page a concurrent [`trim`](Self::trim) released while this insert was
@@ -984,9 +993,8 @@ mod tests {
         let mut arena = SlotArena::with_config(ArenaConfig {
             first_page_len: 1,
             removal_batch: 2, // so the removal waits in its batch, which `shrink` recycles
-            growth_before_stealing: ArenaConfig::default().growth_before_stealing,
             collector: Some(collector.clone()),
-            shards: None,
+            ..ArenaConfig::default()
         })
         .unwrap();
         let first = arena.insert(1u32).unwrap();

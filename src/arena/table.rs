@@ -20,9 +20,6 @@ use crate::paged::{PagedTable, Place};
 use crate::stack::{Link, NIL};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
-/// Slot indices are `u32`; `u32::MAX` is reserved so that `index + 1` always fits a [`Link`].
-pub(super) const MAX_SLOTS: u64 = u32::MAX as u64;
-
 /// Set in the frontier while a `trim` runs: no fresh slot can be claimed then.
 pub(super) const FROZEN: u64 = 1 << 63;
 
@@ -36,6 +33,10 @@ pub(super) struct ArenaInner<T> {
     pub(super) removal_batch: u32,
     /// Fresh slots claimed at once.
     pub(super) chunk: u32,
+    /// Slot indices below this may be claimed (`ArenaConfig::max_slots`): at most
+    /// `u32::MAX`, which is reserved so that `index + 1` always fits a [`Link`]. The
+    /// frontier may pass it (a chunk claimed across it stops there).
+    pub(super) max_slots: u64,
     /// Fresh slots each shard may claim while other shards have vacant ones
     /// (`ArenaConfig::growth_before_stealing`, in slots).
     pub(super) growth_before_stealing: u64,
@@ -213,7 +214,7 @@ impl<T> ArenaInner<T> {
     /// Calls `f` on every slot below the frontier in an allocated page. The caller keeps
     /// the pages alive (a pin, or exclusive access).
     pub(super) fn for_each_slot<'a>(&'a self, mut f: impl FnMut(u32, &'a Slot<T>)) {
-        let frontier = (self.frontier.load(Ordering::Acquire) & !FROZEN).min(MAX_SLOTS);
+        let frontier = (self.frontier.load(Ordering::Acquire) & !FROZEN).min(self.max_slots);
         for k in 0..self.slots.page_count() {
             let start = self.slots.page_start(k);
             if start >= frontier {
@@ -277,7 +278,7 @@ impl<T> ArenaInner<T> {
             Some((index, _)) => Ok(self.first_of_chain(index, cache, shard)),
             // No claim costs more than `u64::MAX` slots: never reached.
             None => Err(ArenaError::Full {
-                capacity: MAX_SLOTS,
+                capacity: self.max_slots,
             }),
         }
     }
@@ -305,9 +306,9 @@ impl<T> ArenaInner<T> {
                 frontier = self.frontier.load(Ordering::Acquire);
                 continue;
             }
-            if frontier >= MAX_SLOTS {
+            if frontier >= self.max_slots {
                 return Err(ArenaError::Full {
-                    capacity: MAX_SLOTS,
+                    capacity: self.max_slots,
                 });
             }
             // Checked against the frontier the compare-exchange below claims from. A trim
@@ -338,7 +339,7 @@ impl<T> ArenaInner<T> {
                 Err(actual) => frontier = actual,
             }
         };
-        let end = (start + chunk).min(MAX_SLOTS) as u32;
+        let end = (start + chunk).min(self.max_slots) as u32;
         let start = start as u32;
         // A chunk lies within one page: pages start at multiples of the first page's length,
         // which the chunk divides.

@@ -26,7 +26,7 @@
 //! to 8 million slots in 6 s).
 
 use super::slot::{self, Slot};
-use super::table::{ArenaInner, FROZEN, MAX_SLOTS};
+use super::table::{ArenaInner, FROZEN};
 use crate::paged::Page;
 use crate::stack::NIL;
 use crate::sync::Ordering::{AcqRel, Acquire, Relaxed, Release};
@@ -36,8 +36,8 @@ impl<T> ArenaInner<T> {
     /// released page once no new reference into it can be made. Returns the slots released.
     pub(super) fn release_vacant_pages(&self, mut dispose: impl FnMut(Page<Slot<T>>)) -> u64 {
         let frontier = self.frontier.load(Acquire);
-        if frontier & FROZEN != 0 || frontier > MAX_SLOTS {
-            return 0; // another trim is running, or the arena is full: nothing trails
+        if frontier & FROZEN != 0 {
+            return 0; // another trim is running
         }
         if self
             .frontier
@@ -63,12 +63,14 @@ impl<T> ArenaInner<T> {
             }
             taken.push(of_shard);
         }
-        // Unlink trailing pages whose used slots we hold all of.
+        // Unlink trailing pages whose used slots we hold all of. The last chunk claimed may
+        // reach past `max_slots`; it stopped there.
+        let claimed = frontier.min(self.max_slots);
         let mut lowered = frontier;
         let mut released = 0;
         for k in (0..self.slots.page_count()).rev() {
             let start = self.slots.page_start(k);
-            let used = frontier
+            let used = claimed
                 .saturating_sub(start)
                 .min(self.slots.page_len(k) as u64);
             let Some(page) = self.slots.page(k) else {
