@@ -180,8 +180,10 @@ impl Evictable {
     /// Gives a pin back.
     pub(crate) fn unpin(&self) {
         let mut state = self.lock();
-        debug_assert!(state.readers > 0, "an unpin without a pin");
-        state.readers = state.readers.saturating_sub(1);
+        // A hard check: an unpin without a pin would let an eviction take the bytes from
+        // under a reader still reading them.
+        assert!(state.readers > 0, "internal error: an unpin without a pin");
+        state.readers -= 1;
     }
 
     /// Claims the recompute of an evicted value: true if the caller must now recompute it and

@@ -60,6 +60,12 @@ impl fmt::Debug for Recompute {
 impl Recompute {
     /// A recompute from `inputs` by `compute`, which is given one read per input, in order.
     /// Its errors (and panics, as [`Error::RuntimeState`]) are the read's.
+    ///
+    /// `compute` runs on the reading thread while the value is marked as being recomputed
+    /// there: a read of the same value from that thread (from inside `compute`) is an
+    /// [`Error::RuntimeState`], but a read from another thread waits until the recompute
+    /// ends. So `compute` must not wait for another thread that reads this value (or a
+    /// value whose recompute waits for this one): that would wait for ever.
     pub fn new(
         inputs: impl IntoIterator<Item = RetainedValue>,
         compute: impl Fn(&[TensorRead<'_>]) -> Result<Tensor> + Send + Sync + 'static,
