@@ -63,14 +63,18 @@ fn model(f: impl Fn() + Send + Sync + 'static) {
 /// slots before it claims fresh ones (`growth_before_stealing: 0`), so that the models cover
 /// stealing; `arena_growing_first` keeps the default.
 fn arena(collector: &Collector, first_page_len: u32) -> SlotArena<Record> {
-    SlotArena::with_config(ArenaConfig {
+    SlotArena::with_config(arena_config(collector, first_page_len)).unwrap()
+}
+
+/// The configuration of [`arena`].
+fn arena_config(collector: &Collector, first_page_len: u32) -> ArenaConfig {
+    ArenaConfig {
         first_page_len,
         removal_batch: 1,
         growth_before_stealing: 0,
         collector: Some(collector.clone()),
         ..ArenaConfig::default()
-    })
-    .unwrap()
+    }
 }
 
 /// As [`arena`], with a dry shard claiming fresh slots before it takes other shards'.
@@ -484,6 +488,42 @@ fn trim_racing_an_insert() {
         trim_beside_an_insert(&arena, &drops);
         drop(arena);
         assert_eq!(drops.load(Ordering::SeqCst), 1, "the record dropped once");
+    });
+}
+
+/// **an insert at the cap racing a trim**: an arena capped at 2 slots, both claimed; the
+/// main thread holds record 0 and, in its hand, the other slot, vacant. Another thread
+/// inserts, finds no list with a vacant slot and no fresh index, while the main thread trims.
+/// The trim takes the main thread's hand back to the free lists and holds every list while
+/// it decides what to release. The insert must still get the vacant slot, never `Full`:
+/// before it says `Full` it takes every thread's hand itself, waits for a drainer holding
+/// one, and looks through the lists with the frontier frozen, so that no trim holds them.
+///
+/// Planted bugs caught: `cap_pops_unfrozen` (the insert at the cap looks through the lists
+/// without freezing the frontier), `cap_ignores_drainers` (it does not wait for a drainer
+/// holding a hand), `hand_back_before_push` (a drainer ends its claim before the hand is on
+/// the lists), `cap_takes_no_hands` (it leaves other threads' hands where they are).
+#[test]
+fn an_insert_at_the_cap_racing_a_trim() {
+    model(|| {
+        let collector = Collector::new();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let arena = Arc::new(
+            SlotArena::with_config(ArenaConfig {
+                max_slots: 2,
+                ..arena_config(&collector, 2)
+            })
+            .unwrap(),
+        );
+        let first = arena.insert(Record::new(0, &drops)).unwrap();
+        let key = trim_beside_an_insert(&arena, &drops);
+        assert_ne!(key.index(), first.index());
+        assert!(matches!(
+            arena.insert(Record::new(2, &drops)),
+            Err(ferropool::ArenaError::Full { capacity: 2 })
+        ));
+        drop(arena);
+        assert_eq!(drops.load(Ordering::SeqCst), 3, "each record dropped once");
     });
 }
 

@@ -121,6 +121,13 @@ impl Handshake {
         self.drain.load(Ordering::Relaxed) == token
     }
 
+    /// Whether some drainer holds the handshake now (a snapshot). Acquire: once it reads the
+    /// flag a drainer cleared, what that drainer did before [`hand_back`](Self::hand_back)
+    /// is visible.
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.drain.load(Ordering::Acquire) != 0
+    }
+
     /// A drainer's last step: hands the state back to its owner. Release: the owner's next
     /// operation sees what the drainer left.
     pub(crate) fn hand_back(&self) {

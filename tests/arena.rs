@@ -536,6 +536,87 @@ fn invalid_configs_are_typed_errors() {
     ));
 }
 
+/// A capped arena whose vacant slots sit in another thread's hand (that thread inserted once,
+/// taking a chunk of 64 into its hand, and stays alive): inserts elsewhere fill the arena to
+/// its cap before `Full`, instead of failing with 63 vacant slots in that hand.
+#[test]
+fn a_capped_arena_fills_to_its_cap_past_an_idle_threads_hand() {
+    for (cap, first_page_len) in [(64u32, 64u32), (100, 64), (2, 4), (65, 64)] {
+        let collector = Collector::new();
+        let arena = SlotArena::with_config(ArenaConfig {
+            max_slots: cap,
+            shards: Some(1),
+            ..small(&collector, first_page_len, 64)
+        })
+        .unwrap();
+        let inserted = std::sync::Barrier::new(2);
+        let done = std::sync::Barrier::new(2);
+        let (refused, last) = std::thread::scope(|s| {
+            s.spawn(|| {
+                arena.insert(0u32).unwrap();
+                inserted.wait();
+                done.wait(); // alive, idle, its hand full
+            });
+            inserted.wait();
+            let refused = (1..cap).find_map(|i| arena.insert(i).err().map(|error| (i, error)));
+            let last = arena.insert(cap);
+            done.wait();
+            (refused, last)
+        });
+        assert_eq!(
+            refused, None,
+            "cap {cap}: refused with that many slots in use"
+        );
+        assert!(
+            matches!(last, Err(ArenaError::Full { .. })),
+            "cap {cap}: {last:?}"
+        );
+        assert_eq!(arena.len(), cap as usize);
+    }
+}
+
+/// A capped arena with 63 vacant slots on its free lists, one thread trimming in a loop and
+/// another inserting 62 values: a trim holds the free lists while it runs, and an insert at
+/// the cap must wait for them instead of failing with `Full`.
+#[test]
+fn a_capped_arena_inserts_at_its_cap_while_another_thread_trims() {
+    for shards in [1, 2] {
+        for round in 0..scaled(2000) {
+            let collector = Collector::new();
+            let mut arena = SlotArena::with_config(ArenaConfig {
+                max_slots: 64,
+                shards: Some(shards),
+                ..small(&collector, 64, 64)
+            })
+            .unwrap();
+            let keys: Vec<_> = (0..64u32).map(|i| arena.insert(i).unwrap()).collect();
+            for &key in &keys[1..] {
+                arena.take(key).unwrap(); // one live value keeps the page
+            }
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let refusals = std::thread::scope(|s| {
+                s.spawn(|| {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        arena.trim();
+                    }
+                });
+                // Every refusal, then stop the trimmer (before any assertion: a panic here
+                // would leave it trimming, and the scope waiting for it).
+                let refusals: Vec<ArenaError> =
+                    (0..62).filter_map(|i| arena.insert(i).err()).collect();
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                refusals
+            });
+            assert_eq!(
+                refusals,
+                [],
+                "shards {shards}, round {round}: refused with vacant slots"
+            );
+            assert_eq!(arena.len(), 63);
+        }
+    }
+}
+
 /// An arena capped at 100 slots, pages of 64 and 128, chunks of 64: its second chunk stops at
 /// the cap and leaves the frontier at 128, past the last index. Emptied, it still releases
 /// its pages (a frontier past the last index once made every `trim` give up for ever), and

@@ -69,7 +69,10 @@ pub enum ArenaError {
         /// What the field accepts.
         expected: &'static str,
     },
-    /// Every addressable slot index is in use.
+    /// Every slot index the arena may use (`ArenaConfig::max_slots`) is in use: its value
+    /// is live, or removed and waiting out its grace period, or the slot is exhausted, or
+    /// it is vacant in the hand of another thread inserting at that moment (a thread keeps
+    /// up to 64 vacant slots for its next inserts; an idle thread's are taken back first).
     #[error("the arena is full: all {capacity} slot indices are in use")]
     Full {
         /// The number of addressable slots.

@@ -296,8 +296,8 @@ impl<T: Send + 'static> SlotArena<T> {
     /// # Errors
     ///
     /// [`ArenaError::Full`] when every slot index the arena may use
-    /// ([`ArenaConfig::max_slots`], 2^32 - 1 by default) is in use (or exhausted after 2^32
-    /// reuses); [`ArenaError::OutOfMemory`] when the arena needs a new page of slots
+    /// ([`ArenaConfig::max_slots`], 2^32 - 1 by default) is in use (see the error for what
+    /// counts); [`ArenaError::OutOfMemory`] when the arena needs a new page of slots
     /// and the system refuses it; `value` is dropped (see [`try_insert`](Self::try_insert)
     /// to get it back). One refusal ends the process instead, as a refused `Box::new` does:
     /// that of a page a concurrent [`trim`](Self::trim) released while this insert was
@@ -800,7 +800,9 @@ impl<T: Send + 'static> SlotArena<T> {
     /// Removed values still in their grace period keep their pages (a later call gets
     /// them); so does every page below an occupied slot (keys never move). Keys into a
     /// released page stay stale: the page's next allocation starts its generations past
-    /// every generation it reached.
+    /// every generation it reached. A call that meets another `trim` in progress, or an
+    /// insert at [`ArenaConfig::max_slots`] looking for a vacant slot, releases no page
+    /// (a later call does).
     ///
     /// ```
     /// use ferropool::SlotArena;

@@ -336,7 +336,45 @@ impl<T: Send + 'static> super::SlotArena<T> {
         if let Some(index) = others().find_map(|from| arena.pop_chain(from)) {
             return Ok(arena.first_of_chain(index, cache, shard));
         }
-        arena.claim_fresh(cache, shard)
+        match arena.claim_fresh(cache, shard) {
+            Err(ArenaError::Full { .. }) => self.refill_at_the_cap(cache, shard, panics),
+            claimed => claimed,
+        }
+    }
+
+    /// [`refill`](Self::refill) once every index below `ArenaConfig::max_slots` has been
+    /// claimed: before [`ArenaError::Full`], the vacant slots the paths above do not look
+    /// at. Those in other threads' hands (up to a chunk each, kept by idle threads too),
+    /// removals past their grace period still in a batch, and those a concurrent `trim` held
+    /// off the free lists (see `ArenaInner::pop_at_the_cap`). Cold: at the cap only.
+    #[cold]
+    #[inline(never)]
+    fn refill_at_the_cap(
+        &self,
+        cache: Option<&ArenaThreadCache>,
+        shard: usize,
+        panics: &mut Panics,
+    ) -> Result<u32, ArenaError> {
+        let arena = &self.arena;
+        // As `flush` does, less resuming panics (the caller handles them).
+        let guard = self.pin();
+        let caches = arena.drain_caches();
+        for (from, slots) in caches.into_iter().chain(arena.take_partial_batches()) {
+            self.defer_batch(from, slots, &guard);
+        }
+        guard.flush();
+        self.collect_backlog(&guard);
+        recycling(|| {
+            for from in 0..arena.shards.len() {
+                self.recycle_ready(from, from, panics);
+            }
+        });
+        drop(guard);
+        match arena.pop_at_the_cap(shard)? {
+            Some(index) => Ok(arena.first_of_chain(index, cache, shard)),
+            // A trim lowered the frontier meanwhile.
+            None => arena.claim_fresh(cache, shard),
+        }
     }
 
     /// Takes what waits for a thread that may never come back: the caches unchanged since the

@@ -64,7 +64,8 @@ pub(super) struct ArenaInner<T> {
     /// generations a released page reached, so that keys from before a `trim` stay stale.
     pub(super) page_floor: Box<[AtomicU32]>,
     /// Slot indices below this have been claimed at least once, plus [`FROZEN`] while a
-    /// `trim` runs. Claims advance it with an `AcqRel` compare-exchange when it is not
+    /// `trim` runs (or an insert at `max_slots` looks through every free list, see
+    /// [`pop_at_the_cap`](Self::pop_at_the_cap), storing the same value back). Claims advance it with an `AcqRel` compare-exchange when it is not
     /// frozen, and `trim` unfreezes it with a `Release` store, so a claimer sees the page
     /// floors `trim` wrote.
     pub(super) frontier: CachePadded<AtomicU64>,
@@ -371,6 +372,71 @@ impl<T> ArenaInner<T> {
             link.store(next, Ordering::Relaxed);
         }
         Ok(Some((start, cost)))
+    }
+
+    /// Once the frontier has reached `max_slots`: a chain from any shard's free list (this
+    /// shard's first), looked for with the frontier frozen, as `trim` freezes it. A trim
+    /// holds the free lists only while it holds the frontier frozen, so none holds them then,
+    /// and one that freezes it first is waited for. So is a drainer (a `flush`, `trim` or
+    /// sweep) that holds a thread's hand on its way back to the lists. `Ok(None)` when a
+    /// trim lowered the frontier below `max_slots` (the caller claims fresh slots);
+    /// [`ArenaError::Full`] when no list has a vacant slot.
+    #[cold]
+    pub(super) fn pop_at_the_cap(&self, shard: usize) -> Result<Option<u32>, ArenaError> {
+        let shards = self.shards.len();
+        loop {
+            let frontier = self.frontier.load(Ordering::Acquire);
+            if frontier & FROZEN != 0 {
+                // A trim, or another insert at the cap: it gives the lists back when done.
+                if let Some(index) = self.pop_chain(shard) {
+                    return Ok(Some(index));
+                }
+                crate::sync::yield_now();
+                continue;
+            }
+            if frontier < self.max_slots {
+                return Ok(None);
+            }
+            // Acquire (on success): the slots a trim gave back before it unfroze the frontier
+            // (`Release`) are on the lists this reads.
+            if self
+                .frontier
+                .compare_exchange(
+                    frontier,
+                    frontier | FROZEN,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            let pop_any = || {
+                (0..shards)
+                    .map(|k| (shard + k) & (shards - 1))
+                    .find_map(|from| self.pop_chain(from))
+            };
+            let mut found = pop_any();
+            let draining =
+                found.is_none() && self.caches.iter().any(|cache| cache.handshake.is_claimed());
+            if !draining && found.is_none() {
+                // A drainer that handed its cache back before that look pushed the hand
+                // first: on the lists now.
+                found = pop_any();
+            }
+            // Unfreeze, unchanged: nothing was claimed or released.
+            self.frontier.store(frontier, Ordering::Release);
+            if draining {
+                crate::sync::yield_now();
+                continue;
+            }
+            return match found {
+                Some(index) => Ok(Some(index)),
+                None => Err(ArenaError::Full {
+                    capacity: self.max_slots,
+                }),
+            };
+        }
     }
 
     /// Allocates page `page` of the slot, link and chain tables, those not allocated yet:
@@ -697,10 +763,12 @@ impl<T> ArenaInner<T> {
             let removed = cache.first_removed(cache.removed_len.load(Ordering::Relaxed) as usize);
             cache.hand.store(NIL, Ordering::Relaxed);
             cache.removed_len.store(0, Ordering::Relaxed);
-            cache.handshake.hand_back();
+            // The hand on its shard's list before the claim ends: an insert at the cap that
+            // sees no claim finds it there (`pop_at_the_cap`).
             if hand != NIL {
                 self.push_chain(shard, hand);
             }
+            cache.handshake.hand_back();
             if !removed.is_empty() {
                 batches.push((shard, BatchSlots::Indices(removed)));
             }

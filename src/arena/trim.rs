@@ -37,7 +37,7 @@ impl<T> ArenaInner<T> {
     pub(super) fn release_vacant_pages(&self, mut dispose: impl FnMut(Page<Slot<T>>)) -> u64 {
         let frontier = self.frontier.load(Acquire);
         if frontier & FROZEN != 0 {
-            return 0; // another trim is running
+            return 0; // another trim is running, or an insert at the cap is looking
         }
         if self
             .frontier
