@@ -617,6 +617,62 @@ fn a_capped_arena_inserts_at_its_cap_while_another_thread_trims() {
     }
 }
 
+/// A capped arena, full, one value removed by the only thread there is: the next insert gets
+/// its slot. The removal's grace period has passed once the thread unpins, though its own
+/// pin, while it looked, held the epoch back after one step of the two it needs.
+#[test]
+fn a_capped_arena_reuses_a_removed_slot_at_its_cap() {
+    for cap in [1u32, 2, 64, 100] {
+        let collector = Collector::new();
+        let arena = SlotArena::with_config(ArenaConfig {
+            max_slots: cap,
+            shards: Some(1),
+            ..small(&collector, 64, 64)
+        })
+        .unwrap();
+        let keys: Vec<_> = (0..cap).map(|i| arena.insert(i).unwrap()).collect();
+        assert_eq!(arena.remove(keys[0], &arena.pin()), Ok(&0));
+        assert!(arena.insert(cap).is_ok(), "cap {cap}");
+        assert!(matches!(
+            arena.insert(cap + 1),
+            Err(ArenaError::Full { .. })
+        ));
+    }
+}
+
+/// A capped arena whose removals wait in full batches of an idle thread: that thread's epoch
+/// bag must not keep them from an insert at the cap (a capped arena hands every full batch
+/// to the collector at once).
+#[test]
+fn a_capped_arena_reuses_slots_an_idle_thread_removed() {
+    let collector = Collector::new();
+    let cap = 256;
+    let arena = SlotArena::with_config(ArenaConfig {
+        max_slots: cap,
+        shards: Some(1),
+        ..small(&collector, 64, 8)
+    })
+    .unwrap();
+    let removed = std::sync::Barrier::new(2);
+    let done = std::sync::Barrier::new(2);
+    let refused = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Three full batches of 8, then idle, alive.
+            let keys: Vec<_> = (0..24u32).map(|i| arena.insert(i).unwrap()).collect();
+            for key in keys {
+                arena.discard(key).unwrap();
+            }
+            removed.wait();
+            done.wait();
+        });
+        removed.wait();
+        let refused = (0..cap).find_map(|i| arena.insert(i).err().map(|error| (i, error)));
+        done.wait();
+        refused
+    });
+    assert_eq!(refused, None, "refused with that many of {cap} in use");
+}
+
 /// An arena capped at 100 slots, pages of 64 and 128, chunks of 64: its second chunk stops at
 /// the cap and leaves the frontier at 128, past the last index. Emptied, it still releases
 /// its pages (a frontier past the last index once made every `trim` give up for ever), and

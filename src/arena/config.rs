@@ -54,7 +54,10 @@ pub struct ArenaConfig {
     /// once, and an insert past that fails with
     /// [`ArenaError::Full`](super::ArenaError::Full). Default `u32::MAX` (every index
     /// below `u32::MAX`, which is reserved). The page that holds the last index is
-    /// allocated whole, so [`capacity`](super::SlotArena::capacity) may exceed it.
+    /// allocated whole, so [`capacity`](super::SlotArena::capacity) may exceed it. A capped
+    /// arena hands each full removal batch to the epoch collector at once (uncapped ones
+    /// every 8 batches), so that an idle thread keeps no removed slot from the inserts, and
+    /// [`ArenaError::Full`](super::ArenaError::Full) says what else may hold a slot.
     ///
     /// ```
     /// use ferropool::{ArenaConfig, ArenaError, SlotArena};

@@ -70,9 +70,13 @@ pub enum ArenaError {
         expected: &'static str,
     },
     /// Every slot index the arena may use (`ArenaConfig::max_slots`) is in use: its value
-    /// is live, or removed and waiting out its grace period, or the slot is exhausted, or
-    /// it is vacant in the hand of another thread inserting at that moment (a thread keeps
-    /// up to 64 vacant slots for its next inserts; an idle thread's are taken back first).
+    /// is live; or removed, and a reader pinned since may still read it; or removed, and
+    /// its batch is being recycled (the slots of a batch come back once the values of up to
+    /// 64 of them are dropped, so a removed value's `Drop` that inserts at the cap, or an
+    /// insert beside a slow `Drop` on another thread, may see this); or the slot is
+    /// exhausted; or it is vacant in the hand of another thread inserting at that moment (a
+    /// thread keeps up to 63 vacant slots for its next inserts; an idle thread's are taken
+    /// back first).
     #[error("the arena is full: all {capacity} slot indices are in use")]
     Full {
         /// The number of addressable slots.

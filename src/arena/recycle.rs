@@ -356,20 +356,29 @@ impl<T: Send + 'static> super::SlotArena<T> {
         panics: &mut Panics,
     ) -> Result<u32, ArenaError> {
         let arena = &self.arena;
-        // As `flush` does, less resuming panics (the caller handles them).
-        let guard = self.pin();
+        // As `flush` does, less resuming panics (the caller handles them), and pinned afresh
+        // between collections: a batch deferred now is ready two epochs later, and this
+        // thread's own pin would hold the epoch back after one (another thread's pin, or an
+        // outer one of this thread's, holds it back as it must).
+        let mut guard = self.pin();
         let caches = arena.drain_caches();
         for (from, slots) in caches.into_iter().chain(arena.take_partial_batches()) {
             self.defer_batch(from, slots, &guard);
         }
-        guard.flush();
-        self.collect_backlog(&guard);
+        for _ in 0..3 {
+            guard.flush();
+            self.collect_backlog(&guard);
+            if self.ready.pending() == 0 {
+                break;
+            }
+            guard.repin();
+        }
+        drop(guard);
         recycling(|| {
             for from in 0..arena.shards.len() {
                 self.recycle_ready(from, from, panics);
             }
         });
-        drop(guard);
         match arena.pop_at_the_cap(shard)? {
             Some(index) => Ok(arena.first_of_chain(index, cache, shard)),
             // A trim lowered the frontier meanwhile.
@@ -454,7 +463,9 @@ impl<T: Send + 'static> super::SlotArena<T> {
     /// also flushes the thread's epoch bag.
     pub(super) fn defer_full_batch(&self, shard: usize, slots: BatchSlots, guard: &Guard) {
         self.defer_batch(shard, slots, guard);
-        if flush_due() {
+        // An arena with a cap pushes every batch: one left in an idle thread's bag would
+        // keep its slots from an insert at the cap for as long as that thread stays idle.
+        if flush_due() || self.arena.max_slots < u64::from(u32::MAX) {
             guard.flush();
         }
     }

@@ -64,10 +64,10 @@ pub(super) struct ArenaInner<T> {
     /// generations a released page reached, so that keys from before a `trim` stay stale.
     pub(super) page_floor: Box<[AtomicU32]>,
     /// Slot indices below this have been claimed at least once, plus [`FROZEN`] while a
-    /// `trim` runs (or an insert at `max_slots` looks through every free list, see
-    /// [`pop_at_the_cap`](Self::pop_at_the_cap), storing the same value back). Claims advance it with an `AcqRel` compare-exchange when it is not
-    /// frozen, and `trim` unfreezes it with a `Release` store, so a claimer sees the page
-    /// floors `trim` wrote.
+    /// `trim` runs (or while an insert at `max_slots` looks through every free list, see
+    /// [`pop_at_the_cap`](Self::pop_at_the_cap), storing the same value back). Claims
+    /// advance it with an `AcqRel` compare-exchange when it is not frozen, and `trim`
+    /// unfreezes it with a `Release` store, so a claimer sees the page floors `trim` wrote.
     pub(super) frontier: CachePadded<AtomicU64>,
     /// The free lists and removal batches, by shard; the length is a power of two.
     pub(super) shards: Box<[Shard]>,
