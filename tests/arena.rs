@@ -17,6 +17,22 @@ fn small(collector: &Collector, first_page_len: u32, removal_batch: u32) -> Aren
     }
 }
 
+/// [`small`], capped at `max_slots` slot indices, with `shards` shards.
+fn capped(
+    collector: &Collector,
+    max_slots: u32,
+    shards: usize,
+    first_page_len: u32,
+    removal_batch: u32,
+) -> SlotArena<u32> {
+    SlotArena::with_config(ArenaConfig {
+        max_slots,
+        shards: Some(shards),
+        ..small(collector, first_page_len, removal_batch)
+    })
+    .unwrap()
+}
+
 #[test]
 fn arena_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
@@ -543,12 +559,7 @@ fn invalid_configs_are_typed_errors() {
 fn a_capped_arena_fills_to_its_cap_past_an_idle_threads_hand() {
     for (cap, first_page_len) in [(64u32, 64u32), (100, 64), (2, 4), (65, 64)] {
         let collector = Collector::new();
-        let arena = SlotArena::with_config(ArenaConfig {
-            max_slots: cap,
-            shards: Some(1),
-            ..small(&collector, first_page_len, 64)
-        })
-        .unwrap();
+        let arena = capped(&collector, cap, 1, first_page_len, 64);
         let inserted = std::sync::Barrier::new(2);
         let done = std::sync::Barrier::new(2);
         let (refused, last) = std::thread::scope(|s| {
@@ -583,12 +594,7 @@ fn a_capped_arena_inserts_at_its_cap_while_another_thread_trims() {
     for shards in [1, 2] {
         for round in 0..scaled(2000) {
             let collector = Collector::new();
-            let mut arena = SlotArena::with_config(ArenaConfig {
-                max_slots: 64,
-                shards: Some(shards),
-                ..small(&collector, 64, 64)
-            })
-            .unwrap();
+            let mut arena = capped(&collector, 64, shards, 64, 64);
             let keys: Vec<_> = (0..64u32).map(|i| arena.insert(i).unwrap()).collect();
             for &key in &keys[1..] {
                 arena.take(key).unwrap(); // one live value keeps the page
@@ -624,12 +630,7 @@ fn a_capped_arena_inserts_at_its_cap_while_another_thread_trims() {
 fn a_capped_arena_reuses_a_removed_slot_at_its_cap() {
     for cap in [1u32, 2, 64, 100] {
         let collector = Collector::new();
-        let arena = SlotArena::with_config(ArenaConfig {
-            max_slots: cap,
-            shards: Some(1),
-            ..small(&collector, 64, 64)
-        })
-        .unwrap();
+        let arena = capped(&collector, cap, 1, 64, 64);
         let keys: Vec<_> = (0..cap).map(|i| arena.insert(i).unwrap()).collect();
         assert_eq!(arena.remove(keys[0], &arena.pin()), Ok(&0));
         assert!(arena.insert(cap).is_ok(), "cap {cap}");
@@ -647,12 +648,7 @@ fn a_capped_arena_reuses_a_removed_slot_at_its_cap() {
 fn a_capped_arena_reuses_slots_an_idle_thread_removed() {
     let collector = Collector::new();
     let cap = 256;
-    let arena = SlotArena::with_config(ArenaConfig {
-        max_slots: cap,
-        shards: Some(1),
-        ..small(&collector, 64, 8)
-    })
-    .unwrap();
+    let arena = capped(&collector, cap, 1, 64, 8);
     let removed = std::sync::Barrier::new(2);
     let done = std::sync::Barrier::new(2);
     let refused = std::thread::scope(|s| {
@@ -680,12 +676,7 @@ fn a_capped_arena_reuses_slots_an_idle_thread_removed() {
 #[test]
 fn a_capped_arena_refuses_past_its_cap_and_releases_its_pages_when_emptied() {
     let collector = Collector::new();
-    let mut arena = SlotArena::with_config(ArenaConfig {
-        max_slots: 100,
-        shards: Some(1),
-        ..small(&collector, 64, 8)
-    })
-    .unwrap();
+    let mut arena = capped(&collector, 100, 1, 64, 8);
     for round in 0..3 {
         let keys: Vec<_> = (0..100u32).map(|i| arena.insert(i).unwrap()).collect();
         assert!(

@@ -644,20 +644,32 @@ impl<T: Send + 'static> SlotArena<T> {
     /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)).
     pub fn flush(&self, guard: &Guard) -> Result<(), ArenaError> {
         self.check_guard(guard)?;
+        self.defer_every_batch(guard);
+        guard.flush();
+        self.collect_backlog(guard);
+        let mut panics = Panics::default();
+        self.recycle_every_ready(&mut panics);
+        panics.resume();
+        Ok(())
+    }
+
+    /// Takes every thread cache's hand and batch (the hands go back to their shards) and
+    /// every shard's partly filled batch, and hands the batches to the collector.
+    fn defer_every_batch(&self, guard: &Guard) {
         let caches = self.arena.drain_caches();
         for (shard, slots) in caches.into_iter().chain(self.arena.take_partial_batches()) {
             self.defer_batch(shard, slots, guard);
         }
-        guard.flush();
-        self.collect_backlog(guard);
-        let mut panics = Panics::default();
+    }
+
+    /// Recycles every shard's ready batches onto its own free list (unless this thread is
+    /// recycling already, see `recycle::recycling`).
+    fn recycle_every_ready(&self, panics: &mut Panics) {
         recycle::recycling(|| {
             for shard in 0..self.arena.shards.len() {
-                self.recycle_ready(shard, shard, &mut panics);
+                self.recycle_ready(shard, shard, panics);
             }
         });
-        panics.resume();
-        Ok(())
     }
 
     /// Collects again while that moves this arena's batches onto its ready lists. One

@@ -361,10 +361,7 @@ impl<T: Send + 'static> super::SlotArena<T> {
         // thread's own pin would hold the epoch back after one (another thread's pin, or an
         // outer one of this thread's, holds it back as it must).
         let mut guard = self.pin();
-        let caches = arena.drain_caches();
-        for (from, slots) in caches.into_iter().chain(arena.take_partial_batches()) {
-            self.defer_batch(from, slots, &guard);
-        }
+        self.defer_every_batch(&guard);
         for _ in 0..3 {
             guard.flush();
             self.collect_backlog(&guard);
@@ -374,11 +371,7 @@ impl<T: Send + 'static> super::SlotArena<T> {
             guard.repin();
         }
         drop(guard);
-        recycling(|| {
-            for from in 0..arena.shards.len() {
-                self.recycle_ready(from, from, panics);
-            }
-        });
+        self.recycle_every_ready(panics);
         match arena.pop_at_the_cap(shard)? {
             Some(index) => Ok(arena.first_of_chain(index, cache, shard)),
             // A trim lowered the frontier meanwhile.
