@@ -1,5 +1,7 @@
 //! The system allocator refuses on the N-th large request: every public API that needs
 //! memory from the system returns a typed error, and the pool stays consistent and usable.
+//! The pool takes its blocks from the global allocator here (`os_pages` off), which is what
+//! refuses; `tests/os_refusal.rs` has the OS refuse the pool's own pages.
 //!
 //! Only requests of 1 MiB or more are refused: those are the pool's buffers. Small requests
 //! go to Rust's infallible collections, which abort the process on failure instead of
@@ -10,7 +12,7 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use ferropool::{BufferPool, DType, PoolError, Tensor, TensorError};
+use ferropool::{BufferPool, DType, PoolConfig, PoolError, Tensor, TensorError};
 
 struct Refusing;
 static ARMED: AtomicBool = AtomicBool::new(false);
@@ -82,7 +84,11 @@ fn disarm() {
 // One test function: the allocator's switch is process-wide, so the steps must not overlap.
 #[test]
 fn refused_system_allocations_are_typed_and_leave_the_pool_consistent() {
-    let pool = BufferPool::new();
+    let pool = BufferPool::with_config(PoolConfig {
+        os_pages: false,
+        ..PoolConfig::default()
+    })
+    .unwrap();
 
     // 1. A refused block is a typed error naming what was asked; nothing is counted.
     arm(1);

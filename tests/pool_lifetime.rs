@@ -2,8 +2,10 @@
 //! threads' caches included), buffers that outlive it go back to the system when they drop,
 //! and its control block is freed when the last handle and the last buffer are gone.
 //!
-//! A counting global allocator sees every block (the pool takes its blocks from the global
-//! allocator). One test function: the counter is process-wide.
+//! A counting global allocator sees every block (the pools here take their blocks from the
+//! global allocator: `os_pages` off; `tests/os_pages.rs` shows the same of the pool's own
+//! pages with the process's resident memory). One test function: the counter is
+//! process-wide.
 
 mod common;
 
@@ -39,6 +41,15 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// A pool whose blocks come from the global allocator, one allocation each.
+fn heap_pool() -> BufferPool {
+    BufferPool::with_config(PoolConfig {
+        os_pages: false,
+        ..PoolConfig::default()
+    })
+    .unwrap()
+}
+
 fn live() -> usize {
     LIVE.load(Ordering::SeqCst)
 }
@@ -48,7 +59,7 @@ fn nothing_is_stranded() {
     // 1. An idle worker's cache goes back when the pool closes, without the worker.
     let baseline = live();
     let pools_before = BufferPool::pools_alive();
-    let pool = BufferPool::new();
+    let pool = heap_pool();
     let (go, wait) = mpsc::channel::<()>();
     let (done, finished) = mpsc::channel::<()>();
     let worker = {
@@ -78,7 +89,7 @@ fn nothing_is_stranded() {
 
     // 2. Buffers outlive their pool: each goes back to the system when it drops, on any
     //    thread (even one new to the pool), and the last one frees the control block.
-    let pool = BufferPool::new();
+    let pool = heap_pool();
     let mut buffers: Vec<_> = (0..8).map(|i| pool.alloc((i + 1) << 16).unwrap()).collect();
     drop(pool);
     assert_eq!(
@@ -100,6 +111,7 @@ fn nothing_is_stranded() {
     // 3. Many short-lived pools, each used by this thread and another, leave nothing.
     for i in 0..if cfg!(miri) { 20 } else { 10_000 } {
         let pool = BufferPool::with_config(PoolConfig {
+            os_pages: false,
             thread_cache_bytes: if i % 2 == 0 { 1 << 20 } else { 0 },
             ..PoolConfig::default()
         })

@@ -63,6 +63,57 @@ pub fn cpu_seconds() -> f64 {
     0.0
 }
 
+/// Resident memory of this process now, bytes (`/proc/self/statm`; 0 where that cannot be
+/// read).
+///
+/// ```
+/// assert!(ferropool_figures::rss_bytes() % 4096 == 0);
+/// ```
+pub fn rss_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
+        return 0;
+    };
+    statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|pages| pages.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// Limits this process's address space to `bytes` (`setrlimit(RLIMIT_AS)`), so that the
+/// OS refuses a mapping past it; whether the limit took. For a test that must see `mmap`
+/// refused: it holds for the whole process, so such a test runs alone in its binary.
+pub fn limit_address_space(bytes: u64) -> bool {
+    #[cfg(unix)]
+    {
+        let limit = libc::rlimit {
+            rlim_cur: bytes as libc::rlim_t,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: `setrlimit` reads the struct it is given, nothing else.
+        unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = bytes;
+        false
+    }
+}
+
+/// This process's address space now, bytes (`VmSize` in `/proc/self/status`; 0 where that
+/// cannot be read).
+pub fn address_space_bytes() -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmSize:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
 /// Bytes of this process's anonymous memory that transparent huge pages back now
 /// (`AnonHugePages` in `/proc/self/smaps_rollup`; 0 where that cannot be read).
 ///

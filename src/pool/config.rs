@@ -117,11 +117,55 @@ pub struct PoolConfig {
     /// ```
     #[cfg_attr(feature = "serde", serde(default = "larger_blocks_default"))]
     pub larger_blocks: bool,
+    /// Where blocks of 32 KiB and more come from. On (the default): from the pool's own
+    /// pages, segments it maps from the OS (`mmap` on Linux; the system allocator
+    /// elsewhere) and carves blocks out of, best fit; a block released by the class lists
+    /// merges with the free pages beside it, so bytes freed in one size serve a request of
+    /// another, and free pages go back to the OS (`madvise(MADV_DONTNEED)`) after
+    /// [`decay_ms`](Self::decay_ms), at once when the budget needs them, and on
+    /// [`BufferPool::trim`](super::BufferPool::trim). Under a budget the pool then keeps its
+    /// resident memory, free pages included, within the budget
+    /// ([`PoolStats::committed_bytes`](super::PoolStats::committed_bytes)).
+    ///
+    /// Off: every block is one allocation of the global allocator (of the system allocator
+    /// for the process-wide pool), freed back to it one by one; a heap such as glibc's may
+    /// keep such memory resident after the pool released it.
+    ///
+    /// ```
+    /// use ferropool::BufferPool;
+    /// let pool = BufferPool::new();
+    /// drop(pool.alloc(16 << 20)?); // carved from a segment, then cached
+    /// pool.trim(); // the block back to the free pages, purged, and its segment unmapped
+    /// let stats = pool.stats();
+    /// assert_eq!((stats.reserved_bytes, stats.committed_bytes, stats.mapped_bytes), (0, 0, 0));
+    /// # Ok::<(), ferropool::PoolError>(())
+    /// ```
+    #[cfg_attr(feature = "serde", serde(default = "os_pages_default"))]
+    pub os_pages: bool,
+    /// With `os_pages`: milliseconds a free page may stay resident before it goes back to
+    /// the OS (checked whenever the pool maps, carves or releases a block, and on
+    /// [`BufferPool::trim_idle`](super::BufferPool::trim_idle); no thread of its own).
+    /// Default 10,000. 0 returns every page the moment its block is released (a system
+    /// call per release); `u64::MAX` never returns pages by the clock, only for the budget
+    /// and on `trim`. A pool whose blocks stay on its lists (the steady state of a
+    /// repeating step) releases nothing and so returns nothing.
+    #[cfg_attr(feature = "serde", serde(default = "decay_ms_default"))]
+    pub decay_ms: u64,
 }
 
 #[cfg(feature = "serde")]
 fn larger_blocks_default() -> bool {
     true
+}
+
+#[cfg(feature = "serde")]
+fn os_pages_default() -> bool {
+    true
+}
+
+#[cfg(feature = "serde")]
+fn decay_ms_default() -> u64 {
+    PoolConfig::default().decay_ms
 }
 
 impl Default for PoolConfig {
@@ -140,6 +184,8 @@ impl Default for PoolConfig {
             exact_peaks: true,
             exact_requested: false,
             larger_blocks: true,
+            os_pages: true,
+            decay_ms: 10_000,
         }
     }
 }

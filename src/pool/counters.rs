@@ -203,6 +203,9 @@ pub(super) struct PoolCounters {
     pub(super) trims: AtomicU64,
     pub(super) retries: AtomicU64,
     pub(super) budget_failures: AtomicU64,
+    /// Of `held`, the bytes of blocks from the heap (those below the page layer's smallest
+    /// block, or all with `os_pages` off): what the page layer's budget check adds to its own.
+    pub(super) heap_held: AtomicU64,
 }
 
 /// `LiveBytes::solo` before any thread counted in the exact counters.

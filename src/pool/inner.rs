@@ -12,6 +12,7 @@ use super::blocks::BlockTable;
 use super::cache::ThreadCache;
 use super::counters::{OpCounters, PoolCounters, CACHELESS};
 use super::evictable::Evictor;
+use super::pages::PageLayer;
 use super::trace::{PoolEventKind, Trace};
 use super::{class, PoolConfig};
 use crate::roster::Roster;
@@ -75,6 +76,9 @@ pub(crate) struct PoolInner {
     pub(super) trace: std::sync::OnceLock<Trace>,
     /// The evictable values of the pool and what their eviction counts (see `evict`).
     pub(super) evictor: Evictor,
+    /// The pages under the class lists: every block of `pages::PAGED_MIN_BLOCK` bytes or more
+    /// comes from here when `config.os_pages` is on.
+    pub(super) pages: PageLayer,
 }
 
 impl fmt::Debug for PoolInner {

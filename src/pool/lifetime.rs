@@ -31,6 +31,7 @@ use super::blocks::BlockTable;
 use super::counters::{OpCounters, PoolCounters};
 use super::evictable::Evictor;
 use super::inner::{ClassLists, PoolInner, LIST_SHARDS};
+use super::pages::PageLayer;
 use super::trace::Trace;
 use super::{class, PoolConfig};
 use crate::identity::next_identity;
@@ -70,6 +71,7 @@ pub(super) fn allocate_control_block(
         let _ = trace.set(Trace::new(config.trace_capacity));
     }
     let budget = AtomicU64::new(config.budget.unwrap_or(u64::MAX));
+    let decay_ms = config.decay_ms;
     // SAFETY: `p` is fresh memory for one `PoolInner`; each field is written exactly once,
     // through raw pointers (no reference to the uninitialised whole is made), and the array
     // fields element by element.
@@ -100,6 +102,7 @@ pub(super) fn allocate_control_block(
         addr_of_mut!((*p).budget).write(budget);
         addr_of_mut!((*p).trace).write(trace);
         addr_of_mut!((*p).evictor).write(Evictor::new());
+        addr_of_mut!((*p).pages).write(PageLayer::new(decay_ms));
     }
     // Every field is written above: this exhaustive pattern stops compiling when a field is
     // added to `PoolInner`, until it is listed here (and written above).
@@ -124,6 +127,7 @@ pub(super) fn allocate_control_block(
             budget: _,
             trace: _,
             evictor: _,
+            pages: _,
         } = inner;
     };
     ALIVE.add(1);
@@ -166,6 +170,7 @@ pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
         let (allocations, frees) = (totals.allocations(), totals.frees);
         // Every owner is out and sees the pool closed: no second heavy fence is needed.
         inner.release_cached_fenced(false);
+        inner.pages.trim();
         let live = allocations.wrapping_sub(frees) as i64;
         inner.remaining.fetch_add(live, Ordering::AcqRel) + live == 0
     };

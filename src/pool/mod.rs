@@ -56,6 +56,7 @@ mod front;
 mod inner;
 mod lifetime;
 mod ops;
+mod pages;
 mod raw;
 mod reserve;
 mod stats;
@@ -206,6 +207,7 @@ impl BufferPool {
         let inner = self.inner();
         inner.counters.trims.fetch_add(1, Ordering::Relaxed);
         let released = inner.release_cached();
+        inner.pages.trim();
         inner.trace(PoolEventKind::Trim, released, 0);
         released
     }
@@ -233,7 +235,10 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn trim_idle(&self) -> u64 {
-        self.inner().trim_idle()
+        let inner = self.inner();
+        let released = inner.trim_idle();
+        inner.pages.tick();
+        released
     }
 
     /// Moves the calling thread's cached blocks of this pool to the pool's shared lists,
@@ -289,6 +294,8 @@ impl BufferPool {
     pub fn reset_peak_stats(&self) {
         let inner = self.inner();
         inner.counters.reset_peaks(&inner.config);
+        let committed = inner.counters.reserved.load(Ordering::Relaxed) + inner.pages.dirty_bytes();
+        inner.pages.reset_peak(committed);
     }
 
     /// The blocks of every size class the pool holds, in use or cached (classes it holds
@@ -533,9 +540,13 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn set_budget(&self, budget: Option<u64>) {
-        self.inner()
-            .budget
-            .store(budget.unwrap_or(u64::MAX), Ordering::Relaxed);
+        let inner = self.inner();
+        let budget = budget.unwrap_or(u64::MAX);
+        inner.budget.store(budget, Ordering::Relaxed);
+        inner.pages.fit(pages::Room {
+            budget,
+            outside: inner.counters.heap_held.load(Ordering::Relaxed),
+        });
     }
 
     /// Starts tracing with a ring of `capacity` events (at most [`PoolConfig::MAX_TRACE_EVENTS`]: a

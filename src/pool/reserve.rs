@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 
 use super::inner::PoolInner;
 use super::ops::Taken;
+use super::pages::{Room, PAGE, PAGED_MIN_BLOCK};
 use super::{advise, class, OutOfMemory, PoolError, PoolEventKind};
 use crate::sync::{global, system, Ordering};
 
@@ -37,15 +38,7 @@ impl PoolInner {
             }
         }
         let layout = self.layout(class_bytes);
-        // SAFETY: `layout` has a non-zero size (every class is at least 8 bytes).
-        let allocate = || unsafe {
-            match (self.system_blocks, zeroed) {
-                (true, true) => system::alloc_zeroed(layout),
-                (true, false) => system::alloc(layout),
-                (false, true) => global::alloc_zeroed(layout),
-                (false, false) => global::alloc(layout),
-            }
-        };
+        let allocate = || self.obtain_block(class_bytes, layout, zeroed);
         let mut raw = allocate();
         if raw.is_null() && released.is_none() {
             // The system is short: give it back what is cached, then try once more.
@@ -69,21 +62,64 @@ impl PoolInner {
         };
         let record = self.blocks.record(record);
         record.set_block(addr, class);
-        let config = &self.config;
-        if (config.huge_pages || config.prefault) && class_bytes >= config.advise_min_block {
-            advise::advise(
-                addr.as_ptr(),
-                class_bytes,
-                config.huge_pages,
-                config.prefault,
-            );
-        }
         self.counters.hold(class_bytes as u64);
         self.counters
             .system_allocations
             .fetch_add(1, Ordering::Relaxed);
         self.trace(PoolEventKind::SystemAlloc, class_bytes as u64, class);
         Ok(Taken::new(record, class, zeroed))
+    }
+
+    /// Whether blocks of `class_bytes` come from the page layer (else from the heap).
+    #[inline]
+    pub(super) fn paged(&self, class_bytes: usize) -> bool {
+        self.config.os_pages && class_bytes >= PAGED_MIN_BLOCK
+    }
+
+    /// A block of `class_bytes` (zeroed if `zeroed`) from where blocks of that size come
+    /// from, with the advice the configuration asks for; null if the system refuses.
+    fn obtain_block(&self, class_bytes: usize, layout: Layout, zeroed: bool) -> *mut u8 {
+        let config = &self.config;
+        let advised = class_bytes >= config.advise_min_block;
+        // Huge pages only without a budget: a huge page makes resident the bytes around a
+        // block that the pool did not hand out, and the advice stays on the range after the
+        // block goes back.
+        let paged = self.paged(class_bytes);
+        let huge_pages = config.huge_pages && !(paged && self.budget().is_some());
+        let raw = if paged {
+            let align = if huge_pages && advised {
+                layout.align().max(PAGE)
+            } else {
+                PAGE
+            };
+            let room = || Room {
+                budget: self.budget.load(Ordering::Relaxed),
+                outside: self.counters.heap_held.load(Ordering::Relaxed),
+            };
+            self.pages
+                .obtain(class_bytes, align, zeroed, room)
+                .map_or(std::ptr::null_mut(), NonNull::as_ptr)
+        } else {
+            // SAFETY: `layout` has a non-zero size (every class is at least 8 bytes).
+            let raw = unsafe {
+                match (self.system_blocks, zeroed) {
+                    (true, true) => system::alloc_zeroed(layout),
+                    (true, false) => system::alloc(layout),
+                    (false, true) => global::alloc_zeroed(layout),
+                    (false, false) => global::alloc(layout),
+                }
+            };
+            if !raw.is_null() {
+                self.counters
+                    .heap_held
+                    .fetch_add(class_bytes as u64, Ordering::Relaxed);
+            }
+            raw
+        };
+        if !raw.is_null() && advised && (huge_pages || config.prefault) {
+            advise::advise(raw, class_bytes, huge_pages, config.prefault);
+        }
+        raw
     }
 
     /// The layout of a block of `class_bytes`: the configured alignment, or 2 MiB for a block
@@ -109,6 +145,15 @@ impl PoolInner {
     ///
     /// `ptr` came from `system_alloc` with `layout`, and nothing uses it afterwards.
     pub(super) unsafe fn dealloc_block(&self, ptr: *mut u8, layout: Layout) {
+        if self.paged(layout.size()) {
+            let block = NonNull::new(ptr).expect("a block is never null");
+            // SAFETY: the caller's contract: the page layer gave out this block of this size.
+            unsafe { self.pages.give_back(block, layout.size()) };
+            return;
+        }
+        self.counters
+            .heap_held
+            .fetch_sub(layout.size() as u64, Ordering::Relaxed);
         // SAFETY: the caller's contract, and `system_blocks` names the allocator it came from.
         unsafe {
             if self.system_blocks {

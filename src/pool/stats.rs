@@ -119,6 +119,31 @@ pub struct PoolStats {
     /// Time spent in recomputes, nanoseconds (each recompute's own computation, without
     /// that of the inputs it recomputed first, which count on their own).
     pub recompute_ns: u64,
+    /// An upper bound of the pool's resident memory: `reserved_bytes` plus `dirty_bytes`.
+    /// Under a budget it stays within the budget: the pool purges free pages before it
+    /// would pass it. (With [`PoolConfig::os_pages`](super::PoolConfig::os_pages) off, a
+    /// heap may keep what the pool released: then this is only what the pool holds.)
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub committed_bytes: u64,
+    /// High-water mark of `committed_bytes`, sampled whenever the pool's pages serve a
+    /// block, and never below `peak_reserved_bytes`.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub peak_committed_bytes: u64,
+    /// Bytes of the pool's free pages (not in any block) that may still be resident: freed
+    /// and not yet returned to the OS (see
+    /// [`PoolConfig::decay_ms`](super::PoolConfig::decay_ms)).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub dirty_bytes: u64,
+    /// Address space the pool's pages hold mapped: its blocks of 32 KiB and more and the
+    /// free pages around them, resident or not.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub mapped_bytes: u64,
+    /// System calls of the pool's pages: maps, unmaps and purges.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub os_calls: u64,
+    /// Bytes of free pages returned to the OS (purged) so far.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub purged_bytes: u64,
 }
 
 impl PoolStats {
@@ -196,6 +221,18 @@ impl fmt::Display for PoolStats {
             self.budget_failures,
             self.trims,
         )?;
+        if self.mapped_bytes > 0 || self.os_calls > 0 {
+            write!(
+                f,
+                "\npages     {} mapped, {} free and resident, committed {} (peak {}); {} system calls, {} returned",
+                b(self.mapped_bytes),
+                b(self.dirty_bytes),
+                b(self.committed_bytes),
+                b(self.peak_committed_bytes),
+                self.os_calls,
+                b(self.purged_bytes),
+            )?;
+        }
         if self.evictions > 0 || self.recomputations > 0 {
             write!(
                 f,
@@ -435,6 +472,13 @@ impl super::inner::PoolInner {
         s.recomputations = e.recomputations.load(Ordering::Relaxed);
         s.recomputed_bytes = e.recomputed_bytes.load(Ordering::Relaxed);
         s.recompute_ns = e.recompute_ns.load(Ordering::Relaxed);
+        let pages = &self.pages;
+        s.dirty_bytes = pages.dirty_bytes();
+        s.committed_bytes = s.reserved_bytes + s.dirty_bytes;
+        s.peak_committed_bytes = pages.peak_committed().max(s.peak_reserved_bytes);
+        s.mapped_bytes = pages.mapped_bytes();
+        s.os_calls = pages.os_calls();
+        s.purged_bytes = pages.purged_bytes();
         s
     }
 }

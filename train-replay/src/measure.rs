@@ -31,8 +31,8 @@ pub struct Summary {
     pub glibc_calls_per_step: Option<f64>,
     /// Calls that reached mimalloc per steady-state step (`None`: not counted).
     pub mimalloc_calls_per_step: Option<f64>,
-    /// The pool's own calls to the system (reservations, and requests past its budget) per
-    /// steady-state step (`None`: no pool).
+    /// The pool's own calls to the system (maps, unmaps and purges of its pages, and
+    /// requests past its budget) per steady-state step (`None`: no pool).
     pub pool_system_calls_per_step: Option<f64>,
     /// Peak resident memory of the process, bytes.
     pub peak_rss: u64,
@@ -77,9 +77,9 @@ pub fn train<B: Backend>(
     mut on_step: impl FnMut(usize, f32),
 ) -> anyhow::Result<Summary> {
     let stats = || pool.map(BufferPool::stats);
-    // The pool's calls to the system, and the requests past its budget that went there.
-    let system_calls =
-        || stats().map_or(0, |s| s.system_allocations) + PoolAllocator::fallback_allocations();
+    // The pool's calls to the OS (maps, unmaps and purges of its pages), and the requests
+    // past its budget that went to the fallback allocator.
+    let system_calls = || stats().map_or(0, |s| s.os_calls) + PoolAllocator::fallback_allocations();
     let mut trainer = Trainer::new(backend, args)?;
     let calls = || {
         (

@@ -1,0 +1,545 @@
+//! The page layer: the memory under the class lists. It maps segments from the OS, carves
+//! blocks out of them (best fit over address-ordered free ranges), merges what comes back
+//! with its free neighbours, and returns pages to the OS: on a clock (`decay`), when a budget
+//! needs the room, on a trim, and every segment when the pool goes.
+//!
+//! It is the pool's only source of blocks of [`PAGED_MIN_BLOCK`] bytes and more (every such
+//! class is a whole number of pages). Smaller blocks come from the heap, one allocation each.
+//!
+//! # Where its bytes are
+//!
+//! A byte of a segment is, at every moment, in exactly one place: in a block the class layer
+//! holds (handed out, cached or listed), or in a free range here. A free range is *dirty*
+//! as far as its pages may still be resident (they were freed and not purged since), clean
+//! otherwise; a bit per page says which (see `bits`). `dirty` bounds the resident bytes of
+//! the free ranges from above, so `held + dirty` bounds the pool's resident memory:
+//! [`PageLayer::obtain`] purges free pages until `dirty` fits in the room the budget leaves
+//! beside what the class layer holds.
+//!
+//! # Concurrency
+//!
+//! One lock over the ranges and segments. The layer is where a cache miss that found no
+//! listed block goes, below two levels of caches, so it is taken once per block the pool
+//! grows or releases; the figures are atomics written under the lock and read without it.
+//! No user code runs under the lock, and nothing under it allocates but from `System`.
+
+mod bits;
+mod os;
+mod ranges;
+mod vec;
+
+use std::ptr::NonNull;
+use std::time::Instant;
+
+use bits::PageBits;
+pub(crate) use os::PAGE;
+use ranges::{Free, FreeRanges};
+use vec::{Exhausted, SysVec};
+
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+
+/// Blocks of at least this many bytes come from the page layer; smaller ones from the heap.
+/// Every class from here up is a whole number of pages (classes are eight per power of two,
+/// so from 32 KiB on they step by 4 KiB or more).
+pub(crate) const PAGED_MIN_BLOCK: usize = 32 << 10;
+
+/// The first segment's length; each next one doubles, up to [`SEGMENT_MAX`]. A request
+/// larger than that gets a segment of its own length.
+#[cfg(not(any(loom, miri)))]
+const SEGMENT_FIRST: usize = 4 << 20;
+#[cfg(not(any(loom, miri)))]
+const SEGMENT_MAX: usize = 64 << 20;
+// Under loom and Miri segments are real allocations of the system allocator: small ones.
+#[cfg(any(loom, miri))]
+const SEGMENT_FIRST: usize = 64 << 10;
+#[cfg(any(loom, miri))]
+const SEGMENT_MAX: usize = 1 << 20;
+
+/// A segment mapped from the OS.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    /// Its first byte (the pointer `map` returned, which every block carved from it derives
+    /// from).
+    base: NonNull<u8>,
+    len: usize,
+    /// Its bytes in free ranges (`len` when nothing of it is held).
+    free: usize,
+    /// A bit per page: set while the page is free and may be resident.
+    bits: PageBits,
+}
+
+impl Segment {
+    fn start(&self) -> usize {
+        self.base.as_ptr() as usize
+    }
+    /// The pages of `[start, end)`, as indices in the segment.
+    fn pages(&self, start: usize, end: usize) -> (usize, usize) {
+        ((start - self.start()) / PAGE, (end - self.start()) / PAGE)
+    }
+    /// Dirty bytes of `[start, end)`, which lies inside the segment.
+    fn dirty(&self, start: usize, end: usize) -> usize {
+        let (first, end) = self.pages(start, end);
+        self.bits.count(first, end) * PAGE
+    }
+    /// Marks `[start, end)` dirty or clean.
+    fn mark(&self, start: usize, end: usize, dirty: bool) {
+        let (first, end) = self.pages(start, end);
+        self.bits.set(first, end, dirty);
+    }
+    /// A pointer to `addr`, inside the segment, with the segment's provenance.
+    fn at(&self, addr: usize) -> NonNull<u8> {
+        debug_assert!(addr >= self.start() && addr <= self.start() + self.len);
+        // SAFETY: `addr` lies inside the segment's mapping (or one past it).
+        unsafe { self.base.add(addr - self.start()) }
+    }
+    fn bounds(&self) -> (usize, usize) {
+        (self.start(), self.start() + self.len)
+    }
+}
+
+/// What the lock guards.
+struct State {
+    /// Invariant: every free range lies inside one segment of `segments`.
+    free: FreeRanges,
+    /// Sorted by address.
+    segments: SysVec<Segment>,
+    /// The sum of the free ranges' dirty bounds.
+    dirty: usize,
+    /// The segments' lengths summed.
+    mapped: usize,
+    /// Bytes of blocks carved and not given back.
+    carved: usize,
+    /// Segments mapped so far (the next one's length doubles from this).
+    maps: u32,
+    /// No dirty range is due for its purge before this time (milliseconds on the clock).
+    next_decay: u64,
+}
+
+// SAFETY: `State` holds addresses of memory the layer owns, not references to another
+// thread's data; all access to it goes through the layer's lock.
+unsafe impl Send for State {}
+
+/// The page layer of one pool.
+pub(crate) struct PageLayer {
+    state: Mutex<State>,
+    /// Free pages that stayed dirty this long (milliseconds) are purged at the next call;
+    /// `u64::MAX`: never by the clock.
+    decay_ms: u64,
+    /// The layer's clock starts here.
+    born: Instant,
+    /// Copies of `State`'s figures, for reads without the lock (written under it).
+    dirty: AtomicU64,
+    mapped: AtomicU64,
+    /// The most that the blocks held (heap blocks included) plus `dirty` reached when a
+    /// block was carved.
+    peak_committed: AtomicU64,
+    /// Calls to the OS (map, unmap, purge).
+    os_calls: AtomicU64,
+    /// Bytes purged so far.
+    purged: AtomicU64,
+}
+
+impl std::fmt::Debug for PageLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageLayer")
+            .field("mapped", &self.mapped_bytes())
+            .field("dirty", &self.dirty_bytes())
+            .field("decay_ms", &self.decay_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`PageLayer::obtain`] needs to know of the budget: the budget (`u64::MAX` for none)
+/// and the bytes the pool holds outside the page layer (blocks from the heap).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Room {
+    pub(crate) budget: u64,
+    pub(crate) outside: u64,
+}
+
+impl Room {
+    /// The dirty bytes the budget allows beside `carved` bytes of blocks.
+    fn for_dirty(&self, carved: usize) -> usize {
+        let allowed = self
+            .budget
+            .saturating_sub(self.outside)
+            .saturating_sub(carved as u64);
+        usize::try_from(allowed).unwrap_or(usize::MAX)
+    }
+}
+
+impl PageLayer {
+    pub(crate) fn new(decay_ms: u64) -> Self {
+        Self {
+            state: Mutex::new(State {
+                free: FreeRanges::new(),
+                segments: SysVec::new(),
+                dirty: 0,
+                mapped: 0,
+                carved: 0,
+                maps: 0,
+                next_decay: u64::MAX,
+            }),
+            decay_ms,
+            born: Instant::now(),
+            dirty: AtomicU64::new(0),
+            mapped: AtomicU64::new(0),
+            peak_committed: AtomicU64::new(0),
+            os_calls: AtomicU64::new(0),
+            purged: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code that can panic runs under the lock but assertions of its own invariants;
+        // a poisoned lock still guards consistent ranges.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A block of `len` bytes (a multiple of [`PAGE`]) at an `align`-aligned address (a
+    /// power of two, at least [`PAGE`]); zeroed if `zeroed`. `room` says, when asked under
+    /// the lock, what the budget leaves: free pages are purged until the dirty ones fit
+    /// beside every block held (the layer's own, counted under its lock, so a reservation
+    /// another thread has made but not yet carved does not count twice). `None` when the OS
+    /// refuses a segment.
+    pub(crate) fn obtain(
+        &self,
+        len: usize,
+        align: usize,
+        zeroed: bool,
+        room: impl FnOnce() -> Room,
+    ) -> Option<NonNull<u8>> {
+        debug_assert!(
+            len > 0 && len.is_multiple_of(PAGE) && align.is_power_of_two() && align >= PAGE
+        );
+        let mut state = self.lock();
+        let now = self.now();
+        self.decay(&mut state, now);
+        let State { free, segments, .. } = &*state;
+        let dirty = |a, b| segments.as_slice()[segment_of(segments, a)].dirty(a, b);
+        let index = match free.best_fit(len, align, dirty) {
+            Some(index) => index,
+            None => self.map_for(&mut state, len, align)?,
+        };
+        let State { free, segments, .. } = &mut *state;
+        let dirty = |a, b| segments.as_slice()[segment_of(segments, a)].dirty(a, b);
+        let carved = free.carve(index, len, align, dirty).ok()?;
+        state.dirty -= carved.dirty;
+        let segment = segment_of(&state.segments, carved.start);
+        let segment = &mut state.segments.as_slice_mut()[segment];
+        segment.free -= len;
+        segment.mark(carved.start, carved.start + len, false);
+        let block = segment.at(carved.start);
+        state.carved += len;
+        let room = room();
+        let allowed = room.for_dirty(state.carved);
+        self.purge_to(&mut state, allowed);
+        self.publish(&state);
+        let committed = room.outside + (state.carved + state.dirty) as u64;
+        self.peak_committed.fetch_max(committed, Ordering::Relaxed);
+        drop(state);
+        if zeroed && carved.dirty > 0 {
+            // SAFETY: the block is the caller's now, `len` bytes inside its segment.
+            unsafe { block.as_ptr().write_bytes(0, len) };
+        }
+        Some(block)
+    }
+
+    /// Takes back the block `[block, block + len)` that [`obtain`](Self::obtain) returned.
+    ///
+    /// # Safety
+    ///
+    /// `block` came from `obtain` with this `len`, and nothing uses it afterwards.
+    pub(crate) unsafe fn give_back(&self, block: NonNull<u8>, len: usize) {
+        let mut state = self.lock();
+        let now = self.now();
+        self.decay(&mut state, now);
+        let start = block.as_ptr() as usize;
+        let segment = segment_of(&state.segments, start);
+        state.carved -= len;
+        let bounds = {
+            let segment = &mut state.segments.as_slice_mut()[segment];
+            segment.free += len;
+            segment.mark(start, start + len, true);
+            segment.bounds()
+        };
+        let range = Free {
+            start,
+            len,
+            dirty: len,
+            since: now,
+        };
+        state.dirty += len;
+        let index = match state.free.insert(range, bounds) {
+            Ok(index) => index,
+            Err(Exhausted) => {
+                // No memory for one more range record: the block stays out of the free
+                // ranges for good (held by no one, its pages purged). It is counted free in
+                // its segment's figures, so the segment is never unmapped while the pool lives
+                // (the drop unmaps every segment).
+                state.dirty -= len;
+                // SAFETY: the block is ours again and unused (the caller's contract).
+                unsafe { os::purge(block, len) };
+                self.os_calls.fetch_add(1, Ordering::Relaxed);
+                let segment = &mut state.segments.as_slice_mut()[segment];
+                segment.free -= len;
+                segment.mark(start, start + len, false);
+                self.publish(&state);
+                return;
+            }
+        };
+        if self.decay_ms == 0 {
+            self.purge(&mut state, index);
+        } else {
+            state.next_decay = state.next_decay.min(now.saturating_add(self.decay_ms));
+        }
+        self.publish(&state);
+    }
+
+    /// Purges every dirty free page and unmaps every segment nothing of which is held.
+    /// Returns the bytes unmapped.
+    pub(crate) fn trim(&self) -> u64 {
+        let mut state = self.lock();
+        self.purge_to(&mut state, 0);
+        let mut unmapped = 0;
+        let mut segment = 0;
+        while segment < state.segments.as_slice().len() {
+            let s = state.segments.as_slice()[segment];
+            if s.free != s.len {
+                segment += 1;
+                continue;
+            }
+            let index = state
+                .free
+                .find(s.start())
+                .expect("a free segment is one range");
+            debug_assert_eq!(state.free.as_slice()[index].len, s.len);
+            state.free.remove(index);
+            state.segments.remove(segment);
+            state.mapped -= s.len;
+            // SAFETY: nothing of the segment is held (all of it was one free range, now
+            // removed), and it came from `map` with this length; its bits go with it.
+            unsafe {
+                os::unmap(s.base, s.len);
+                s.bits.free();
+            }
+            self.os_calls.fetch_add(1, Ordering::Relaxed);
+            unmapped += s.len as u64;
+        }
+        self.publish(&state);
+        unmapped
+    }
+
+    /// Purges the free pages whose decay time has passed.
+    pub(crate) fn tick(&self) {
+        let mut state = self.lock();
+        let now = self.now();
+        self.decay(&mut state, now);
+        self.publish(&state);
+    }
+
+    /// Purges free pages until the dirty ones fit in what `room` leaves (a budget lowered).
+    pub(crate) fn fit(&self, room: Room) {
+        let mut state = self.lock();
+        let allowed = room.for_dirty(state.carved);
+        self.purge_to(&mut state, allowed);
+        self.publish(&state);
+    }
+
+    /// Bytes of free pages that may still be resident.
+    pub(crate) fn dirty_bytes(&self) -> u64 {
+        self.dirty.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of segments mapped.
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        self.mapped.load(Ordering::Relaxed)
+    }
+
+    /// The most that the reservation plus the dirty pages reached when a block was carved.
+    pub(crate) fn peak_committed(&self) -> u64 {
+        self.peak_committed.load(Ordering::Relaxed)
+    }
+
+    /// Starts the peak again from `now`.
+    pub(crate) fn reset_peak(&self, now: u64) {
+        self.peak_committed.store(now, Ordering::Relaxed);
+    }
+
+    /// Calls to the OS so far.
+    pub(crate) fn os_calls(&self) -> u64 {
+        self.os_calls.load(Ordering::Relaxed)
+    }
+
+    /// Bytes purged so far.
+    pub(crate) fn purged_bytes(&self) -> u64 {
+        self.purged.load(Ordering::Relaxed)
+    }
+
+    fn publish(&self, state: &State) {
+        self.dirty.store(state.dirty as u64, Ordering::Relaxed);
+        self.mapped.store(state.mapped as u64, Ordering::Relaxed);
+    }
+
+    /// Maps a segment that holds `len` bytes at an `align`-aligned address; the index of its
+    /// free range.
+    #[cold]
+    fn map_for(&self, state: &mut State, len: usize, align: usize) -> Option<usize> {
+        let step = SEGMENT_FIRST
+            .checked_shl(state.maps)
+            .unwrap_or(SEGMENT_MAX)
+            .min(SEGMENT_MAX);
+        let need = len.checked_add(align - PAGE)?;
+        let seg_len = need.max(step).checked_next_multiple_of(PAGE)?;
+        let bits = PageBits::new(seg_len / PAGE)?;
+        let Some(base) = os::map(seg_len) else {
+            // SAFETY: made just above, never shared.
+            unsafe { bits.free() };
+            return None;
+        };
+        self.os_calls.fetch_add(1, Ordering::Relaxed);
+        let segment = Segment {
+            base,
+            len: seg_len,
+            free: seg_len,
+            bits,
+        };
+        let at = state
+            .segments
+            .as_slice()
+            .partition_point(|s| s.start() < segment.start());
+        let recorded = state.segments.insert(at, segment).is_ok()
+            && state
+                .free
+                .insert(
+                    Free {
+                        start: segment.start(),
+                        len: seg_len,
+                        dirty: 0,
+                        since: 0,
+                    },
+                    segment.bounds(),
+                )
+                .is_ok();
+        if !recorded {
+            if state
+                .segments
+                .as_slice()
+                .get(at)
+                .is_some_and(|s| s.base == base)
+            {
+                state.segments.remove(at);
+            }
+            // SAFETY: mapped just above, never handed out.
+            unsafe {
+                os::unmap(base, seg_len);
+                bits.free();
+            }
+            return None;
+        }
+        state.maps = state.maps.saturating_add(1);
+        state.mapped += seg_len;
+        // The new segment's range holds the request, clean.
+        state.free.best_fit(len, align, |_, _| 0)
+    }
+
+    /// Purges the free pages that stayed dirty for `decay_ms`.
+    fn decay(&self, state: &mut State, now: u64) {
+        if now < state.next_decay {
+            return;
+        }
+        let mut next = u64::MAX;
+        for index in 0..state.free.as_slice().len() {
+            let free = state.free.as_slice()[index];
+            if free.dirty == 0 {
+                continue;
+            }
+            let due = free.since.saturating_add(self.decay_ms);
+            if due <= now {
+                self.purge(state, index);
+            } else {
+                next = next.min(due);
+            }
+        }
+        state.next_decay = next;
+    }
+
+    /// Purges free pages until the dirty ones are at most `allowed` bytes: from the range
+    /// with the most dirty pages, its last pages, as many as hold the excess (blocks are
+    /// carved from a range's start, so its head is what the next request reuses); again
+    /// while an excess is left.
+    fn purge_to(&self, state: &mut State, allowed: usize) {
+        while state.dirty > allowed {
+            let excess = state.dirty - allowed;
+            let (index, free) = state
+                .free
+                .as_slice()
+                .iter()
+                .copied()
+                .enumerate()
+                .max_by_key(|(_, f)| f.dirty)
+                .expect("dirty bytes lie in free ranges");
+            let segment = state.segments.as_slice()[segment_of(&state.segments, free.start)];
+            let (first, end) = segment.pages(free.start, free.end());
+            let from = segment
+                .bits
+                .tail_holding(first, end, excess.div_ceil(PAGE))
+                .max(first);
+            let start = segment.start() + from * PAGE;
+            let purged = self.purge_pages(&segment, start, free.end());
+            let left = free.dirty - purged;
+            state.free.set_dirty(index, left);
+            state.dirty -= purged;
+        }
+    }
+
+    /// Purges free range `index` whole.
+    fn purge(&self, state: &mut State, index: usize) {
+        let free = state.free.as_slice()[index];
+        let segment = state.segments.as_slice()[segment_of(&state.segments, free.start)];
+        let purged = self.purge_pages(&segment, free.start, free.end());
+        state.free.set_dirty(index, free.dirty - purged);
+        state.dirty -= purged;
+    }
+
+    /// Returns the free pages `[start, end)` of `segment` to the OS; their dirty bytes.
+    fn purge_pages(&self, segment: &Segment, start: usize, end: usize) -> usize {
+        let dirty = segment.dirty(start, end);
+        // SAFETY: the pages lie in a free range of the segment: no one uses their contents.
+        unsafe { os::purge(segment.at(start), end - start) };
+        segment.mark(start, end, false);
+        self.os_calls.fetch_add(1, Ordering::Relaxed);
+        self.purged.fetch_add(dirty as u64, Ordering::Relaxed);
+        dirty
+    }
+}
+
+impl Drop for PageLayer {
+    fn drop(&mut self) {
+        let state = self.lock();
+        for segment in state.segments.as_slice() {
+            // SAFETY: the pool is gone, so no block of the segment is in use; it came from
+            // `map` with this length; its bits go with it.
+            unsafe {
+                os::unmap(segment.base, segment.len);
+                segment.bits.free();
+            }
+        }
+    }
+}
+
+/// The index of the segment that holds `addr`.
+fn segment_of(segments: &SysVec<Segment>, addr: usize) -> usize {
+    let after = segments.as_slice().partition_point(|s| s.start() <= addr);
+    debug_assert!(after > 0 && addr < segments.as_slice()[after - 1].bounds().1);
+    after - 1
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,0 +1,313 @@
+//! The free ranges of the page layer, in address order: best fit, split and merge.
+//!
+//! Pure bookkeeping over addresses (no memory is touched here), so that the property tests
+//! can hold it against a model of the address space and Miri can run it whole.
+//!
+//! Each free range carries the bytes of its pages that may still be resident (`dirty`): the
+//! layer keeps a bit per page (see `bits`), and hands this module a function that counts
+//! them, so a split knows what each part keeps and two merged ranges add their counts.
+
+use super::vec::SysVec;
+
+/// A free range `[start, start + len)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Free {
+    /// The first byte's address.
+    pub(crate) start: usize,
+    /// Its length (a multiple of the page size, above 0).
+    pub(crate) len: usize,
+    /// Its bytes in pages that may be resident (at most `len`).
+    pub(crate) dirty: usize,
+    /// When it was last made dirty (milliseconds on the layer's clock).
+    pub(crate) since: u64,
+}
+
+impl Free {
+    /// One past its last byte.
+    pub(crate) fn end(&self) -> usize {
+        self.start + self.len
+    }
+}
+
+/// A piece carved out of a free range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Carved {
+    /// Its first byte.
+    pub(crate) start: usize,
+    /// Its bytes in pages that may be resident (and so hold old contents): a piece with
+    /// none reads as zeros.
+    pub(crate) dirty: usize,
+}
+
+/// The free ranges, sorted by address, disjoint, and maximal within their segment: two
+/// ranges of one segment are never adjacent (a range freed beside another merges with it).
+/// Ranges of different segments never merge, even where the OS placed the segments end to
+/// end, so that a segment can go back to the OS whole.
+pub(crate) struct FreeRanges {
+    ranges: SysVec<Free>,
+}
+
+impl FreeRanges {
+    pub(crate) fn new() -> Self {
+        Self {
+            ranges: SysVec::new(),
+        }
+    }
+
+    /// The ranges, in address order.
+    pub(crate) fn as_slice(&self) -> &[Free] {
+        self.ranges.as_slice()
+    }
+
+    /// The index of the first range that starts at or after `addr`.
+    fn first_from(&self, addr: usize) -> usize {
+        self.ranges.as_slice().partition_point(|f| f.start < addr)
+    }
+
+    /// Adds the free range `[start, start + len)` of the segment `[seg_start, seg_end)`,
+    /// merged with the free ranges beside it in that segment. The range overlaps no free
+    /// range (the caller gives back what it was given). Returns the index of the range that
+    /// now holds it.
+    pub(crate) fn insert(
+        &mut self,
+        range: Free,
+        (seg_start, seg_end): (usize, usize),
+    ) -> Result<usize, super::vec::Exhausted> {
+        debug_assert!(seg_start <= range.start && range.end() <= seg_end);
+        let at = self.first_from(range.start);
+        let slice = self.ranges.as_slice_mut();
+        let merges_before = at > 0 && {
+            let before = &slice[at - 1];
+            debug_assert!(before.end() <= range.start, "overlapping free ranges");
+            before.end() == range.start && before.start >= seg_start
+        };
+        let merges_after = at < slice.len() && {
+            let after = &slice[at];
+            debug_assert!(range.end() <= after.start, "overlapping free ranges");
+            after.start == range.end() && after.end() <= seg_end
+        };
+        match (merges_before, merges_after) {
+            (true, true) => {
+                let after = slice[at];
+                let before = &mut slice[at - 1];
+                before.len += range.len + after.len;
+                before.dirty += range.dirty + after.dirty;
+                before.since = before.since.max(range.since).max(after.since);
+                self.ranges.remove(at);
+                Ok(at - 1)
+            }
+            (true, false) => {
+                let before = &mut slice[at - 1];
+                before.len += range.len;
+                before.dirty += range.dirty;
+                before.since = before.since.max(range.since);
+                Ok(at - 1)
+            }
+            (false, true) => {
+                let after = &mut slice[at];
+                after.start = range.start;
+                after.len += range.len;
+                after.dirty += range.dirty;
+                after.since = after.since.max(range.since);
+                Ok(at)
+            }
+            (false, false) => {
+                self.ranges.insert(at, range)?;
+                Ok(at)
+            }
+        }
+    }
+
+    /// The range that serves `len` bytes at an `align`-aligned address best: among the
+    /// ranges that hold them, one where the piece's pages are all dirty if any (resident:
+    /// no fault to touch them, and no purge elsewhere to make room for them), the shortest
+    /// such, the lowest address among equals. `None` if no range holds them. `dirty(a, b)`
+    /// counts the dirty bytes of `[a, b)`.
+    pub(crate) fn best_fit(
+        &self,
+        len: usize,
+        align: usize,
+        dirty: impl Fn(usize, usize) -> usize,
+    ) -> Option<usize> {
+        // (index, whether the piece is resident, length)
+        let mut best: Option<(usize, bool, usize)> = None;
+        for (index, free) in self.ranges.as_slice().iter().enumerate() {
+            let Some(gap) = fits(free, len, align) else {
+                continue;
+            };
+            let start = free.start + gap;
+            let warm = free.dirty >= len && dirty(start, start + len) == len;
+            let better = match best {
+                None => true,
+                Some((_, best_warm, best_len)) => {
+                    (warm && !best_warm) || (warm == best_warm && free.len < best_len)
+                }
+            };
+            if better {
+                best = Some((index, warm, free.len));
+                if warm && free.len == len {
+                    break;
+                }
+            }
+        }
+        best.map(|(index, _, _)| index)
+    }
+
+    /// Takes `len` bytes at an `align`-aligned address from range `index` (which
+    /// [`best_fit`](Self::best_fit) chose): from its start, past the gap that alignment
+    /// needs; what is left on either side stays free. `dirty` as for `best_fit`.
+    pub(crate) fn carve(
+        &mut self,
+        index: usize,
+        len: usize,
+        align: usize,
+        dirty: impl Fn(usize, usize) -> usize,
+    ) -> Result<Carved, super::vec::Exhausted> {
+        let free = self.ranges.as_slice()[index];
+        let gap = fits(&free, len, align).expect("carve follows best_fit");
+        let start = free.start + gap;
+        let tail = free.len - gap - len;
+        let piece_dirty = dirty(start, start + len);
+        let gap_dirty = if gap > 0 { dirty(free.start, start) } else { 0 };
+        let tail_dirty = free.dirty - piece_dirty - gap_dirty;
+        let tail_range = Free {
+            start: start + len,
+            len: tail,
+            dirty: tail_dirty,
+            since: free.since,
+        };
+        match (gap > 0, tail > 0) {
+            (true, true) => {
+                // The tail goes in first: if there is no room for it, nothing has changed.
+                self.ranges.insert(index + 1, tail_range)?;
+                self.ranges.as_slice_mut()[index] = Free {
+                    len: gap,
+                    dirty: gap_dirty,
+                    ..free
+                };
+            }
+            (true, false) => {
+                self.ranges.as_slice_mut()[index] = Free {
+                    len: gap,
+                    dirty: gap_dirty,
+                    ..free
+                };
+            }
+            (false, true) => self.ranges.as_slice_mut()[index] = tail_range,
+            (false, false) => {
+                self.ranges.remove(index);
+            }
+        }
+        Ok(Carved {
+            start,
+            dirty: piece_dirty,
+        })
+    }
+
+    /// Lowers range `index`'s dirty bound to `dirty` (part of it was purged).
+    pub(crate) fn set_dirty(&mut self, index: usize, dirty: usize) {
+        let free = &mut self.ranges.as_slice_mut()[index];
+        debug_assert!(dirty <= free.dirty && dirty <= free.len);
+        free.dirty = dirty;
+    }
+
+    /// Removes range `index` (its segment goes back to the OS).
+    pub(crate) fn remove(&mut self, index: usize) -> Free {
+        self.ranges.remove(index)
+    }
+
+    /// The index of the range that starts at `start`, if any.
+    pub(crate) fn find(&self, start: usize) -> Option<usize> {
+        let at = self.first_from(start);
+        (self.ranges.as_slice().get(at)?.start == start).then_some(at)
+    }
+}
+
+/// The alignment gap at which range `free` holds `len` bytes aligned to `align`, if it does.
+fn fits(free: &Free, len: usize, align: usize) -> Option<usize> {
+    let gap = free.start.next_multiple_of(align) - free.start;
+    (gap.checked_add(len)? <= free.len).then_some(gap)
+}
+
+impl std::fmt::Debug for FreeRanges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.ranges.as_slice()).finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const P: usize = 4096;
+    const SEG: (usize, usize) = (0x10_0000, 0x10_0000 + 64 * P);
+
+    fn free(start: usize, len: usize, dirty: usize) -> Free {
+        Free {
+            start,
+            len,
+            dirty,
+            since: 0,
+        }
+    }
+
+    #[test]
+    fn a_range_freed_between_two_merges_with_both() {
+        let mut ranges = FreeRanges::new();
+        let base = SEG.0;
+        ranges.insert(free(base, P, P), SEG).unwrap();
+        ranges.insert(free(base + 2 * P, P, 0), SEG).unwrap();
+        assert_eq!(ranges.as_slice().len(), 2);
+        ranges.insert(free(base + P, P, P), SEG).unwrap();
+        assert_eq!(ranges.as_slice(), [free(base, 3 * P, 2 * P)]);
+    }
+
+    #[test]
+    fn ranges_of_two_segments_never_merge() {
+        let mut ranges = FreeRanges::new();
+        let (a, b) = ((SEG.0, SEG.0 + P), (SEG.0 + P, SEG.0 + 2 * P));
+        ranges.insert(free(a.0, P, 0), a).unwrap();
+        ranges.insert(free(b.0, P, 0), b).unwrap();
+        assert_eq!(ranges.as_slice().len(), 2);
+    }
+
+    #[test]
+    fn best_fit_takes_the_shortest_range_that_holds_the_request() {
+        let mut ranges = FreeRanges::new();
+        let base = SEG.0;
+        ranges.insert(free(base, 8 * P, 0), SEG).unwrap();
+        ranges.insert(free(base + 10 * P, 3 * P, 0), SEG).unwrap();
+        ranges.insert(free(base + 20 * P, 2 * P, 0), SEG).unwrap();
+        let clean = |_, _| 0;
+        assert_eq!(ranges.best_fit(3 * P, P, clean), Some(1));
+        assert_eq!(ranges.best_fit(2 * P, P, clean), Some(2));
+        assert_eq!(ranges.best_fit(5 * P, P, clean), Some(0));
+        assert_eq!(ranges.best_fit(9 * P, P, clean), None);
+        let carved = ranges.carve(1, 2 * P, P, clean).unwrap();
+        assert_eq!(carved.start, base + 10 * P);
+        assert_eq!(carved.dirty, 0);
+        assert_eq!(ranges.as_slice()[1], free(base + 12 * P, P, 0));
+    }
+
+    #[test]
+    fn an_aligned_carve_leaves_the_gap_and_the_tail_free() {
+        let mut ranges = FreeRanges::new();
+        let seg = (0x20_0000 - 2 * P, 0x20_0000 + 62 * P);
+        ranges.insert(free(seg.0, 64 * P, 64 * P), seg).unwrap();
+        let all = |a: usize, b: usize| b - a;
+        let carved = ranges.carve(0, 16 * P, 16 * P, all).unwrap();
+        assert_eq!(carved.start, 0x20_0000);
+        assert_eq!(carved.dirty, 16 * P);
+        assert_eq!(
+            ranges.as_slice(),
+            [
+                free(seg.0, 2 * P, 2 * P),
+                free(0x20_0000 + 16 * P, 46 * P, 46 * P)
+            ]
+        );
+        ranges
+            .insert(free(carved.start, 16 * P, 16 * P), seg)
+            .unwrap();
+        assert_eq!(ranges.as_slice(), [free(seg.0, 64 * P, 64 * P)]);
+    }
+}

@@ -1,0 +1,253 @@
+//! The page layer against a model of its address space: after every step the free ranges
+//! and the blocks handed out cover every segment exactly, with no overlap, the free ranges
+//! are maximal, every dirty count agrees with the page bits, and under a budget the blocks
+//! plus the dirty pages stay within it.
+
+use std::ptr::NonNull;
+
+use proptest::prelude::*;
+
+use super::{segment_of, PageLayer, Room, State, PAGE};
+
+impl PageLayer {
+    /// Checks every invariant of the state against the blocks the caller holds.
+    fn check(&self, held: &[(NonNull<u8>, usize)]) {
+        let state = self.lock();
+        let State {
+            free,
+            segments,
+            dirty,
+            mapped,
+            carved,
+            ..
+        } = &*state;
+        let segments = segments.as_slice();
+        assert_eq!(*mapped, segments.iter().map(|s| s.len).sum::<usize>());
+        assert_eq!(*carved, held.iter().map(|h| h.1).sum::<usize>());
+        // Every byte of every segment: in one free range or one held block.
+        let mut pieces: Vec<(usize, usize, bool)> = free
+            .as_slice()
+            .iter()
+            .map(|f| (f.start, f.len, true))
+            .chain(
+                held.iter()
+                    .map(|&(p, len)| (p.as_ptr() as usize, len, false)),
+            )
+            .collect();
+        pieces.sort_unstable();
+        let mut at = 0;
+        for segment in segments {
+            let (start, end) = segment.bounds();
+            let mut cursor = start;
+            let mut free_bytes = 0;
+            let mut last_free_end = None;
+            while at < pieces.len() && pieces[at].0 < end {
+                let (p, len, is_free) = pieces[at];
+                assert_eq!(p, cursor, "a gap or an overlap at {p:#x}");
+                assert!(p + len <= end, "a piece past its segment");
+                if is_free {
+                    assert_ne!(last_free_end, Some(p), "two adjacent free ranges");
+                    last_free_end = Some(p + len);
+                    free_bytes += len;
+                } else {
+                    assert_eq!(segment.dirty(p, p + len), 0, "a held block's bits are set");
+                }
+                cursor = p + len;
+                at += 1;
+            }
+            assert_eq!(cursor, end, "the segment's tail is lost");
+            assert_eq!(segment.free, free_bytes);
+        }
+        assert_eq!(at, pieces.len(), "a piece outside every segment");
+        let mut total = 0;
+        for f in free.as_slice() {
+            let segment = &segments[segment_of(&state.segments, f.start)];
+            assert_eq!(f.dirty, segment.dirty(f.start, f.end()), "{f:?}");
+            total += f.dirty;
+        }
+        assert_eq!(*dirty, total);
+    }
+}
+
+fn room(budget: u64) -> impl FnOnce() -> Room {
+    move || Room { budget, outside: 0 }
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// Obtain this many pages, aligned to this many pages (a power of two), zeroed or not.
+    Obtain(usize, u32, bool),
+    /// Give back the held block at this index (modulo how many are held).
+    GiveBack(usize),
+    Trim,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (1usize..300, 0u32..4, any::<bool>()).prop_map(|(p, a, z)| Step::Obtain(p, a, z)),
+        4 => any::<usize>().prop_map(Step::GiveBack),
+        1 => Just(Step::Trim),
+    ]
+}
+
+/// Runs `steps` under `budget` and checks the state after each.
+fn run(steps: &[Step], budget: Option<u64>) {
+    let layer = PageLayer::new(u64::MAX);
+    let limit = budget.unwrap_or(u64::MAX);
+    let mut held: Vec<(NonNull<u8>, usize)> = Vec::new();
+    for step in steps {
+        match *step {
+            Step::Obtain(pages, align, zeroed) => {
+                let len = pages * PAGE;
+                let carved: usize = held.iter().map(|h| h.1).sum();
+                if (carved + len) as u64 > limit {
+                    continue; // the pool's reservation would refuse it
+                }
+                let block = layer
+                    .obtain(len, PAGE << align, zeroed, room(limit))
+                    .expect("the system grants small segments");
+                assert_eq!(block.as_ptr() as usize % (PAGE << align), 0);
+                // SAFETY: the block is ours: `len` bytes.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(block.as_ptr(), len) };
+                if zeroed {
+                    assert!(
+                        bytes.iter().all(|&b| b == 0),
+                        "a zeroed block with old bytes"
+                    );
+                }
+                bytes.fill(0xA5);
+                held.push((block, len));
+            }
+            Step::GiveBack(i) if !held.is_empty() => {
+                let (block, len) = held.swap_remove(i % held.len());
+                // SAFETY: from `obtain` with this length; not used again.
+                unsafe { layer.give_back(block, len) };
+            }
+            Step::GiveBack(_) => {}
+            Step::Trim => {
+                layer.trim();
+            }
+        }
+        layer.check(&held);
+        if budget.is_some() {
+            let carved: u64 = held.iter().map(|h| h.1 as u64).sum();
+            assert!(carved + layer.dirty_bytes() <= limit, "past the budget");
+        }
+    }
+    for (block, len) in held.drain(..) {
+        // SAFETY: as above.
+        unsafe { layer.give_back(block, len) };
+    }
+    layer.check(&[]);
+    layer.trim();
+    assert_eq!((layer.mapped_bytes(), layer.dirty_bytes()), (0, 0));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    #[cfg_attr(miri, ignore = "the model test below runs under Miri")]
+    fn every_byte_is_in_one_place_and_every_merge_is_maximal(
+        steps in prop::collection::vec(step(), 1..120),
+    ) {
+        run(&steps, None);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "the model test below runs under Miri")]
+    fn under_a_budget_blocks_and_dirty_pages_stay_within_it(
+        steps in prop::collection::vec(step(), 1..120),
+        budget_pages in 300usize..2000,
+    ) {
+        run(&steps, Some((budget_pages * PAGE) as u64));
+    }
+}
+
+/// A fixed run for Miri: splits, merges on both sides, an aligned carve, purges for a
+/// budget, and a trim.
+#[test]
+fn a_fixed_run_splits_merges_and_purges() {
+    use Step::*;
+    let steps = [
+        Obtain(4, 0, false),
+        Obtain(8, 0, true),
+        Obtain(2, 3, false),
+        GiveBack(0),
+        Obtain(1, 0, true),
+        GiveBack(1),
+        GiveBack(0),
+        Obtain(16, 2, true),
+        Trim,
+        GiveBack(0),
+        GiveBack(0),
+    ];
+    run(&steps, None);
+    run(&steps, Some(20 * PAGE as u64));
+}
+
+#[test]
+fn a_block_given_back_serves_a_request_of_another_size_without_the_os() {
+    let layer = PageLayer::new(u64::MAX);
+    let big = layer
+        .obtain(64 * PAGE, PAGE, false, room(u64::MAX))
+        .unwrap();
+    let calls = layer.os_calls();
+    // SAFETY: from `obtain`, not used again.
+    unsafe { layer.give_back(big, 64 * PAGE) };
+    let a = layer
+        .obtain(16 * PAGE, PAGE, false, room(u64::MAX))
+        .unwrap();
+    let b = layer
+        .obtain(48 * PAGE, PAGE, false, room(u64::MAX))
+        .unwrap();
+    assert_eq!(layer.os_calls(), calls, "served from the freed block");
+    assert_eq!(a, big, "carved where the freed block was");
+    // A zeroed request from dirty pages is zeroed by hand.
+    // SAFETY: both ours, not used again.
+    unsafe {
+        a.as_ptr().write_bytes(7, 16 * PAGE);
+        layer.give_back(a, 16 * PAGE);
+        layer.give_back(b, 48 * PAGE);
+    }
+    let z = layer.obtain(16 * PAGE, PAGE, true, room(u64::MAX)).unwrap();
+    // SAFETY: ours.
+    assert!(unsafe { std::slice::from_raw_parts(z.as_ptr(), 16 * PAGE) }
+        .iter()
+        .all(|&b| b == 0));
+    layer.check(&[(z, 16 * PAGE)]);
+    // SAFETY: ours, not used again.
+    unsafe { layer.give_back(z, 16 * PAGE) };
+}
+
+#[test]
+fn a_budget_purges_the_free_pages_it_has_no_room_for() {
+    let layer = PageLayer::new(u64::MAX);
+    let budget = 80 * PAGE as u64;
+    let a = layer.obtain(32 * PAGE, PAGE, false, room(budget)).unwrap();
+    let b = layer.obtain(32 * PAGE, PAGE, false, room(budget)).unwrap();
+    // SAFETY: ours, not used again.
+    unsafe { layer.give_back(a, 32 * PAGE) };
+    assert_eq!(layer.dirty_bytes(), 32 * PAGE as u64);
+    // 40 pages fit in no dirty range: they come from clean pages, and the budget then has
+    // room for 8 dirty pages beside the 72 held: 24 go back to the OS.
+    let c = layer.obtain(40 * PAGE, PAGE, false, room(budget)).unwrap();
+    assert_eq!(layer.dirty_bytes(), 8 * PAGE as u64);
+    assert_eq!(layer.purged_bytes(), 24 * PAGE as u64);
+    layer.check(&[(b, 32 * PAGE), (c, 40 * PAGE)]);
+    // SAFETY: ours, not used again.
+    unsafe {
+        layer.give_back(b, 32 * PAGE);
+        layer.give_back(c, 40 * PAGE);
+    }
+}
+
+#[test]
+fn a_decay_of_zero_returns_each_page_at_once() {
+    let layer = PageLayer::new(0);
+    let a = layer.obtain(8 * PAGE, PAGE, false, room(u64::MAX)).unwrap();
+    // SAFETY: ours, not used again.
+    unsafe { layer.give_back(a, 8 * PAGE) };
+    assert_eq!(layer.dirty_bytes(), 0);
+    assert_eq!(layer.purged_bytes(), 8 * PAGE as u64);
+}
