@@ -103,15 +103,7 @@ pub fn limit_address_space(bytes: u64) -> bool {
 /// This process's address space now, bytes (`VmSize` in `/proc/self/status`; 0 where that
 /// cannot be read).
 pub fn address_space_bytes() -> u64 {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return 0;
-    };
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmSize:"))
-        .and_then(|rest| rest.trim().strip_suffix("kB"))
-        .and_then(|kib| kib.trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
+    proc_kib("/proc/self/status", "VmSize:")
 }
 
 /// Bytes of this process's anonymous memory that transparent huge pages back now
@@ -122,12 +114,17 @@ pub fn address_space_bytes() -> u64 {
 /// assert!(huge % 4096 == 0);
 /// ```
 pub fn anon_huge_bytes() -> u64 {
-    let Ok(rollup) = std::fs::read_to_string("/proc/self/smaps_rollup") else {
+    proc_kib("/proc/self/smaps_rollup", "AnonHugePages:")
+}
+
+/// The figure of the line of `file` that starts with `key` and ends in `kB`, in bytes (0
+/// where the file or the line cannot be read).
+fn proc_kib(file: &str, key: &str) -> u64 {
+    let Ok(text) = std::fs::read_to_string(file) else {
         return 0;
     };
-    rollup
-        .lines()
-        .find_map(|line| line.strip_prefix("AnonHugePages:"))
+    text.lines()
+        .find_map(|line| line.strip_prefix(key))
         .and_then(|rest| rest.trim().strip_suffix("kB"))
         .and_then(|kib| kib.trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
