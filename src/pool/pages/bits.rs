@@ -94,6 +94,52 @@ impl PageBits {
         );
     }
 
+    /// The first page `p` in `[first, end)` such that pages `[p, p + need)` are all dirty and
+    /// lie in `[first, end)`, if any.
+    pub(crate) fn find_run(&self, first: usize, end: usize, need: usize) -> Option<usize> {
+        assert!(
+            first <= end && end <= self.pages,
+            "pages out of the segment"
+        );
+        let mut run = 0;
+        let mut page = first;
+        while page < end {
+            let bit = page % 64;
+            let span = (64 - bit).min(end - page);
+            // SAFETY: `page < pages`: its word is inside the allocation (invariant on
+            // `words`); the map is reached only under the page layer's lock.
+            let word = unsafe { self.words.as_ptr().add(page / 64).read() } >> bit;
+            let mask = if span == 64 {
+                u64::MAX
+            } else {
+                (1u64 << span) - 1
+            };
+            if word & mask == mask {
+                run += span;
+                page += span;
+            } else if word & mask == 0 {
+                run = 0;
+                page += span;
+            } else {
+                for offset in 0..span {
+                    if word >> offset & 1 == 1 {
+                        run += 1;
+                        if run >= need {
+                            return Some(page + offset + 1 - run);
+                        }
+                    } else {
+                        run = 0;
+                    }
+                }
+                page += span;
+            }
+            if run >= need {
+                return Some(page - run);
+            }
+        }
+        None
+    }
+
     /// The highest page `p` in `[first, end]` such that `[p, end)` holds at least `need`
     /// dirty pages (`first` if the whole range holds fewer).
     pub(crate) fn tail_holding(&self, first: usize, end: usize, need: usize) -> usize {
@@ -136,6 +182,13 @@ mod tests {
         assert_eq!(bits.tail_holding(0, 300, 73), 63);
         assert_eq!(bits.tail_holding(0, 300, 1000), 0);
         assert_eq!(bits.tail_holding(100, 300, 1000), 100);
+        assert_eq!(bits.find_run(0, 300, 54), Some(10));
+        assert_eq!(bits.find_run(0, 300, 55), Some(128));
+        assert_eq!(bits.find_run(20, 300, 44), Some(20));
+        assert_eq!(bits.find_run(20, 300, 45), Some(128));
+        assert_eq!(bits.find_run(130, 190, 60), Some(130));
+        assert_eq!(bits.find_run(130, 190, 61), None);
+        assert_eq!(bits.find_run(0, 300, 73), None);
         // SAFETY: last use.
         unsafe { bits.free() };
     }

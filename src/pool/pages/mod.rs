@@ -81,6 +81,17 @@ impl Segment {
         let (first, end) = self.pages(start, end);
         self.bits.count(first, end) * PAGE
     }
+    /// The first address of free range `range` (of this segment) where `len` bytes at an
+    /// `align`-aligned address are all dirty, if any (for alignments above a page: never).
+    fn find_dirty(&self, range: &Free, len: usize, align: usize) -> Option<usize> {
+        if align > PAGE {
+            return None;
+        }
+        let (first, end) = self.pages(range.start, range.end());
+        let page = self.bits.find_run(first, end, len / PAGE)?;
+        Some(self.start() + page * PAGE)
+    }
+
     /// Marks `[start, end)` dirty or clean.
     fn mark(&self, start: usize, end: usize, dirty: bool) {
         let (first, end) = self.pages(start, end);
@@ -222,14 +233,17 @@ impl PageLayer {
         let now = self.now();
         self.decay(&mut state, now);
         let State { free, segments, .. } = &*state;
-        let dirty = |a, b| segments.as_slice()[segment_of(segments, a)].dirty(a, b);
-        let index = match free.best_fit(len, align, dirty) {
-            Some(index) => index,
+        let warm = |range: &Free| {
+            let segment = &segments.as_slice()[segment_of(segments, range.start)];
+            segment.find_dirty(range, len, align)
+        };
+        let (index, start) = match free.best_fit(len, align, warm) {
+            Some(found) => found,
             None => self.map_for(&mut state, len, align)?,
         };
         let State { free, segments, .. } = &mut *state;
         let dirty = |a, b| segments.as_slice()[segment_of(segments, a)].dirty(a, b);
-        let carved = free.carve(index, len, align, dirty).ok()?;
+        let carved = free.carve(index, start, len, dirty).ok()?;
         state.dirty -= carved.dirty;
         let segment = segment_of(&state.segments, carved.start);
         let segment = &mut state.segments.as_slice_mut()[segment];
@@ -387,10 +401,10 @@ impl PageLayer {
         self.mapped.store(state.mapped as u64, Ordering::Relaxed);
     }
 
-    /// Maps a segment that holds `len` bytes at an `align`-aligned address; the index of its
-    /// free range.
+    /// Maps a segment that holds `len` bytes at an `align`-aligned address; where in its free
+    /// range they go, as [`FreeRanges::best_fit`] says.
     #[cold]
-    fn map_for(&self, state: &mut State, len: usize, align: usize) -> Option<usize> {
+    fn map_for(&self, state: &mut State, len: usize, align: usize) -> Option<(usize, usize)> {
         let step = SEGMENT_FIRST
             .checked_shl(state.maps)
             .unwrap_or(SEGMENT_MAX)
@@ -446,7 +460,7 @@ impl PageLayer {
         state.maps = state.maps.saturating_add(1);
         state.mapped += seg_len;
         // The new segment's range holds the request, clean.
-        state.free.best_fit(len, align, |_, _| 0)
+        state.free.best_fit(len, align, |_| None)
     }
 
     /// Purges the free pages that stayed dirty for `decay_ms`.

@@ -118,54 +118,58 @@ impl FreeRanges {
         }
     }
 
-    /// The range that serves `len` bytes at an `align`-aligned address best: among the
-    /// ranges that hold them, one where the piece's pages are all dirty if any (resident:
-    /// no fault to touch them, and no purge elsewhere to make room for them), the shortest
-    /// such, the lowest address among equals. `None` if no range holds them. `dirty(a, b)`
-    /// counts the dirty bytes of `[a, b)`.
+    /// Where `len` bytes at an `align`-aligned address are served best: `(index, start)`, a
+    /// range and the piece's first byte in it. Among the ranges that hold them, one with a
+    /// resident piece if any (`warm(range)` finds the first `len` dirty bytes of a range at
+    /// an aligned address: no fault to touch them, and no purge elsewhere to make room for
+    /// them), the shortest such, the lowest address among equals; else the shortest range,
+    /// from its (aligned) start. `None` if no range holds them.
     pub(crate) fn best_fit(
         &self,
         len: usize,
         align: usize,
-        dirty: impl Fn(usize, usize) -> usize,
-    ) -> Option<usize> {
-        // (index, whether the piece is resident, length)
-        let mut best: Option<(usize, bool, usize)> = None;
+        warm: impl Fn(&Free) -> Option<usize>,
+    ) -> Option<(usize, usize)> {
+        // (index, start, whether the piece is resident, the range's length)
+        let mut best: Option<(usize, usize, bool, usize)> = None;
         for (index, free) in self.ranges.as_slice().iter().enumerate() {
             let Some(gap) = fits(free, len, align) else {
                 continue;
             };
-            let start = free.start + gap;
-            let warm = free.dirty >= len && dirty(start, start + len) == len;
+            let found = if free.dirty >= len { warm(free) } else { None };
+            let (start, is_warm) = found.map_or((free.start + gap, false), |at| (at, true));
             let better = match best {
                 None => true,
-                Some((_, best_warm, best_len)) => {
-                    (warm && !best_warm) || (warm == best_warm && free.len < best_len)
+                Some((_, _, best_warm, best_len)) => {
+                    (is_warm && !best_warm) || (is_warm == best_warm && free.len < best_len)
                 }
             };
             if better {
-                best = Some((index, warm, free.len));
-                if warm && free.len == len {
+                best = Some((index, start, is_warm, free.len));
+                if is_warm && free.len == len {
                     break;
                 }
             }
         }
-        best.map(|(index, _, _)| index)
+        best.map(|(index, start, _, _)| (index, start))
     }
 
-    /// Takes `len` bytes at an `align`-aligned address from range `index` (which
-    /// [`best_fit`](Self::best_fit) chose): from its start, past the gap that alignment
-    /// needs; what is left on either side stays free. `dirty` as for `best_fit`.
+    /// Takes `[start, start + len)` out of range `index` (as [`best_fit`](Self::best_fit)
+    /// chose them); what is left on either side stays free. `dirty(a, b)` counts the dirty
+    /// bytes of `[a, b)`.
     pub(crate) fn carve(
         &mut self,
         index: usize,
+        start: usize,
         len: usize,
-        align: usize,
         dirty: impl Fn(usize, usize) -> usize,
     ) -> Result<Carved, super::vec::Exhausted> {
         let free = self.ranges.as_slice()[index];
-        let gap = fits(&free, len, align).expect("carve follows best_fit");
-        let start = free.start + gap;
+        assert!(
+            free.start <= start && start + len <= free.end(),
+            "a piece out of its range"
+        );
+        let gap = start - free.start;
         let tail = free.len - gap - len;
         let piece_dirty = dirty(start, start + len);
         let gap_dirty = if gap > 0 { dirty(free.start, start) } else { 0 };
@@ -278,12 +282,12 @@ mod tests {
         ranges.insert(free(base, 8 * P, 0), SEG).unwrap();
         ranges.insert(free(base + 10 * P, 3 * P, 0), SEG).unwrap();
         ranges.insert(free(base + 20 * P, 2 * P, 0), SEG).unwrap();
-        let clean = |_, _| 0;
-        assert_eq!(ranges.best_fit(3 * P, P, clean), Some(1));
-        assert_eq!(ranges.best_fit(2 * P, P, clean), Some(2));
-        assert_eq!(ranges.best_fit(5 * P, P, clean), Some(0));
-        assert_eq!(ranges.best_fit(9 * P, P, clean), None);
-        let carved = ranges.carve(1, 2 * P, P, clean).unwrap();
+        let cold = |_: &Free| None;
+        assert_eq!(ranges.best_fit(3 * P, P, cold), Some((1, base + 10 * P)));
+        assert_eq!(ranges.best_fit(2 * P, P, cold), Some((2, base + 20 * P)));
+        assert_eq!(ranges.best_fit(5 * P, P, cold), Some((0, base)));
+        assert_eq!(ranges.best_fit(9 * P, P, cold), None);
+        let carved = ranges.carve(1, base + 10 * P, 2 * P, |_, _| 0).unwrap();
         assert_eq!(carved.start, base + 10 * P);
         assert_eq!(carved.dirty, 0);
         assert_eq!(ranges.as_slice()[1], free(base + 12 * P, P, 0));
@@ -295,7 +299,8 @@ mod tests {
         let seg = (0x20_0000 - 2 * P, 0x20_0000 + 62 * P);
         ranges.insert(free(seg.0, 64 * P, 64 * P), seg).unwrap();
         let all = |a: usize, b: usize| b - a;
-        let carved = ranges.carve(0, 16 * P, 16 * P, all).unwrap();
+        let (index, start) = ranges.best_fit(16 * P, 16 * P, |_| None).unwrap();
+        let carved = ranges.carve(index, start, 16 * P, all).unwrap();
         assert_eq!(carved.start, 0x20_0000);
         assert_eq!(carved.dirty, 16 * P);
         assert_eq!(

@@ -251,3 +251,31 @@ fn a_decay_of_zero_returns_each_page_at_once() {
     assert_eq!(layer.dirty_bytes(), 0);
     assert_eq!(layer.purged_bytes(), 8 * PAGE as u64);
 }
+
+#[test]
+fn a_request_takes_the_resident_pages_inside_a_range_before_its_clean_head() {
+    let layer = PageLayer::new(u64::MAX);
+    let any = || room(u64::MAX);
+    let a = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
+    let b = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
+    let c = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
+    // SAFETY: ours, not used again.
+    unsafe { layer.give_back(b, 8 * PAGE) };
+    layer.trim(); // b's pages are clean now
+                  // SAFETY: as above.
+    unsafe { layer.give_back(c, 8 * PAGE) };
+    // One range: b (clean), c (dirty), the segment's clean rest.
+    assert_eq!(layer.dirty_bytes(), 8 * PAGE as u64);
+    let again = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
+    assert_eq!(
+        again, c,
+        "served from the resident pages, not the range's clean head"
+    );
+    assert_eq!(layer.dirty_bytes(), 0);
+    layer.check(&[(a, 8 * PAGE), (again, 8 * PAGE)]);
+    // SAFETY: as above.
+    unsafe {
+        layer.give_back(a, 8 * PAGE);
+        layer.give_back(again, 8 * PAGE);
+    }
+}
