@@ -435,3 +435,56 @@ fn stats_never_count_a_free_before_its_allocation() {
         reader.join().unwrap();
     });
 }
+
+/// **two carves from the page layer at once**: blocks of 32 KiB and more come from the pool's
+/// own pages, carved out of free ranges under the page layer's lock. Two threads allocate
+/// 32 KiB at once while one free range fits exactly (a released block between two held
+/// ones) and another segment has room: each gets its own pages, the free ranges and the
+/// blocks still cover every byte once (the final trim and drop return every segment, which
+/// loom's allocator checks), and neither block overlaps another.
+///
+/// Planted bug caught: `pages_look_then_carve` (the best fit is looked up under the lock,
+/// which is then let go and taken again to carve: both threads carve the same range).
+#[test]
+fn two_carves_from_the_page_layer_at_once() {
+    model(|| {
+        let pool = BufferPool::with_config(PoolConfig {
+            thread_cache_bytes: 0,
+            larger_blocks: false,
+            ..PoolConfig::default()
+        })
+        .unwrap();
+        const BLOCK: usize = 32 << 10;
+        // The first segment (64 KiB under loom) holds two blocks, the second one more and
+        // free pages; the released block leaves an exact fit between held pages.
+        let held = pool.alloc(BLOCK).unwrap();
+        let released = pool.alloc(BLOCK).unwrap();
+        let other = pool.alloc(BLOCK).unwrap();
+        drop(released);
+        pool.trim();
+        let worker = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                let mut mine = pool.alloc_zeroed(BLOCK).unwrap();
+                mine.as_bytes_mut().unwrap()[BLOCK - 1] = 1;
+                mine
+            })
+        };
+        thread::yield_now();
+        let mut ours = pool.alloc_zeroed(BLOCK).unwrap();
+        ours.as_bytes_mut().unwrap()[BLOCK - 1] = 2;
+        let theirs = worker.join().unwrap();
+        let span = |b: &ferropool::PoolBuffer| (b.as_ptr() as usize, b.as_ptr() as usize + BLOCK);
+        let blocks = [span(&held), span(&other), span(&ours), span(&theirs)];
+        for (i, a) in blocks.iter().enumerate() {
+            for b in &blocks[i + 1..] {
+                assert!(a.1 <= b.0 || b.1 <= a.0, "two blocks overlap: {blocks:x?}");
+            }
+        }
+        assert_eq!(ours.as_bytes().unwrap()[BLOCK - 1], 2);
+        assert_eq!(theirs.as_bytes().unwrap()[BLOCK - 1], 1);
+        drop((held, other, ours, theirs));
+        trim_releases_everything(&pool);
+        assert_eq!(pool.stats().mapped_bytes, 0, "{:?}", pool.stats());
+    });
+}

@@ -56,6 +56,7 @@ planted_cases=(
   "loom_pool:a_reservation_the_system_refuses_never_reaches_the_figures:peak_before_grant"
   "loom_pool:stats_never_count_a_free_before_its_allocation:totals_cache_by_cache"
   "loom_pool:stats_never_count_a_free_before_its_allocation:frees_relaxed"
+  "loom_pool:two_carves_from_the_page_layer_at_once:pages_look_then_carve"
   "loom_retain:clone_read_drop_on_a_shared_group:clone_without_count"
   "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
   "loom_evict:eviction_racing_a_read_a_clone_and_a_drop:evict_pinned"

@@ -219,6 +219,7 @@ fn print_table(points: &[Runs], reference: &Summary, runs: usize) {
         "peak live",
         "peak reserved",
         "reserved / live",
+        "peak RSS",
         "steps/s",
         "recomputing",
         "best fixed k under the budget",
@@ -268,18 +269,14 @@ fn print_table(points: &[Runs], reference: &Summary, runs: usize) {
         figures.add_row([
             name,
             budget,
-            match r.point {
-                // PyTorch's figure is its process's peak RSS.
-                Point::Torch(_) => cell(r.median(|s| s.peak_rss as f64), &|v| {
-                    format!("{} RSS", mib(v))
-                }),
-                _ => cell(live, &mib),
-            },
+            cell(live, &mib),
             cell(reserved, &mib),
             match (live, reserved) {
                 (Some(l), Some(r)) => format!("{:.2}x", r / l),
                 _ => "-".into(),
             },
+            // Every row's process, the same quantity for each: what a machine must hold.
+            cell(r.median(|s| s.peak_rss as f64), &mib),
             cell(steps, &|v| format!("{v:.2}")),
             match r.point {
                 Point::Fitted(_) => cell(r.median(|s| s.recompute_share.unwrap_or(0.0)), &|v| {
@@ -306,8 +303,8 @@ fn print_table(points: &[Runs], reference: &Summary, runs: usize) {
     );
 }
 
-/// Draws the frontier: steps/s against peak memory, the fitted runs as a line, the fixed
-/// ones as points.
+/// Draws the frontier: steps/s against each process's peak RSS (the same quantity for every
+/// series), the fitted runs as a line, the fixed ones as points.
 fn plot(points: &[Runs], path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let error = |e: &dyn std::fmt::Display| anyhow!("drawing the frontier: {e}");
@@ -315,28 +312,17 @@ fn plot(points: &[Runs], path: &Path) -> anyhow::Result<()> {
     /// A series: its label, its colour, its points (MiB, steps/s).
     type Series = (&'static str, RGBColor, Vec<(f64, f64)>);
     let mut series: [Series; 3] = [
-        (
-            "ferropool, fitted to the budget (peak reserved)",
-            BLUE,
-            Vec::new(),
-        ),
-        (
-            "ferropool, fixed --checkpoint-every (peak reserved)",
-            RED,
-            Vec::new(),
-        ),
-        (
-            "PyTorch + torch.utils.checkpoint (peak RSS)",
-            GREEN,
-            Vec::new(),
-        ),
+        ("ferropool, fitted to the budget", BLUE, Vec::new()),
+        ("ferropool, fixed --checkpoint-every", RED, Vec::new()),
+        ("PyTorch + torch.utils.checkpoint", GREEN, Vec::new()),
     ];
     for r in points {
-        let (index, memory) = match r.point {
-            Point::Fitted(_) => (0, r.median(|s| s.peak_reserved_bytes.unwrap_or(0) as f64)),
-            Point::Every(_) => (1, r.median(|s| s.peak_reserved_bytes.unwrap_or(0) as f64)),
-            Point::Torch(_) => (2, r.median(|s| s.peak_rss as f64)),
+        let index = match r.point {
+            Point::Fitted(_) => 0,
+            Point::Every(_) => 1,
+            Point::Torch(_) => 2,
         };
+        let memory = r.median(|s| s.peak_rss as f64);
         if let (Some(memory), Some(steps)) = (memory, r.median(|s| s.steps_per_s)) {
             series[index].2.push((to_mib(memory), steps));
         }
@@ -359,7 +345,7 @@ fn plot(points: &[Runs], path: &Path) -> anyhow::Result<()> {
         .map_err(|e| error(&e))?;
     chart
         .configure_mesh()
-        .x_desc("peak memory (MiB)")
+        .x_desc("peak resident memory of the process (MiB)")
         .y_desc("steps/s")
         .draw()
         .map_err(|e| error(&e))?;
