@@ -593,7 +593,9 @@ fn exact_peaks_count_a_slotless_allocation() {
 
 /// A request the budget refuses releases listed blocks, largest first, only until it fits:
 /// the smaller cached block stays for the requests that come next (every cached block went
-/// back before, and the next step faulted it in again).
+/// back before, and the next step faulted it in again). Blocks from the heap (`os_pages`
+/// off): under a budget, the page layer's blocks of 256 KiB and more are not listed at all,
+/// they go back to it when freed.
 #[test]
 fn a_refused_request_releases_only_what_it_needs() {
     const MIB: usize = 1 << 20;
@@ -606,6 +608,7 @@ fn a_refused_request_releases_only_what_it_needs() {
     let pool = BufferPool::with_config(PoolConfig {
         thread_cache_bytes: 0,                // every free goes to the shared lists
         budget: Some((large + asked) as u64), // room for `asked` beside `small` once `large` goes
+        os_pages: false,
         ..PoolConfig::default()
     })
     .unwrap();
@@ -622,11 +625,14 @@ fn a_refused_request_releases_only_what_it_needs() {
     drop(served);
 }
 
+/// Blocks from the heap (`os_pages` off), listed as the page layer's large blocks are not
+/// under a budget (see above).
 #[test]
 fn trim_and_a_refused_request_reach_blocks_another_thread_listed() {
     const MIB: usize = 1 << 20;
     let pool = BufferPool::with_config(PoolConfig {
         budget: Some(8 * MIB as u64),
+        os_pages: false,
         ..PoolConfig::default()
     })
     .unwrap();

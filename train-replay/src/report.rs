@@ -107,7 +107,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     println!();
     println!("{}", memory_table(args, &summary, &stats, ring_bytes));
     println!();
-    println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: its reservations from glibc, and the requests past its budget, which its fallback, mimalloc, serves)");
+    println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: the maps, unmaps and purges of its own pages, and the requests past its budget, which its fallback, mimalloc, serves)");
     // The exports come after every figure above was read (and from outside the pool).
     export(pool, args, ring_bytes, &boundaries)
 }

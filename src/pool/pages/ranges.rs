@@ -146,8 +146,8 @@ impl FreeRanges {
             };
             if better {
                 best = Some((index, start, is_warm, free.len));
-                if is_warm && free.len == len {
-                    break;
+                if is_warm {
+                    break; // EXPERIMENT: first fit among resident runs
                 }
             }
         }
