@@ -77,8 +77,11 @@ fn read_sevens(value: &RetainedValue) {
 /// writes into them. Every successful read sees the value's bytes, a value is never evicted
 /// while read, and every block is back in the pool at the end.
 ///
-/// Planted bug caught: `evict_pinned` (eviction ignores the readers' pins: the request
-/// takes the block a reader is still reading and overwrites it).
+/// Planted bug caught: `evict_pinned` (eviction ignores the readers' pins, in what it
+/// counts as evictable, in its choice and in its take: the request takes the block a reader
+/// is still reading and overwrites it). Ignoring them in the choice and the take alone is
+/// no longer reachable here: the request then could not fit with every unpinned value
+/// evicted, and evicts nothing.
 #[test]
 fn eviction_racing_a_read_a_clone_and_a_drop() {
     model_unpreempted(|| {

@@ -492,12 +492,22 @@ fn a_request_that_cannot_fit_evicts_nothing() {
     let values: Vec<_> = (0..4)
         .map(|i| leaf(&pool, 128 * KIB, i as f32, &calls))
         .collect();
-    assert!(pool.alloc(2 << 20).is_err(), "more than the budget");
+    let Err(PoolError::BudgetExceeded(oom)) = pool.alloc(2 << 20) else {
+        panic!("more than the budget")
+    };
     assert_eq!(
         pool.stats().evictions,
         0,
         "evicted for a request that could not fit"
     );
+    // The report says the pool chose not to evict, and by how much the request was short
+    // (it said the pool "could not take" the values).
+    assert_eq!(oom.evictable_unpinned, 512 * KIB as u64);
+    assert_eq!(oom.short_with_every_eviction, 1 << 20);
+    let text = oom.to_string();
+    assert!(text.contains("would not have made room"), "{text}");
+    assert!(text.contains("would still lack 1.00 MiB"), "{text}");
+    assert!(!text.contains("could not take"), "{text}");
     assert!(values.iter().all(RetainedValue::is_resident));
     // One that fits once a value goes still evicts.
     let served = pool.alloc(600 * KIB).unwrap();
@@ -614,4 +624,91 @@ fn a_recompute_into_a_larger_block_counts_that_block() {
     };
     assert_eq!(held.bytes(), 80 * KIB as u64, "the lent block's bytes");
     drop(own_class);
+}
+
+/// A plain buffer no eviction can free counts against a request: one that could not fit with
+/// every value evicted evicts none (the value was evicted all the same, and its next read
+/// paid a recompute for nothing, when the check counted pinned bytes and the request only).
+#[test]
+fn a_request_that_plain_buffers_keep_from_fitting_evicts_nothing() {
+    let pool = pool_with_budget(1 << 20);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plain = pool.alloc(768 * KIB).unwrap();
+    let value = leaf(&pool, 128 * KIB, 1.0, &calls);
+    let Err(PoolError::BudgetExceeded(oom)) = pool.alloc(512 * KIB) else {
+        panic!("768 + 512 KiB within 1 MiB")
+    };
+    assert!(
+        value.is_resident(),
+        "evicted for a request that could not fit"
+    );
+    assert_eq!(pool.stats().evictions, 0);
+    assert_eq!(oom.short_with_every_eviction, 256 * KIB as u64);
+    // One that fits once the value goes still evicts it.
+    let served = pool.alloc(256 * KIB).unwrap();
+    assert!(!value.is_resident());
+    drop((served, plain));
+    assert_eq!(first_element(&value), 1.0);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Threads that query a value (`is_resident`) in a loop never make a request that eviction
+/// can serve fail: a query held the value's lock, the eviction skipped a value whose lock was
+/// busy, and 5 of every 81-218 requests were refused when a querying thread was preempted
+/// with the lock held.
+#[test]
+fn queries_on_other_threads_never_make_a_request_fail() {
+    let pool = pool_with_budget(1 << 20);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let value = Arc::new(leaf(&pool, 512 * KIB, 3.0, &calls));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let queries: Vec<_> = (0..6)
+        .map(|_| {
+            let (value, stop) = (Arc::clone(&value), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut resident = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    resident += u64::from(value.is_resident());
+                }
+                resident
+            })
+        })
+        .collect();
+    let rounds = if cfg!(miri) { 3 } else { 400 };
+    let mut refused = 0;
+    for _ in 0..rounds {
+        match pool.alloc(768 * KIB) {
+            Ok(buffer) => drop(buffer),
+            Err(_) => refused += 1,
+        }
+        assert_eq!(first_element(&value), 3.0);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for query in queries {
+        query.join().unwrap();
+    }
+    assert_eq!(refused, 0, "{refused} of {rounds} requests refused");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        rounds,
+        "one recompute a round"
+    );
+}
+
+/// The `Allocator` implementation is a door of the pool like `alloc`: a collection's request
+/// that the budget refuses evicts a value (it was refused where `pool.alloc` of the same size
+/// evicted and succeeded).
+#[cfg(feature = "allocator-api2")]
+#[test]
+fn a_collection_in_the_pool_evicts_as_alloc_does() {
+    let pool = pool_with_budget(1 << 20);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let value = leaf(&pool, 512 * KIB, 5.0, &calls);
+    let mut bytes = allocator_api2::vec::Vec::<u8, &BufferPool>::new_in(&pool);
+    bytes
+        .try_reserve_exact(768 * KIB)
+        .expect("served by evicting the value");
+    assert!(!value.is_resident());
+    drop(bytes);
+    assert_eq!(first_element(&value), 5.0);
 }

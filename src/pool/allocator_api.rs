@@ -142,7 +142,8 @@ fn allocate_block(
     if layout.align() > MAX_ALIGN {
         return Err(AllocError);
     }
-    let ptr = PoolInner::alloc_raw(pool.inner, layout, zeroed).map_err(|_| AllocError)?;
+    // Evicting, as every door of a pool handle does (see `RetainedValue::evictable`).
+    let ptr = PoolInner::alloc_raw(pool.inner, layout, zeroed, true).map_err(|_| AllocError)?;
     if zeroed {
         return Ok(NonNull::slice_from_raw_parts(ptr, layout.size()));
     }

@@ -105,10 +105,35 @@ pub struct OutOfMemory {
     /// [`RetainedValue::evictable`](crate::RetainedValue::evictable)) that reads or
     /// recomputes held pinned, so that the pool could not evict them (part of `in_use`).
     pub evictable_pinned: u64,
-    /// Bytes of evictable values resident and unpinned that the pool still could not evict
-    /// (another thread was on them at that instant; part of `in_use`). The pool evicts every
-    /// other evictable value before it gives up, so this is usually 0.
+    /// Bytes of evictable values resident and unpinned that the pool did not evict (part of
+    /// `in_use`): because evicting them could not have made room (then
+    /// `short_with_every_eviction` is above 0, and the pool evicted none), or because a
+    /// reader pinned them at the instant the pool chose them (rare: the pool looks again).
     pub evictable_unpinned: u64,
+    /// The bytes the request would still have lacked under the budget were every unpinned
+    /// evictable value evicted: the bytes in use that no eviction frees (plain buffers and
+    /// pinned values) plus the block, less the budget. Above 0, the pool evicted nothing for
+    /// this request: no eviction could have served it. 0 when eviction could have made room,
+    /// and for a pool without a budget.
+    ///
+    /// ```
+    /// use ferropool::{BufferPool, PoolConfig, PoolError, Recompute, RetainedValue, Tensor};
+    /// let pool = BufferPool::with_config(PoolConfig {
+    ///     budget: Some(1 << 20),
+    ///     ..PoolConfig::default()
+    /// })?;
+    /// let plain = pool.alloc(768 << 10)?; // no eviction frees it
+    /// let value = Tensor::zeros_in(&pool, ferropool::DType::F32, &[32 << 10])?; // 128 KiB
+    /// let recompute = Recompute::new([], |_| unreachable!("never evicted"));
+    /// let saved = RetainedValue::evictable(&pool, value, recompute)?;
+    /// let Err(PoolError::BudgetExceeded(oom)) = pool.alloc(512 << 10) else { panic!() };
+    /// assert_eq!(oom.short_with_every_eviction, 256 << 10);
+    /// assert!(saved.is_resident(), "nothing evicted for a request that cannot fit");
+    /// assert!(oom.to_string().contains("would still lack 256.00 KiB"), "{oom}");
+    /// # drop(plain);
+    /// # Ok::<(), ferropool::Error>(())
+    /// ```
+    pub short_with_every_eviction: u64,
 }
 
 impl fmt::Display for OutOfMemory {
@@ -137,13 +162,25 @@ impl fmt::Display for OutOfMemory {
             b(self.largest_cached_block as u64),
         )?;
         if self.evictable_pinned + self.evictable_unpinned > 0 {
-            write!(
-                f,
-                "Of the bytes in use, {} are evictable values pinned by reads and {} evictable \
-                 values the pool could not take. ",
-                b(self.evictable_pinned),
-                b(self.evictable_unpinned),
-            )?;
+            if self.short_with_every_eviction > 0 {
+                write!(
+                    f,
+                    "Evicting every evictable value no read pins would not have made room (the \
+                     request would still lack {}), so the pool evicted none; of the bytes in \
+                     use, {} are evictable values pinned by reads and {} unpinned. ",
+                    b(self.short_with_every_eviction),
+                    b(self.evictable_pinned),
+                    b(self.evictable_unpinned),
+                )?;
+            } else {
+                write!(
+                    f,
+                    "Of the bytes in use, {} are evictable values pinned by reads and {} \
+                     evictable values a read pinned as the pool chose them. ",
+                    b(self.evictable_pinned),
+                    b(self.evictable_unpinned),
+                )?;
+            }
         }
         if self.budget.is_some() {
             write!(

@@ -21,7 +21,7 @@ use std::ptr::NonNull;
 use super::evictable::{Evictable, Held, NotPinned, Phase};
 use super::inner::PoolInner;
 use super::{class, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
-use crate::sync::{Arc, Ordering, TryLockError};
+use crate::sync::{Arc, Ordering};
 use crate::thread;
 
 impl PoolInner {
@@ -122,9 +122,8 @@ impl PoolInner {
 
     /// Evicts the unpinned resident value with the lowest score, preferring blocks of
     /// `class`; the bytes and class of the block given back, or `None` if no value could be
-    /// evicted. A value whose lock is busy this instant (a reader pinning or unpinning it), or
-    /// that a reader pins between the choice and the take, makes it look again, a bounded
-    /// number of times: a refusal is not decided by another thread's timing.
+    /// evicted. The look waits for each value's lock; a value that a reader pins between the
+    /// choice and the take makes it look again, a bounded number of times.
     fn evict_one(&self, class: usize) -> Option<(u64, usize)> {
         const LOOKS: usize = 64;
         for _ in 0..LOOKS {
@@ -139,7 +138,6 @@ impl PoolInner {
 
     /// One look at the registry for [`evict_one`](Self::evict_one).
     fn try_evict_one(&self, class: usize) -> Looked {
-        let mut busy = false;
         let buffer = {
             let registry = self.evictor.lock();
             let now = self.evictor.clock.load(Ordering::Relaxed);
@@ -147,16 +145,14 @@ impl PoolInner {
             // among all if none of `class` can go.
             let mut best: Option<(f64, bool, &Arc<Evictable>)> = None;
             for value in registry.slots.iter().flatten() {
-                let state = match value.state.try_lock() {
-                    Ok(state) => state,
-                    // A panic while it was held left the state consistent (see
-                    // `Evictable::lock`): the value stays a candidate.
-                    Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-                    Err(TryLockError::WouldBlock) => {
-                        busy = true;
-                        continue; // busy this instant: a reader or a recompute is on it
-                    }
-                };
+                // Waits for the value's lock: it is held only for a few instructions (a pin,
+                // an unpin, a query, the start or end of a recompute; never across user code
+                // or an allocation), and no thread that holds it takes the registry's lock,
+                // so the wait is short and cannot deadlock. Skipping a value whose lock was
+                // busy made a refusal depend on another thread's timing: a thread querying
+                // `is_resident` in a loop, preempted with the lock held, made 5 of every
+                // 81-218 requests fail.
+                let state = value.lock();
                 if state.phase != Phase::Resident || state.readers > 0 {
                     continue;
                 }
@@ -173,7 +169,7 @@ impl PoolInner {
                 }
             }
             let Some((_, _, value)) = best else {
-                return if busy { Looked::Busy } else { Looked::Nothing };
+                return Looked::Nothing;
             };
             let taken = value.take(&mut value.lock());
             // Pinned since it was chosen: look again.
@@ -249,13 +245,10 @@ impl PoolInner {
         // while this thread holds the registry's lock.
         let _scope = thread::Bookkeeping::open();
         let class = class::class_of(size).expect("a request the budget refused has a class");
-        // A request that would not fit with every unpinned value evicted evicts none.
-        let could_fit = || {
-            let pinned = inner.evictables_held().pinned;
-            let budget = report.budget.unwrap_or(u64::MAX);
-            (report.block_bytes as u64).saturating_add(pinned) <= budget
-        };
-        if inner.evictor.registered.load(Ordering::Relaxed) > 0 && could_fit() {
+        // A request that would not fit with every unpinned value evicted evicts none: what
+        // no eviction can free (plain buffers, pinned values) plus the request must fit.
+        let short = inner.short_with_every_eviction(report.block_bytes as u64, report.budget);
+        if inner.evictor.registered.load(Ordering::Relaxed) > 0 && short == 0 {
             // Bytes to free before the next try: what the budget lacked, unless a block of
             // the class itself comes back (it serves the request directly).
             let mut freed = 0u64;
@@ -278,7 +271,21 @@ impl PoolInner {
         let held = inner.evictables_held();
         report.evictable_pinned = held.pinned;
         report.evictable_unpinned = held.evictable;
+        report.short_with_every_eviction =
+            inner.short_with_every_eviction(report.block_bytes as u64, report.budget);
         Err(PoolError::BudgetExceeded(report))
+    }
+
+    /// The bytes a request of `block_bytes` lacks under `budget` even were every unpinned
+    /// evictable value evicted (0: evicting would make room): the bytes in use that no
+    /// eviction can free, plain buffers and pinned values, plus the request.
+    fn short_with_every_eviction(&self, block_bytes: u64, budget: Option<u64>) -> u64 {
+        let evictable = self.evictables_held().evictable;
+        let (in_use, _) = self.in_use_now();
+        in_use
+            .saturating_sub(evictable)
+            .saturating_add(block_bytes)
+            .saturating_sub(budget.unwrap_or(u64::MAX))
     }
 }
 
@@ -286,8 +293,8 @@ impl PoolInner {
 enum Looked {
     /// Evicted a value: the bytes and class of its block.
     Evicted((u64, usize)),
-    /// Found no value to evict, and none busy.
+    /// Found no value to evict.
     Nothing,
-    /// Found none it could take now, but some were busy: look again.
+    /// The value it chose was pinned before it could take it: look again.
     Busy,
 }

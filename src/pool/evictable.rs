@@ -150,9 +150,10 @@ impl Evictable {
         self.class.load(Ordering::Relaxed)
     }
 
-    /// Whether the bytes are in a block now (a snapshot).
+    /// Whether the bytes are in a block now (a snapshot). Reads the flag kept beside the
+    /// state, without the lock: a query never holds up an eviction.
     pub(crate) fn is_resident(&self) -> bool {
-        self.lock().phase == Phase::Resident
+        self.resident.load(Ordering::Acquire)
     }
 
     /// Pins the value if it is resident (one more reader); else says why not, waiting first
@@ -213,7 +214,7 @@ impl Evictable {
         state.phase = Phase::Resident;
         state.recomputer = None;
         state.readers += 1;
-        self.resident.store(true, Ordering::Relaxed);
+        self.resident.store(true, Ordering::Release);
         self.last_use.store(evictor.tick(), Ordering::Relaxed);
         drop(state);
         self.ready.notify_all();
@@ -251,7 +252,7 @@ impl Evictable {
             return None;
         }
         state.phase = Phase::Evicted;
-        self.resident.store(false, Ordering::Relaxed);
+        self.resident.store(false, Ordering::Release);
         // SAFETY: the lock is held (`state` borrows its guard) and there is no reader.
         self.buffer.with_mut(|slot| unsafe { (*slot).take() })
     }

@@ -255,7 +255,9 @@ impl<F: GlobalAlloc> PoolAllocator<F> {
     fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let tried_pool = !crate::thread::in_bookkeeping();
         if tried_pool {
-            if let Ok(ptr) = PoolInner::alloc_raw(BufferPool::global().inner, layout, zeroed) {
+            // Never evicting: eviction must not run inside the process's allocator.
+            let pool = BufferPool::global().inner;
+            if let Ok(ptr) = PoolInner::alloc_raw(pool, layout, zeroed, false) {
                 return ptr.as_ptr();
             }
         }

@@ -198,11 +198,17 @@ pub(super) fn alloc_fallback(layout: Layout, allocate: impl FnOnce(Layout) -> *m
 }
 
 impl PoolInner {
-    /// A raw block for `layout` (non-zero size, alignment at most [`MAX_ALIGN`]).
+    /// A raw block for `layout` (non-zero size, alignment at most [`MAX_ALIGN`]). With
+    /// `evict`, a request the budget refuses evicts values as [`BufferPool::alloc`]'s does
+    /// (the `Allocator` front end); without, it fails (the global allocator's front end,
+    /// which must not run eviction inside the process's allocator).
+    ///
+    /// [`BufferPool::alloc`]: super::BufferPool::alloc
     pub(super) fn alloc_raw(
         this: NonNull<PoolInner>,
         layout: Layout,
         zeroed: bool,
+        evict: bool,
     ) -> Result<NonNull<u8>, PoolError> {
         let total = layout
             .size()
@@ -211,7 +217,11 @@ impl PoolInner {
                 requested: layout.size(),
                 max: super::class::MAX_SIZE,
             })?;
-        let mut buffer = PoolInner::alloc(this, total, zeroed)?;
+        let mut buffer = if evict {
+            PoolInner::alloc_or_evict(this, total, zeroed)?
+        } else {
+            PoolInner::alloc(this, total, zeroed)?
+        };
         let colour = colour(&buffer, total, layout.align());
         let ptr = user_pointer(buffer.as_mut_ptr(), layout.align()).wrapping_add(colour);
         if zeroed && colour > 0 {
@@ -331,7 +341,7 @@ mod tests {
         let layout = Layout::from_size_align(64 << 10, 64).unwrap();
         // Blocks written in full, then given back: the zeroed ones below reuse them.
         let dirty: Vec<NonNull<u8>> = (0..8)
-            .map(|_| PoolInner::alloc_raw(pool.inner, layout, false).unwrap())
+            .map(|_| PoolInner::alloc_raw(pool.inner, layout, false, false).unwrap())
             .collect();
         for ptr in dirty {
             // SAFETY: from `alloc_raw`, given back once, here; the block is ours meanwhile.
@@ -343,7 +353,7 @@ mod tests {
             }
         }
         let blocks: Vec<NonNull<u8>> = (0..8)
-            .map(|_| PoolInner::alloc_raw(pool.inner, layout, true).unwrap())
+            .map(|_| PoolInner::alloc_raw(pool.inner, layout, true, false).unwrap())
             .collect();
         // Where each caller's pointer sits in its block (the blocks themselves may sit
         // anywhere in their pages, wherever the system put them).

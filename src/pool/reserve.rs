@@ -248,6 +248,7 @@ impl PoolInner {
             largest_cached_block: before.largest,
             evictable_pinned: 0,
             evictable_unpinned: 0,
+            short_with_every_eviction: 0,
         }
     }
 
