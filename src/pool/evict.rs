@@ -247,7 +247,9 @@ impl PoolInner {
         let class = class::class_of(size).expect("a request the budget refused has a class");
         // A request that would not fit with every unpinned value evicted evicts none: what
         // no eviction can free (plain buffers, pinned values) plus the request must fit.
-        let short = inner.short_with_every_eviction(report.block_bytes as u64, report.budget);
+        let evictable = inner.evictables_held().evictable;
+        let short =
+            inner.short_with_every_eviction(report.block_bytes as u64, report.budget, evictable);
         if inner.evictor.registered.load(Ordering::Relaxed) > 0 && short == 0 {
             // Bytes to free before the next try: what the budget lacked, unless a block of
             // the class itself comes back (it serves the request directly).
@@ -271,16 +273,24 @@ impl PoolInner {
         let held = inner.evictables_held();
         report.evictable_pinned = held.pinned;
         report.evictable_unpinned = held.evictable;
-        report.short_with_every_eviction =
-            inner.short_with_every_eviction(report.block_bytes as u64, report.budget);
+        report.short_with_every_eviction = inner.short_with_every_eviction(
+            report.block_bytes as u64,
+            report.budget,
+            held.evictable,
+        );
         Err(PoolError::BudgetExceeded(report))
     }
 
     /// The bytes a request of `block_bytes` lacks under `budget` even were every unpinned
-    /// evictable value evicted (0: evicting would make room): the bytes in use that no
-    /// eviction can free, plain buffers and pinned values, plus the request.
-    fn short_with_every_eviction(&self, block_bytes: u64, budget: Option<u64>) -> u64 {
-        let evictable = self.evictables_held().evictable;
+    /// evictable value (`evictable` bytes, from [`evictables_held`](Self::evictables_held))
+    /// evicted; 0: evicting would make room. The bytes in use that no eviction can free,
+    /// plain buffers and pinned values, plus the request.
+    fn short_with_every_eviction(
+        &self,
+        block_bytes: u64,
+        budget: Option<u64>,
+        evictable: u64,
+    ) -> u64 {
         let (in_use, _) = self.in_use_now();
         in_use
             .saturating_sub(evictable)

@@ -120,9 +120,12 @@ pub struct PoolStats {
     /// that of the inputs it recomputed first, which count on their own).
     pub recompute_ns: u64,
     /// An upper bound of the pool's resident memory: `reserved_bytes` plus `dirty_bytes`.
-    /// Under a budget it stays within the budget: the pool purges free pages before it
-    /// would pass it. (With [`PoolConfig::os_pages`](super::PoolConfig::os_pages) off, a
-    /// heap may keep what the pool released: then this is only what the pool holds.)
+    /// Under a budget the pool keeps it within the budget: it purges free pages before it
+    /// would pass it. The two are read at two instants: while other threads allocate or
+    /// release, a block on its way between the pages and the class lists may count twice or
+    /// not at all in one read (`peak_committed_bytes` is taken under the pages' lock and
+    /// counts every block once). (With [`PoolConfig::os_pages`](super::PoolConfig::os_pages)
+    /// off, a heap may keep what the pool released: then this is only what the pool holds.)
     #[cfg_attr(feature = "serde", serde(default))]
     pub committed_bytes: u64,
     /// High-water mark of `committed_bytes`, sampled whenever the pool's pages serve a

@@ -1,5 +1,6 @@
 //! The page layer: the memory under the class lists. It maps segments from the OS, carves
-//! blocks out of them (best fit over address-ordered free ranges), merges what comes back
+//! blocks out of them (the first run of resident pages that holds a request, else the best
+//! fit over address-ordered free ranges), merges what comes back
 //! with its free neighbours, and returns pages to the OS: on a clock (`decay`), when a budget
 //! needs the room, on a trim, and every segment when the pool goes.
 //!
@@ -68,8 +69,6 @@ struct Segment {
     /// from).
     base: NonNull<u8>,
     len: usize,
-    /// Its bytes in free ranges (`len` when nothing of it is held).
-    free: usize,
     /// A bit per page: set while the page is free and may be resident.
     bits: PageBits,
 }
@@ -105,8 +104,12 @@ impl Segment {
     }
     /// A pointer to `addr`, inside the segment, with the segment's provenance.
     fn at(&self, addr: usize) -> NonNull<u8> {
-        debug_assert!(addr >= self.start() && addr <= self.start() + self.len);
-        // SAFETY: `addr` lies inside the segment's mapping (or one past it).
+        assert!(
+            addr >= self.start() && addr <= self.start() + self.len,
+            "an address outside its segment"
+        );
+        // SAFETY: `addr` lies inside the segment's mapping or one past it (checked above),
+        // so the offset stays within the allocation `base` points into.
         unsafe { self.base.add(addr - self.start()) }
     }
     fn bounds(&self) -> (usize, usize) {
@@ -120,7 +123,7 @@ struct State {
     free: FreeRanges,
     /// Sorted by address.
     segments: SysVec<Segment>,
-    /// The sum of the free ranges' dirty bounds.
+    /// The sum of the free ranges' dirty bytes.
     dirty: usize,
     /// The segments' lengths summed.
     mapped: usize,
@@ -252,8 +255,7 @@ impl PageLayer {
         let carved = free.carve(index, start, len, dirty).ok()?;
         state.dirty -= carved.dirty;
         let segment = segment_of(&state.segments, carved.start);
-        let segment = &mut state.segments.as_slice_mut()[segment];
-        segment.free -= len;
+        let segment = &state.segments.as_slice()[segment];
         segment.mark(carved.start, carved.start + len, false);
         let block = segment.at(carved.start);
         state.carved += len;
@@ -284,8 +286,7 @@ impl PageLayer {
         let segment = segment_of(&state.segments, start);
         state.carved -= len;
         let bounds = {
-            let segment = &mut state.segments.as_slice_mut()[segment];
-            segment.free += len;
+            let segment = &state.segments.as_slice()[segment];
             segment.mark(start, start + len, true);
             segment.bounds()
         };
@@ -300,16 +301,14 @@ impl PageLayer {
             Ok(index) => index,
             Err(Exhausted) => {
                 // No memory for one more range record: the block stays out of the free
-                // ranges for good (held by no one, its pages purged). It is counted free in
-                // its segment's figures, so the segment is never unmapped while the pool lives
-                // (the drop unmaps every segment).
+                // ranges for good (held by no one, its pages purged). Its segment then never
+                // becomes one free range, so it is not unmapped while the pool lives (the
+                // drop unmaps every segment).
                 state.dirty -= len;
                 // SAFETY: the block is ours again and unused (the caller's contract).
                 unsafe { os::purge(block, len) };
                 self.os_calls.fetch_add(1, Ordering::Relaxed);
-                let segment = &mut state.segments.as_slice_mut()[segment];
-                segment.free -= len;
-                segment.mark(start, start + len, false);
+                state.segments.as_slice()[segment].mark(start, start + len, false);
                 self.publish(&state);
                 return;
             }
@@ -331,15 +330,16 @@ impl PageLayer {
         let mut segment = 0;
         while segment < state.segments.as_slice().len() {
             let s = state.segments.as_slice()[segment];
-            if s.free != s.len {
-                segment += 1;
-                continue;
-            }
-            let index = state
+            // Nothing of it is held exactly when it is one free range (free ranges are
+            // maximal within their segment).
+            let whole = state
                 .free
                 .find(s.start())
-                .expect("a free segment is one range");
-            debug_assert_eq!(state.free.as_slice()[index].len, s.len);
+                .filter(|&index| state.free.as_slice()[index].len == s.len);
+            let Some(index) = whole else {
+                segment += 1;
+                continue;
+            };
             state.free.remove(index);
             state.segments.remove(segment);
             state.mapped -= s.len;
@@ -427,7 +427,6 @@ impl PageLayer {
         let segment = Segment {
             base,
             len: seg_len,
-            free: seg_len,
             bits,
         };
         let at = state
