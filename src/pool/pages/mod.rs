@@ -56,6 +56,11 @@ const SEGMENT_FIRST: usize = 64 << 10;
 #[cfg(any(loom, miri))]
 const SEGMENT_MAX: usize = 1 << 20;
 
+const _: () = assert!(
+    SEGMENT_MAX.is_multiple_of(SEGMENT_FIRST) && (SEGMENT_MAX / SEGMENT_FIRST).is_power_of_two(),
+    "segments double from the first to the largest"
+);
+
 /// How far past its excess a purge for the budget goes. Without it, a budget that is not a
 /// whole number of pages, or heap blocks that come and go beside the layer's, made most
 /// carves of a fitted step purge a page or two: the main job at 50% of its peak made 17-21
@@ -411,10 +416,10 @@ impl PageLayer {
     /// range they go, as [`FreeRanges::best_fit`] says.
     #[cold]
     fn map_for(&self, state: &mut State, len: usize, align: usize) -> Option<(usize, usize)> {
-        let step = SEGMENT_FIRST
-            .checked_shl(state.maps)
-            .unwrap_or(SEGMENT_MAX)
-            .min(SEGMENT_MAX);
+        // Doublings past SEGMENT_MAX are cut first: a shift by the count itself wrapped to 0
+        // after 42 maps.
+        let doublings = (SEGMENT_MAX / SEGMENT_FIRST).trailing_zeros();
+        let step = SEGMENT_FIRST << state.maps.min(doublings);
         let need = len.checked_add(align - PAGE)?;
         let seg_len = need.max(step).checked_next_multiple_of(PAGE)?;
         let bits = PageBits::new(seg_len / PAGE)?;

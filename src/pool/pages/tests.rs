@@ -278,3 +278,22 @@ fn a_request_takes_the_resident_pages_inside_a_range_before_its_clean_head() {
         layer.give_back(again, 8 * PAGE);
     }
 }
+
+/// Segments grow to `SEGMENT_MAX` and stay there, however many were mapped and unmapped
+/// before: the doubling wrapped to 0 from 42 maps to 63, and every segment then was only as
+/// large as its request (one map per block).
+#[test]
+#[cfg_attr(miri, ignore = "maps 50 segments")]
+fn segments_stay_large_after_many_maps() {
+    let layer = PageLayer::new(u64::MAX);
+    for _ in 0..50 {
+        let block = layer.obtain(PAGE, PAGE, false, room(u64::MAX)).unwrap();
+        // SAFETY: ours, not used again.
+        unsafe { layer.give_back(block, PAGE) };
+        assert!(layer.trim() > 0, "the segment went back");
+    }
+    let block = layer.obtain(PAGE, PAGE, false, room(u64::MAX)).unwrap();
+    assert_eq!(layer.mapped_bytes(), super::SEGMENT_MAX as u64);
+    // SAFETY: ours, not used again.
+    unsafe { layer.give_back(block, PAGE) };
+}
