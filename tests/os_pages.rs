@@ -103,7 +103,25 @@ fn released_pages_leave_the_process_and_a_budget_holds_for_resident_memory() {
     // 4. Under a budget, large blocks merge back at once.
     freed_large_blocks_merge_under_a_budget();
 
-    // 5. Dropped pools give every page back.
+    // 5. A buffer that outlives its pool goes back when it drops, on another thread; the
+    //    last one frees the pool, and its pages with it.
+    let alive = BufferPool::pools_alive();
+    let short_lived = BufferPool::new();
+    let survivor = touched(&short_lived, 16 * MIB).unwrap();
+    drop(short_lived);
+    assert_eq!(
+        BufferPool::pools_alive(),
+        alive + 1,
+        "kept alive by its buffer"
+    );
+    std::thread::spawn(move || drop(survivor)).join().unwrap();
+    assert_eq!(
+        BufferPool::pools_alive(),
+        alive,
+        "freed with its last buffer"
+    );
+
+    // 6. Dropped pools give every page back.
     drop(tight);
     drop(pool);
     let end = rss_bytes();
