@@ -1,8 +1,17 @@
 //! The numeric kernels: GEMM from the `gemm` crate (AVX-512 or AVX2 kernels chosen at run
 //! time; its packing buffers are per-thread and made once), and the element-wise pieces of
-//! the model. A layer's bias and ReLU are fused with its GEMM: the bias is the accumulator's
-//! starting value and the ReLU runs on each thread's rows as soon as they are computed, while
-//! they are still in cache.
+//! the model. A layer's bias and ReLU are fused with its GEMM, block by block of rows: the
+//! bias is the accumulator's starting value and the ReLU runs while the block is in cache.
+//!
+//! Every kernel gives the same bits at any thread count. Its work is cut by the shapes, never
+//! by the threads ([`ROW_BLOCK`]): a GEMM cut into calls by the thread count would sum
+//! differently, as a short call can take the `gemm` crate's path for small shapes, whose
+//! depth blocking differs. Threads share one GEMM call only through the crate's own
+//! parallelism, which leaves the sums alone: it chooses its blocking from the call's whole
+//! shape, walks the depth (the summed dimension) in order, one depth block at a time for all
+//! its threads, and splits only the output among them, so each element is summed over the
+//! same blocks in the same order whatever the split. The element-wise kernels and the bias
+//! gradient's column sums do not depend on how their work is cut. The tests check all of it.
 
 use std::mem::MaybeUninit;
 
@@ -53,9 +62,9 @@ impl<'a> Mat<'a> {
     }
 }
 
-/// `c[m x n] = a[m x k] * b[k x n]` (or `c += a * b` if `accumulate`), `c` row-major. `c`
-/// is written whole either way; when `accumulate` is false its old contents are not read, so
-/// it may be uninitialised.
+/// `c[m x n] = a[m x k] * b[k x n]` (or `c += a * b` if `accumulate`), `c` row-major, on
+/// this thread. `c` is written whole either way; when `accumulate` is false its old contents
+/// are not read, so it may be uninitialised.
 ///
 /// # Panics
 ///
@@ -68,6 +77,43 @@ pub fn gemm(
     b: Mat<'_>,
     c: &mut [MaybeUninit<f32>],
     accumulate: bool,
+) {
+    if accumulate {
+        gemm_into(m, k, n, a, b, c, true, gemm::Parallelism::None);
+    } else {
+        gemm_with(m, k, n, a, b, c, gemm::Parallelism::None);
+    }
+}
+
+/// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major, written whole and never read, with the
+/// `gemm` crate's `parallelism` (its rayon threads are the current pool's).
+///
+/// # Panics
+///
+/// If an operand is too short for its shape.
+fn gemm_with(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [MaybeUninit<f32>],
+    parallelism: gemm::Parallelism,
+) {
+    gemm_into(m, k, n, a, b, c, false, parallelism);
+}
+
+/// [`gemm`] and [`gemm_with`]'s one call of the `gemm` crate.
+#[allow(clippy::too_many_arguments)] // a GEMM's shape, operands and mode
+fn gemm_into(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [MaybeUninit<f32>],
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
 ) {
     let elements = m.checked_mul(n).expect("m * n overflows");
     assert!(c.len() >= elements, "output too short for its shape");
@@ -82,6 +128,7 @@ pub fn gemm(
     // and column strides as given, `c` row-major with `n` columns); `c` is exclusively ours
     // and does not overlap `a` or `b` (a `&mut` next to shared slices); with `read_dst` false
     // the kernel writes every element of `c` without reading it, so it may be uninitialised.
+    // With rayon parallelism its threads write disjoint tiles of `c`.
     unsafe {
         gemm::gemm(
             m,
@@ -102,14 +149,62 @@ pub fn gemm(
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            parallelism,
         );
     }
 }
 
+/// The `gemm` crate's threads for a GEMM on `threads` threads of the current rayon pool (the
+/// same sums on any number: see the module's documentation).
+fn parallelism(threads: usize) -> gemm::Parallelism {
+    if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    }
+}
+
+/// Rows per block of the row-split kernels ([`linear`], [`product`]): their rows are cut
+/// into blocks of this many (the last may be shorter) whatever the thread count, each block
+/// one GEMM call, so each element is summed by a call of the same shape at any thread count.
+/// The blocks run on the threads at once, and threads to spare share each block's GEMM. Each
+/// block packs the whole weight operand again: at 256 rows that costs the same as the old
+/// split of a 512-row batch over 2 threads, and 128 rows cost 6% of the main job's speed.
+pub const ROW_BLOCK: usize = 256;
+
+/// Runs `run(index, block, threads)` on each block of `out` (blocks of [`ROW_BLOCK`] rows
+/// of `cols` elements, the last may be shorter), over the current rayon pool's `threads`
+/// threads if there are more than one: the blocks at once, and each with its share of the
+/// threads for its GEMM.
+fn for_row_blocks<T: Send>(
+    out: &mut [T],
+    cols: usize,
+    threads: usize,
+    run: impl Fn(usize, &mut [T], usize) + Sync + Send,
+) {
+    let block = ROW_BLOCK * cols.max(1);
+    let blocks = out.len().div_ceil(block).max(1);
+    let each = (threads / blocks).max(1);
+    if threads > 1 && blocks > 1 {
+        out.par_chunks_mut(block)
+            .enumerate()
+            .for_each(|(i, out)| run(i, out, each));
+    } else {
+        out.chunks_mut(block)
+            .enumerate()
+            .for_each(|(i, out)| run(i, out, each));
+    }
+}
+
 /// One linear layer on `rows` rows, fused: `out = relu?(input * weight + bias)`, `input`
-/// row-major with `k` columns, `weight` `k x n` row-major; the rows split over `threads`
-/// threads of the current rayon pool (1: this thread). Every element of `out` is written.
+/// row-major with `k` columns, `weight` `k x n` row-major, on `threads` threads of the
+/// current rayon pool (1: this thread), in blocks of [`ROW_BLOCK`] rows: each block's bias
+/// rows are its GEMM's starting accumulator and its ReLU runs while the block is still in
+/// cache. Every element of `out` is written, the same bits at every thread count.
+///
+/// # Panics
+///
+/// If an operand is too short for its shape.
 #[allow(clippy::too_many_arguments)] // a GEMM's shape and operands
 pub fn linear(
     rows: usize,
@@ -130,36 +225,118 @@ pub fn linear(
     if rows == 0 || n == 0 {
         return; // nothing to write
     }
-    let chunk_rows = rows.div_ceil(threads.max(1)).max(1);
-    let run = |out: &mut [MaybeUninit<f32>], input: &[f32]| {
+    let input = &input[..rows * k];
+    for_row_blocks(&mut out[..rows * n], n, threads, |i, out, threads| {
         let chunk = out.len() / n;
         for row in out.chunks_exact_mut(n) {
             for (to, &b) in row.iter_mut().zip(bias) {
                 to.write(b);
             }
         }
-        gemm(
-            chunk,
-            k,
-            n,
-            Mat::rows(input, k),
-            Mat::rows(weight, n),
-            out,
-            true,
-        );
+        let first = i * ROW_BLOCK * k;
+        let input = Mat::rows(&input[first..first + chunk * k], k);
+        let weight = Mat::rows(weight, n);
+        gemm_into(chunk, k, n, input, weight, out, true, parallelism(threads));
         if relu {
             // SAFETY: the loop above initialised every element and the GEMM kept them so.
             let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
             out.iter_mut().for_each(|v| *v = v.max(0.0));
         }
+    });
+}
+
+/// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major (written whole, never read), on
+/// `threads` threads of the current rayon pool, in blocks of [`ROW_BLOCK`] rows: the same
+/// bits at every thread count.
+///
+/// # Panics
+///
+/// If an operand is too short for its shape.
+pub fn product(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [MaybeUninit<f32>],
+    threads: usize,
+) {
+    let elements = m.checked_mul(n).expect("m * n overflows");
+    assert!(
+        c.len() >= elements && a.reaches(m, k) && b.reaches(k, n),
+        "operands too short for their shapes"
+    );
+    if elements == 0 {
+        return;
+    }
+    for_row_blocks(&mut c[..elements], n, threads, |i, c, threads| {
+        let a = Mat {
+            data: &a.data[i * ROW_BLOCK * a.rs..],
+            ..a
+        };
+        gemm_with(c.len() / n, k, n, a, b, c, parallelism(threads));
+    });
+}
+
+/// A layer's weight gradient `out[k x n] = input^T * grad` over `rows` batch rows (`input`
+/// `rows x k`, `grad` `rows x n`, both row-major), as one GEMM whose output the `threads`
+/// threads of the current rayon pool share, each summing its elements over every batch row:
+/// the extra memory is the GEMM's packing buffers, not a copy of the gradient per thread.
+/// The same bits at every thread count.
+///
+/// # Panics
+///
+/// If an operand is too short for its shape.
+pub fn weight_grad(
+    rows: usize,
+    k: usize,
+    n: usize,
+    input: &[f32],
+    grad: &[f32],
+    out: &mut [MaybeUninit<f32>],
+    threads: usize,
+) {
+    let (input, grad) = (Mat::transposed(input, k), Mat::rows(grad, n));
+    gemm_with(k, rows, n, input, grad, out, parallelism(threads));
+}
+
+/// `out[n] = ` the sum of the `rows` rows of `grad` (row-major, `n` columns), each column
+/// summed from the first row to the last: a layer's bias gradient. Its columns are split over
+/// `threads` threads of the current rayon pool; each column's sum is the same whatever the
+/// split.
+///
+/// # Panics
+///
+/// If `grad` or `out` is too short for its shape.
+pub fn column_sums(
+    rows: usize,
+    n: usize,
+    grad: &[f32],
+    out: &mut [MaybeUninit<f32>],
+    threads: usize,
+) {
+    let fits = rows.checked_mul(n).is_some_and(|need| grad.len() >= need);
+    assert!(
+        fits && out.len() >= n,
+        "operands too short for their shapes"
+    );
+    // Whole cache lines per thread.
+    let block = n.div_ceil(threads.max(1)).next_multiple_of(16);
+    let sum = |(i, out): (usize, &mut [MaybeUninit<f32>])| {
+        let first = i * block;
+        out.iter_mut().for_each(|v| {
+            v.write(0.0);
+        });
+        // SAFETY: every element was just written.
+        let sums = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
+        for row in grad[..rows * n].chunks_exact(n) {
+            add_into(sums, &row[first..first + sums.len()]);
+        }
     };
-    let (out, input) = (&mut out[..rows * n], &input[..rows * k]);
-    if threads > 1 && rows > chunk_rows {
-        out.par_chunks_mut(chunk_rows * n)
-            .zip(input.par_chunks(chunk_rows * k))
-            .for_each(|(out, input)| run(out, input));
+    if threads > 1 && n > block {
+        out[..n].par_chunks_mut(block).enumerate().for_each(sum);
     } else {
-        run(out, input);
+        out[..n].chunks_mut(block).enumerate().for_each(sum);
     }
 }
 
@@ -170,18 +347,16 @@ pub fn add_into(acc: &mut [f32], values: &[f32]) {
     }
 }
 
-/// `acc += values`, split over the current rayon pool's threads.
-pub fn par_add_into(acc: &mut [f32], values: &[f32]) {
-    acc.par_chunks_mut(SPLIT)
-        .zip(values.par_chunks(SPLIT))
-        .for_each(|(acc, values)| add_into(acc, values));
-}
-
-/// Zeroes `grad` where the ReLU output was clipped (a select, not a branch: it vectorises).
+/// Zeroes `grad` where the ReLU output was clipped (a select, not a branch: it vectorises),
+/// split over the current rayon pool's threads.
 pub fn relu_mask(grad: &mut [f32], output: &[f32]) {
-    for (g, o) in grad.iter_mut().zip(output) {
-        *g = if *o > 0.0 { *g } else { 0.0 };
-    }
+    grad.par_chunks_mut(SPLIT)
+        .zip(output.par_chunks(SPLIT))
+        .for_each(|(grad, output)| {
+            for (g, o) in grad.iter_mut().zip(output) {
+                *g = if *o > 0.0 { *g } else { 0.0 };
+            }
+        });
 }
 
 /// Elements per task of the element-wise kernels split over threads.
@@ -243,6 +418,32 @@ mod tests {
         }
     }
 
+    /// `threads` worker threads, as the trainer's pool has.
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool")
+    }
+
+    /// Elements whose low bits vary, so that a sum in another order rounds differently.
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len as u32)
+            .map(|i| {
+                let x = i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 9;
+                x as f32 / (1 << 23) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// Runs `kernel` into a fresh output of `len` elements.
+    fn written(len: usize, kernel: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
+        let mut out = vec![MaybeUninit::new(f32::NAN); len];
+        kernel(&mut out);
+        // SAFETY: the elements started initialised, and the kernels write only floats.
+        out.iter().map(|v| unsafe { v.assume_init() }).collect()
+    }
+
     #[test]
     fn the_fused_layer_adds_the_bias_and_clips_on_every_thread_count() {
         let (rows, k, n) = (9, 4, 6);
@@ -255,11 +456,66 @@ mod tests {
         }
         assert!(expected.contains(&0.0) && expected.iter().any(|&v| v > 0.0));
         for threads in [1, 2, 4, 16] {
-            let mut out = vec![MaybeUninit::new(f32::NAN); rows * n];
-            linear(rows, k, n, &input, &weight, &bias, true, &mut out, threads);
-            // SAFETY: `linear` wrote every element (and they started initialised anyway).
-            let out: Vec<f32> = out.iter().map(|v| unsafe { v.assume_init() }).collect();
+            let out = pool(threads).install(|| {
+                written(rows * n, |out| {
+                    linear(rows, k, n, &input, &weight, &bias, true, out, threads)
+                })
+            });
             assert_eq!(out, expected, "{threads} threads");
+        }
+    }
+
+    /// Every kernel of the backward pass gives the same bits at every thread count, on shapes
+    /// where a split by the threads would change the sums: a depth of several of the GEMM's
+    /// depth blocks, rows that are not a multiple of a block, and an output 10 wide (the
+    /// GEMM's path for small shapes blocks the depth differently).
+    #[test]
+    fn every_kernel_gives_the_same_bits_at_every_thread_count() {
+        for (rows, k, n) in [(421, 300, 10), (2_100, 64, 96), (70, 1_100, 10)] {
+            let (input, grad) = (values(rows * k, 1), values(rows * n, 2));
+            let (weight, bias) = (values(k * n, 3), values(n, 4));
+            let run = |threads: usize| {
+                pool(threads).install(|| {
+                    let forward = written(rows * n, |out| {
+                        linear(rows, k, n, &input, &weight, &bias, true, out, threads)
+                    });
+                    let weight_grad = written(k * n, |out| {
+                        weight_grad(rows, k, n, &input, &grad, out, threads)
+                    });
+                    let bias_grad = written(n, |out| column_sums(rows, n, &grad, out, threads));
+                    let (g, w) = (Mat::rows(&grad, n), Mat::transposed(&weight, n));
+                    let input_grad =
+                        written(rows * k, |out| product(rows, n, k, g, w, out, threads));
+                    [forward, weight_grad, bias_grad, input_grad]
+                })
+            };
+            let one = run(1);
+            let close = |got: &[f32], want: &[f32]| {
+                got.iter()
+                    .zip(want)
+                    .all(|(a, b)| (a - b).abs() <= 1e-3 * (1.0 + b.abs()))
+            };
+            let exact = naive(k, rows, n, Mat::transposed(&input, k), Mat::rows(&grad, n));
+            assert!(
+                close(&one[1], &exact),
+                "the weight gradient is input^T grad"
+            );
+            let (g, w) = (Mat::rows(&grad, n), Mat::transposed(&weight, n));
+            assert!(close(&one[3], &naive(rows, n, k, g, w)), "grad W^T");
+            let sums: Vec<f32> = (0..n)
+                .map(|c| grad.chunks_exact(n).map(|row| row[c]).sum())
+                .collect();
+            assert_eq!(one[2], sums, "the bias gradient sums the rows in order");
+            for threads in [2, 3, 8] {
+                let other = run(threads);
+                for (kernel, (a, b)) in ["forward", "weight grad", "bias grad", "input grad"]
+                    .iter()
+                    .zip(one.iter().zip(&other))
+                {
+                    let same = a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{kernel} at {threads} threads, {rows}x{k}x{n}");
+                }
+            }
         }
     }
 }

@@ -3,27 +3,31 @@
 //! checkpointing, in one of two ways ([`Keep`]):
 //!
 //! - every n-th layer: only the input of every `checkpoint_every`-th layer is kept through
-//!   the forward pass; the backward pass recomputes the rest, segment by segment, each thread
-//!   for its rows;
+//!   the forward pass; the backward pass recomputes the rest, segment by segment;
 //! - fitted to the budget: every layer's input is kept as an evictable value; the pool evicts
 //!   what does not fit, and the backward pass, layer by layer, reads each input (recomputed
 //!   by the pool if it was evicted) and gives it back once done.
 //!
 //! Both compute the same numbers in the same order: their losses are bit-identical.
+//!
+//! The threads share each kernel over the whole batch (see [`kernels`]): every GEMM is one
+//! call whose output they split, each summing its elements over every row in the order the
+//! shapes fix. So the losses are bit-identical at any thread count, and what a step holds
+//! does not grow with the threads: one weight and bias gradient per layer, no per-thread
+//! copies to sum.
 
 use anyhow::anyhow;
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bumpalo::Bump;
 use rand::{Rng as _, SeedableRng};
 use rand_distr::StandardNormal;
 use rand_xoshiro::Xoshiro256PlusPlus;
-use rayon::prelude::*;
 
 use crate::args::{Args, Keep};
 use crate::backend::{Backend, Kernel, VecBackend};
-use crate::kernels::{self, adam, add_into, par_add_into, relu_mask, Mat};
+use crate::kernels::{self, adam, relu_mask, Mat};
 
 /// Input features.
 pub const INPUT: usize = 128;
@@ -88,44 +92,48 @@ pub struct Trainer<'a, B: Backend> {
     lr: f32,
     /// Kept from step to step: the batch's labels.
     labels: Vec<usize>,
-    /// The forward pass's and the replay's threads, kept for the whole run (as a training
-    /// runtime keeps its threads).
+    /// The step's threads, kept for the whole run (as a training runtime keeps its threads).
     workers: rayon::ThreadPool,
-    /// One per thread, kept from step to step (empty between steps): that thread's share of
-    /// the backward pass.
-    partials: Vec<Mutex<Partial<B>>>,
+    /// The backward pass's gradients, kept from step to step (empty between steps).
+    grads: Grads<B>,
 }
 
-/// One thread's share of the backward pass: weight and bias gradients for its rows, one per
-/// layer (`None` between steps). The lists are kept for the run, so a step allocates none.
-struct Partial<B: Backend> {
-    weight_grads: Vec<Option<B::Buf>>,
-    bias_grads: Vec<Option<B::Buf>>,
+/// The backward pass's weight and bias gradients, one each per layer, for the whole batch
+/// (`None` between steps). The lists are kept for the run, so a step allocates none.
+struct Grads<B: Backend> {
+    weight: Vec<Option<B::Buf>>,
+    bias: Vec<Option<B::Buf>>,
 }
 
-impl<B: Backend> std::fmt::Debug for Partial<B> {
+impl<B: Backend> std::fmt::Debug for Grads<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Partial")
-            .field("layers", &self.weight_grads.len())
+        f.debug_struct("Grads")
+            .field("layers", &self.weight.len())
             .finish_non_exhaustive()
     }
 }
 
-impl<B: Backend> Partial<B> {
+impl<B: Backend> Grads<B> {
     fn new(layers: usize) -> Self {
         Self {
-            weight_grads: (0..layers).map(|_| None).collect(),
-            bias_grads: (0..layers).map(|_| None).collect(),
+            weight: (0..layers).map(|_| None).collect(),
+            bias: (0..layers).map(|_| None).collect(),
         }
     }
 
-    /// Layer `l`'s gradients, which the replay left for every layer.
-    fn layer(&mut self, l: usize) -> anyhow::Result<(&mut B::Buf, &mut B::Buf)> {
+    /// Takes layer `l`'s gradients, which the backward pass left for every layer.
+    fn take(&mut self, l: usize) -> anyhow::Result<(B::Buf, B::Buf)> {
         let missing = || anyhow!("no gradient of layer {l} from the backward pass");
         Ok((
-            self.weight_grads[l].as_mut().ok_or_else(missing)?,
-            self.bias_grads[l].as_mut().ok_or_else(missing)?,
+            self.weight[l].take().ok_or_else(missing)?,
+            self.bias[l].take().ok_or_else(missing)?,
         ))
+    }
+
+    /// Drops whatever a failed step left.
+    fn clear(&mut self) {
+        self.weight.iter_mut().for_each(|g| *g = None);
+        self.bias.iter_mut().for_each(|g| *g = None);
     }
 }
 
@@ -142,9 +150,9 @@ fn with_scratch<R>(f: impl FnOnce(&Bump) -> R) -> R {
 }
 
 thread_local! {
-    /// Each thread's per-step scratch arena: the replay's short lists (the recomputed inputs
-    /// of a segment) are bump-allocated here and the arena is reset when the thread starts
-    /// its next step's share, so after the first step they cost no allocator call.
+    /// The per-step scratch arena of the thread that runs the backward pass: the replay's
+    /// short lists (the recomputed inputs of a segment) are bump-allocated here and the arena
+    /// is reset at the next step, so after the first step they cost no allocator call.
     static SCRATCH: RefCell<Bump> = RefCell::new(Bump::new());
 }
 
@@ -190,22 +198,13 @@ impl<'a, B: Backend> Trainer<'a, B> {
             step: 0,
             lr: args.lr,
             labels,
-            partials: (0..threads)
-                .map(|_| Mutex::new(Partial::new(dims.len() - 1)))
-                .collect(),
+            grads: Grads::new(dims.len() - 1),
             workers,
         })
     }
 
-    /// `relu?(input * W + b)` for `rows` rows, fused; the GEMM's rows split over `threads`.
-    fn linear(
-        &self,
-        l: usize,
-        input: &[f32],
-        rows: usize,
-        relu: bool,
-        threads: usize,
-    ) -> anyhow::Result<B::Buf> {
+    /// `relu?(input * W + b)` for `rows` rows, fused; the GEMM's rows split over the threads.
+    fn linear(&self, l: usize, input: &[f32], rows: usize, relu: bool) -> anyhow::Result<B::Buf> {
         let layer = &self.layers[l];
         let (k, n) = (layer.inputs, layer.outputs);
         // SAFETY: `kernels::linear` writes every element of its output.
@@ -220,25 +219,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
                     &layer.bias,
                     relu,
                     out,
-                    threads,
+                    self.threads,
                 )
             })
-        }
-    }
-
-    /// `a[m x k] * b[k x n]` into a new buffer.
-    fn product(
-        &self,
-        m: usize,
-        k: usize,
-        n: usize,
-        a: Mat<'_>,
-        b: Mat<'_>,
-    ) -> anyhow::Result<B::Buf> {
-        // SAFETY: a GEMM that does not accumulate writes every element of its output.
-        unsafe {
-            self.backend
-                .written(m, n, |out| kernels::gemm(m, k, n, a, b, out, false))
         }
     }
 
@@ -263,18 +246,21 @@ impl<'a, B: Backend> Trainer<'a, B> {
         drop(logits);
         drop(loss_span);
 
-        // Backward: the layers' gradients, each thread's for its rows.
-        let shards = self.threads.clamp(1, batch);
+        // Backward: the layers' gradients, into `grads` (taken out of `self` for the pass).
+        let mut grads = std::mem::replace(&mut self.grads, Grads::new(0));
         let backward = backend.span("backward");
-        let replayed = match self.keep {
-            Keep::Every(every) => self.backward(chain, B::slice(&grad), batch, shards, every),
-            Keep::Fitted => self.backward_layers(chain, B::slice(&grad), batch, shards),
-        };
+        let replayed = self.workers.install(|| match self.keep {
+            Keep::Every(every) => self.backward(chain, grad, batch, every, &mut grads),
+            Keep::Fitted => self.backward_layers(chain, grad, batch, &mut grads),
+        });
         drop(backward);
-        replayed?;
-
-        let _optimizer = backend.span("optimizer");
-        self.optimize(shards)?;
+        let optimized = replayed.and_then(|()| {
+            let _optimizer = backend.span("optimizer");
+            self.optimize(&mut grads)
+        });
+        grads.clear(); // a failed step's gradients go back now
+        self.grads = grads;
+        optimized?;
         Ok(loss / batch as f32)
     }
 
@@ -326,89 +312,84 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok((grad, loss))
     }
 
-    /// The backward pass of [`Keep::Every`]: each thread replays every segment for its rows,
-    /// newest segment first, reading the retained checkpoints concurrently.
+    /// The backward pass of [`Keep::Every`], on the worker threads: segment by segment,
+    /// newest first, recompute the segment's inputs from its checkpoint (read in place,
+    /// every thread reading it at once), then back-propagate through its layers. Its short
+    /// list lives in this thread's scratch arena.
     fn backward(
         &self,
         chain: B::Chain,
-        grad: &[f32],
+        mut upstream: B::Buf,
         batch: usize,
-        shards: usize,
         every: usize,
+        grads: &mut Grads<B>,
     ) -> anyhow::Result<()> {
-        let replayed = self.workers.install(|| {
-            self.partials[..shards]
-                .par_iter()
-                .enumerate()
-                .try_for_each(|(t, partial)| {
-                    let (r0, r1) = (t * batch / shards, (t + 1) * batch / shards);
-                    let mut partial = partial
-                        .lock()
-                        .map_err(|_| anyhow!("a replay thread panicked"))?;
-                    let _replay = self.backend.span("backward (replay)"); // on each worker
-                    let grad = &grad[r0 * CLASSES..r1 * CLASSES];
-                    with_scratch(|scratch| {
-                        self.replay(&chain, grad, r0, r1, every, &mut partial, scratch)
-                    })
-                })
+        let count = self.layers.len();
+        let replayed = with_scratch(|scratch| -> anyhow::Result<()> {
+            // The recomputed inputs of the segment's layers after its first, newest last.
+            let mut inputs = bumpalo::collections::Vec::with_capacity_in(every, scratch);
+            for start in (0..count).step_by(every).rev() {
+                let end = (start + every).min(count);
+                let _replay = self.backend.span("backward (segment)");
+                B::with_saved(&B::checkpoint(&chain, start)?, |first| {
+                    inputs.clear();
+                    for l in start..end - 1 {
+                        let input = inputs.last().map_or(first, |buf| B::slice(buf));
+                        let next = self.linear(l, input, batch, true)?;
+                        inputs.push(next);
+                    }
+                    for l in (start..end).rev() {
+                        // The ReLU output is the next layer's input: recomputed (and done
+                        // with once read), or the next segment's checkpoint.
+                        if l + 1 == end && end < count {
+                            B::with_saved(&B::checkpoint(&chain, end)?, |output| {
+                                relu_mask(B::slice_mut(&mut upstream), output);
+                                Ok(())
+                            })?;
+                        } else if l + 1 < end {
+                            let output = inputs
+                                .pop()
+                                .ok_or_else(|| anyhow!("layer {l}'s output was not recomputed"))?;
+                            relu_mask(B::slice_mut(&mut upstream), B::slice(&output));
+                        }
+                        let input = inputs.last().map_or(first, |buf| B::slice(buf));
+                        if let Some(next) =
+                            self.back_propagate(l, input, &upstream, batch, grads)?
+                        {
+                            upstream = next;
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+            Ok(())
         });
         drop(chain); // the end of the step's retention: the checkpoints go back
         replayed
     }
 
-    /// The backward pass of [`Keep::Fitted`], layer by layer, newest first: each layer's
-    /// input is read once (the pool recomputes it if it evicted it, on the worker threads),
-    /// every thread back-propagates its rows through the layer, and the input goes back.
-    /// The same operations on the same rows as [`replay`](Self::replay), in the same order.
+    /// The backward pass of [`Keep::Fitted`], on the worker threads, layer by layer, newest
+    /// first: each layer's input is read once (the pool recomputes it if it evicted it),
+    /// the layer back-propagates through it, and the input goes back. The same operations
+    /// on the same rows as [`backward`](Self::backward), in the same order.
     fn backward_layers(
         &self,
         mut chain: B::Chain,
-        grad: &[f32],
+        mut upstream: B::Buf,
         batch: usize,
-        shards: usize,
+        grads: &mut Grads<B>,
     ) -> anyhow::Result<()> {
-        let rows = |t: usize| (t * batch / shards, (t + 1) * batch / shards);
-        // Each thread's gradient with respect to the current layer's output, for its rows.
-        let mut upstream = (0..shards)
-            .map(|t| {
-                let (r0, r1) = rows(t);
-                let mut g = self.backend.zeros(r1 - r0, CLASSES)?;
-                B::slice_mut(&mut g).copy_from_slice(&grad[r0 * CLASSES..r1 * CLASSES]);
-                Ok(g)
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
         for l in (0..self.layers.len()).rev() {
-            let layer = &self.layers[l];
             let saved = B::checkpoint(&chain, l)?;
-            self.workers.install(|| {
-                B::with_saved(&saved, |input| {
-                    self.partials[..shards]
-                        .par_iter()
-                        .zip(upstream.par_iter_mut())
-                        .enumerate()
-                        .try_for_each(|(t, (partial, upstream))| {
-                            let (r0, r1) = rows(t);
-                            let mut partial = partial
-                                .lock()
-                                .map_err(|_| anyhow!("a backward thread panicked"))?;
-                            let _layer = self.backend.span("backward (layer)");
-                            let input = &input[r0 * layer.inputs..r1 * layer.inputs];
-                            let next = self.back_propagate(
-                                l,
-                                input,
-                                B::slice(upstream),
-                                r1 - r0,
-                                &mut partial,
-                            )?;
-                            if let Some(mut next) = next {
-                                // The gradient of layer l - 1's output, through its ReLU,
-                                // whose output is this layer's input.
-                                relu_mask(B::slice_mut(&mut next), input);
-                                *upstream = next;
-                            }
-                            Ok(())
-                        })
-                })
+            let _layer = self.backend.span("backward (layer)");
+            B::with_saved(&saved, |input| {
+                if let Some(mut next) = self.back_propagate(l, input, &upstream, batch, grads)? {
+                    // The gradient of layer l - 1's output, through its ReLU, whose output
+                    // is this layer's input.
+                    relu_mask(B::slice_mut(&mut next), input);
+                    upstream = next;
+                }
+                Ok(())
             })?;
             drop(saved);
             B::pop_checkpoint(&mut chain, l); // this layer's input goes back now
@@ -416,87 +397,65 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok(())
     }
 
-    /// Layer `l`'s weight and bias gradients for `rows` rows, from its `input` and the
-    /// (masked) gradient `g` of its output, into `partial`; and the gradient of its input
-    /// (`None` for the first layer, whose input is the data: nothing reads it).
+    /// Layer `l`'s weight and bias gradients over the batch's `rows` rows, from its `input`
+    /// and the (masked) gradient `g` of its output, into `grads`; and the gradient of its
+    /// input (`None` for the first layer, whose input is the data: nothing reads it).
     fn back_propagate(
         &self,
         l: usize,
         input: &[f32],
-        g: &[f32],
+        g: &B::Buf,
         rows: usize,
-        partial: &mut Partial<B>,
+        grads: &mut Grads<B>,
     ) -> anyhow::Result<Option<B::Buf>> {
         let layer = &self.layers[l];
-        // dW = input^T * g
-        let wg = self.product(
-            layer.inputs,
-            rows,
-            layer.outputs,
-            Mat::transposed(input, layer.inputs),
-            Mat::rows(g, layer.outputs),
-        )?;
-        let mut bg = self.backend.zeros(1, layer.outputs)?;
-        for row in g.chunks_exact(layer.outputs) {
-            add_into(B::slice_mut(&mut bg), row);
-        }
-        partial.weight_grads[l] = Some(wg);
-        partial.bias_grads[l] = Some(bg);
-        // d input = g * W^T (the transpose is a stride, no copy).
+        let (k, n, threads, g) = (layer.inputs, layer.outputs, self.threads, B::slice(g));
+        // dW = input^T * g, its output split over the threads, each summing every batch row.
+        // SAFETY: `weight_grad` writes every element of its output.
+        let wg = unsafe {
+            self.backend.written(k, n, |out| {
+                kernels::weight_grad(rows, k, n, input, g, out, threads)
+            })?
+        };
+        grads.weight[l] = Some(wg);
+        // SAFETY: `column_sums` writes every element of its output.
+        let bg = unsafe {
+            self.backend
+                .written(1, n, |out| kernels::column_sums(rows, n, g, out, threads))?
+        };
+        grads.bias[l] = Some(bg);
         if l == 0 {
             return Ok(None);
         }
-        self.product(
-            rows,
-            layer.outputs,
-            layer.inputs,
-            Mat::rows(g, layer.outputs),
-            Mat::transposed(&layer.weight, layer.outputs),
-        )
-        .map(Some)
+        // d input = g * W^T (the transpose is a stride, no copy).
+        let (g, weight) = (Mat::rows(g, n), Mat::transposed(&layer.weight, n));
+        // SAFETY: `product` writes every element of its output.
+        let next = unsafe {
+            self.backend.written(rows, k, |out| {
+                kernels::product(rows, n, k, g, weight, out, threads)
+            })?
+        };
+        Ok(Some(next))
     }
 
-    /// Sums the threads' gradients into the first thread's and takes an Adam step, both split
-    /// over the threads; then the gradients go back.
-    fn optimize(&mut self, shards: usize) -> anyhow::Result<()> {
+    /// An Adam step per layer, split over the threads; then the gradients go back.
+    fn optimize(&mut self, grads: &mut Grads<B>) -> anyhow::Result<()> {
         // Adam's step count (its bias corrections are 1 long before 2^31 steps).
         let (t, lr) = (i32::try_from(self.step).unwrap_or(i32::MAX), self.lr);
-        let (layers, workers, partials) = (&mut self.layers, &self.workers, &mut self.partials);
-        let partials = &mut partials[..shards];
-        let (sum, rest) = partials
-            .split_first_mut()
-            .ok_or_else(|| anyhow!("a backward pass without threads"))?;
-        let sum = sum
-            .get_mut()
-            .map_err(|_| anyhow!("a replay thread panicked"))?;
+        let (layers, workers) = (&mut self.layers, &self.workers);
         workers.install(|| -> anyhow::Result<()> {
             for (l, layer) in layers.iter_mut().enumerate() {
-                let (weight_grad, bias_grad) = sum.layer(l)?;
-                for p in rest.iter_mut() {
-                    let p = p
-                        .get_mut()
-                        .map_err(|_| anyhow!("a replay thread panicked"))?;
-                    let (w, b) = p.layer(l)?;
-                    par_add_into(B::slice_mut(weight_grad), B::slice(w));
-                    add_into(B::slice_mut(bias_grad), B::slice(b));
-                }
+                let (weight_grad, bias_grad) = grads.take(l)?;
                 // The step's recomputes are gone with its values: the parameters are ours.
                 let shared = || anyhow!("layer {l}'s parameters are still shared");
                 let weight = Arc::get_mut(&mut layer.weight).ok_or_else(shared)?;
                 let bias = Arc::get_mut(&mut layer.bias).ok_or_else(shared)?;
                 let [mw, vw, mb, vb] = &mut layer.moments;
-                adam(weight, B::slice(weight_grad), mw, vw, lr, t);
-                adam(bias, B::slice(bias_grad), mb, vb, lr, t);
+                adam(weight, B::slice(&weight_grad), mw, vw, lr, t);
+                adam(bias, B::slice(&bias_grad), mb, vb, lr, t);
             }
             Ok(())
-        })?;
-        for partial in partials {
-            if let Ok(partial) = partial.get_mut() {
-                partial.weight_grads.iter_mut().for_each(|g| *g = None);
-                partial.bias_grads.iter_mut().for_each(|g| *g = None);
-            }
-        }
-        Ok(())
+        })
     }
 
     /// The forward pass of [`Keep::Every`]: returns the logits and the chain of checkpoints.
@@ -509,10 +468,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
         for l in 0..count {
             let relu = l + 1 < count;
             let out = match &live {
-                Some(buf) => self.linear(l, B::slice(buf), batch, relu, self.threads)?,
-                None => B::with_saved(&current, |input| {
-                    self.linear(l, input, batch, relu, self.threads)
-                })?,
+                Some(buf) => self.linear(l, B::slice(buf), batch, relu)?,
+                None => B::with_saved(&current, |input| self.linear(l, input, batch, relu))?,
             };
             if l + 1 < count && (l + 1) % every == 0 {
                 current = self.backend.save(out)?;
@@ -537,9 +494,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.backend.push_checkpoint(&mut chain, 0, current.clone());
         for l in 0..count {
             let relu = l + 1 < count;
-            let out = B::with_saved(&current, |input| {
-                self.linear(l, input, batch, relu, self.threads)
-            })?;
+            let out = B::with_saved(&current, |input| self.linear(l, input, batch, relu))?;
             if l + 1 == count {
                 return Ok((out, chain));
             }
@@ -570,75 +525,5 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Arc::new(move |input, out| {
             kernels::linear(rows, k, n, input, &weight, &bias, relu, out, threads);
         })
-    }
-
-    /// Rows `r0..r1` of the backward pass: recompute each segment from its checkpoint (read
-    /// through the retained handle, concurrently with the other threads), then back-propagate; its
-    /// short lists live in `scratch`.
-    #[allow(clippy::too_many_arguments)] // a thread's rows, and where its results go
-    fn replay(
-        &self,
-        chain: &B::Chain,
-        logits_grad: &[f32],
-        r0: usize,
-        r1: usize,
-        every: usize,
-        partial: &mut Partial<B>,
-        scratch: &Bump,
-    ) -> anyhow::Result<()> {
-        let rows = r1 - r0;
-        let count = self.layers.len();
-        let mut upstream = self.backend.zeros(rows, CLASSES)?;
-        B::slice_mut(&mut upstream).copy_from_slice(logits_grad);
-        // The recomputed inputs of a segment's layers after its first.
-        let mut inputs = bumpalo::collections::Vec::with_capacity_in(every, scratch);
-        for start in (0..count).step_by(every).rev() {
-            let end = (start + every).min(count);
-            let width = self.layers[start].inputs;
-            // The segment's first input is our rows of its checkpoint, read in place through
-            // the retained handle (concurrently with the other threads) for the whole segment.
-            B::with_saved(&B::checkpoint(chain, start)?, |all| {
-                let first = &all[r0 * width..r1 * width];
-                inputs.clear();
-                for l in start..end - 1 {
-                    let input = if l == start {
-                        first
-                    } else {
-                        B::slice(&inputs[l - start - 1])
-                    };
-                    let next = self.linear(l, input, rows, true, 1)?;
-                    inputs.push(next);
-                }
-                // Back-propagate through layers end-1 ..= start.
-                for l in (start..end).rev() {
-                    let layer = &self.layers[l];
-                    let g = B::slice_mut(&mut upstream);
-                    if l + 1 < count {
-                        // The ReLU output is the next layer's input: recomputed, or the next
-                        // segment's checkpoint (read in place, concurrently with other threads).
-                        if l + 1 < end {
-                            relu_mask(g, B::slice(&inputs[l - start]));
-                        } else {
-                            let w = layer.outputs;
-                            B::with_saved(&B::checkpoint(chain, end)?, |all| {
-                                relu_mask(g, &all[r0 * w..r1 * w]);
-                                Ok(())
-                            })?;
-                        }
-                    }
-                    let g = B::slice(&upstream);
-                    let input = if l == start {
-                        first
-                    } else {
-                        B::slice(&inputs[l - start - 1])
-                    };
-                    if let Some(next) = self.back_propagate(l, input, g, rows, partial)? {
-                        upstream = next;
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        Ok(())
     }
 }

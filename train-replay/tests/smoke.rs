@@ -48,16 +48,14 @@ fn trains_on_the_pool_and_writes_the_trace_and_the_plot() {
     for span in ["step", "forward", "loss", "backward", "optimizer"] {
         assert_eq!(begins(span), 6, "a {span:?} span per step");
     }
-    assert!(
-        begins("backward (replay)") >= 6,
-        "a replay span per step and thread"
+    // 5 layers, every second input kept: 3 segments a step.
+    assert_eq!(
+        begins("backward (segment)"),
+        3 * 6,
+        "a span per segment the backward pass replays"
     );
     let ends = events.iter().filter(|e| e["ph"] == "E").count();
-    assert_eq!(
-        ends,
-        5 * 6 + begins("backward (replay)"),
-        "every span ended"
-    );
+    assert_eq!(ends, 5 * 6 + 3 * 6, "every span ended");
     let step = events
         .iter()
         .find(|e| e["ph"] == "B" && e["name"] == "step")
