@@ -119,11 +119,11 @@ impl FreeRanges {
     }
 
     /// Where `len` bytes at an `align`-aligned address are served best: `(index, start)`, a
-    /// range and the piece's first byte in it. Among the ranges that hold them, one with a
-    /// resident piece if any (`warm(range)` finds the first `len` dirty bytes of a range at
-    /// an aligned address: no fault to touch them, and no purge elsewhere to make room for
-    /// them), the shortest such, the lowest address among equals; else the shortest range,
-    /// from its (aligned) start. `None` if no range holds them.
+    /// range and the piece's first byte in it. Among the ranges that hold them, the first in
+    /// address order with a resident piece (`warm(range)` finds the first `len` dirty bytes
+    /// of a range at an aligned address: no fault to touch them, and no purge elsewhere to
+    /// make room for them); else the shortest range, the lowest address among equals, from
+    /// its (aligned) start. `None` if no range holds them.
     pub(crate) fn best_fit(
         &self,
         len: usize,
@@ -147,7 +147,7 @@ impl FreeRanges {
             if better {
                 best = Some((index, start, is_warm, free.len));
                 if is_warm {
-                    break; // EXPERIMENT: first fit among resident runs
+                    break; // resident: the first in address order packs the low addresses
                 }
             }
         }
