@@ -91,15 +91,34 @@ impl Segment {
         let (first, end) = self.pages(start, end);
         self.bits.count(first, end) * PAGE
     }
-    /// The first address of free range `range` (of this segment) where `len` bytes at an
-    /// `align`-aligned address are all dirty, if any (for alignments above a page: never).
-    fn find_dirty(&self, range: &Free, len: usize, align: usize) -> Option<usize> {
+    /// Where in free range `range` (of this segment, at least `len` long) `len` bytes at a
+    /// page-aligned address hold the most dirty pages, and their dirty bytes: the first place
+    /// where they are all dirty, if any; else the best of the windows that start at the
+    /// range's first dirty page, end at its last, or lie at either end of the range (a
+    /// lone freed block, whole or cut by the range's ends, lies in one of them). `None` for
+    /// alignments above a page and for ranges without a dirty page.
+    fn find_dirty(&self, range: &Free, len: usize, align: usize) -> Option<(usize, usize)> {
         if align > PAGE {
             return None;
         }
         let (first, end) = self.pages(range.start, range.end());
-        let page = self.bits.find_run(first, end, len / PAGE)?;
-        Some(self.start() + page * PAGE)
+        let need = len / PAGE;
+        if let Some(page) = self.bits.find_run(first, end, need) {
+            return Some((self.start() + page * PAGE, len));
+        }
+        let lowest = self.bits.find_run(first, end, 1)?;
+        let highest = self.bits.tail_holding(first, end, 1);
+        let last = end - need; // the last page a window may start at
+        [
+            lowest.min(last),
+            (highest + 1).saturating_sub(need).max(first),
+            first,
+            last,
+        ]
+        .into_iter()
+        .map(|page| (page, self.bits.count(page, page + need)))
+        .max_by_key(|&(page, dirty)| (dirty, std::cmp::Reverse(page)))
+        .map(|(page, dirty)| (self.start() + page * PAGE, dirty * PAGE))
     }
 
     /// Marks `[start, end)` dirty or clean.
@@ -495,9 +514,10 @@ impl PageLayer {
     }
 
     /// Purges free pages until the dirty ones are at most `allowed` bytes, and on to
-    /// [`PURGE_SLACK`] below that: from the range with the most dirty pages, its last pages,
-    /// as many as hold the excess (blocks are carved from a range's start, so its head is
-    /// what the next request reuses); again while an excess is left.
+    /// [`PURGE_SLACK`] below that: from the range with the fewest dirty pages (a fragment,
+    /// the least likely to hold the next large request whole), its last pages, as many as
+    /// hold the excess (blocks are carved from a range's start, so its head is what the next
+    /// request reuses); again while an excess is left.
     fn purge_to(&self, state: &mut State, allowed: usize) {
         if state.dirty <= allowed {
             return;
@@ -512,7 +532,8 @@ impl PageLayer {
                 .iter()
                 .copied()
                 .enumerate()
-                .max_by_key(|(_, f)| f.dirty)
+                .filter(|(_, f)| f.dirty > 0)
+                .min_by_key(|(_, f)| f.dirty)
                 .expect("dirty bytes lie in free ranges");
             let segment = state.segments.as_slice()[segment_of(&state.segments, free.start)];
             let (first, end) = segment.pages(free.start, free.end());

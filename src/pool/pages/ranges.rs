@@ -119,35 +119,37 @@ impl FreeRanges {
     }
 
     /// Where `len` bytes at an `align`-aligned address are served best: `(index, start)`, a
-    /// range and the piece's first byte in it. Among the ranges that hold them, the first in
-    /// address order with a resident piece (`warm(range)` finds the first `len` dirty bytes
-    /// of a range at an aligned address: no fault to touch them, and no purge elsewhere to
-    /// make room for them); else the shortest range, the lowest address among equals, from
-    /// its (aligned) start. `None` if no range holds them.
+    /// range and the piece's first byte in it. `resident(range)` says where in a range the
+    /// piece would hold the most dirty (resident) bytes, and how many: each such byte is one
+    /// the caller touches without a fault and need not purge elsewhere to make room for.
+    /// Among the ranges that hold the piece, the first in address order where it is all
+    /// resident; else the one where it holds the most resident bytes; among equals the
+    /// shortest range, the lowest address first (a range with none: from its aligned start).
+    /// `None` if no range holds them.
     pub(crate) fn best_fit(
         &self,
         len: usize,
         align: usize,
-        warm: impl Fn(&Free) -> Option<usize>,
+        resident: impl Fn(&Free) -> Option<(usize, usize)>,
     ) -> Option<(usize, usize)> {
-        // (index, start, whether the piece is resident, the range's length)
-        let mut best: Option<(usize, usize, bool, usize)> = None;
+        // (index, start, resident bytes of the piece, the range's length)
+        let mut best: Option<(usize, usize, usize, usize)> = None;
         for (index, free) in self.ranges.as_slice().iter().enumerate() {
             let Some(gap) = fits(free, len, align) else {
                 continue;
             };
-            let found = if free.dirty >= len { warm(free) } else { None };
-            let (start, is_warm) = found.map_or((free.start + gap, false), |at| (at, true));
+            let found = if free.dirty > 0 { resident(free) } else { None };
+            let (start, warm) = found.unwrap_or((free.start + gap, 0));
             let better = match best {
                 None => true,
                 Some((_, _, best_warm, best_len)) => {
-                    (is_warm && !best_warm) || (is_warm == best_warm && free.len < best_len)
+                    warm > best_warm || (warm == best_warm && free.len < best_len)
                 }
             };
             if better {
-                best = Some((index, start, is_warm, free.len));
-                if is_warm {
-                    break; // resident: the first in address order packs the low addresses
+                best = Some((index, start, warm, free.len));
+                if warm == len {
+                    break; // all resident: the first in address order packs the low addresses
                 }
             }
         }

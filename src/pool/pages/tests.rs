@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 
 use proptest::prelude::*;
 
-use super::{segment_of, PageLayer, Room, State, PAGE};
+use super::{segment_of, PageLayer, Room, State, PAGE, PURGE_SLACK};
 
 impl PageLayer {
     /// Checks every invariant of the state against the blocks the caller holds.
@@ -296,4 +296,79 @@ fn segments_stay_large_after_many_maps() {
     assert_eq!(layer.mapped_bytes(), super::SEGMENT_MAX as u64);
     // SAFETY: ours, not used again.
     unsafe { layer.give_back(block, PAGE) };
+}
+
+/// A request that no resident run holds whole goes where it covers the most resident pages,
+/// not to the shortest clean range: each resident page it takes is one fault fewer, and one
+/// page the budget need not purge elsewhere.
+#[test]
+fn a_request_no_resident_run_holds_takes_the_most_resident_pages() {
+    let layer = PageLayer::new(u64::MAX);
+    let any = || room(u64::MAX);
+    let pages = |n: usize| layer.obtain(n * PAGE, PAGE, false, any()).unwrap();
+    let (a, b, c, d, e, f) = (pages(2), pages(2), pages(2), pages(1), pages(3), pages(1));
+    // SAFETY: ours, not used again.
+    unsafe {
+        layer.give_back(c, 2 * PAGE);
+        layer.give_back(e, 3 * PAGE);
+    }
+    // c's and e's pages are clean now.
+    layer.trim();
+    // SAFETY: ours, not used again.
+    unsafe { layer.give_back(b, 2 * PAGE) };
+    // Free: b (2 pages, resident) + c (2, clean); e (3, clean), the shortest that holds 3.
+    let got = pages(3);
+    assert_eq!(got, b, "the piece that covers b's resident pages");
+    assert_eq!(layer.dirty_bytes(), 0);
+    layer.check(&[(a, 2 * PAGE), (got, 3 * PAGE), (d, PAGE), (f, PAGE)]);
+    // SAFETY: ours, not used again.
+    unsafe {
+        layer.give_back(a, 2 * PAGE);
+        layer.give_back(got, 3 * PAGE);
+        layer.give_back(d, PAGE);
+        layer.give_back(f, PAGE);
+    }
+}
+
+/// The budget's purge takes the fragment with the fewest resident pages first, and leaves a
+/// large resident range whole for the next large request.
+#[test]
+#[cfg_attr(miri, ignore = "maps segments of several MiB")]
+fn a_purge_takes_the_smallest_resident_fragment_first() {
+    const MIB: usize = 1 << 20;
+    let layer = PageLayer::new(u64::MAX);
+    let any = || room(u64::MAX);
+    let held = [(); 3].map(|()| layer.obtain(PAGE, PAGE, false, any()).unwrap());
+    let fragment = layer.obtain(2 * MIB, PAGE, false, any()).unwrap();
+    let between = layer.obtain(PAGE, PAGE, false, any()).unwrap();
+    let large = layer.obtain(8 * MIB, PAGE, false, any()).unwrap();
+    let last = layer.obtain(PAGE, PAGE, false, any()).unwrap();
+    // SAFETY: ours, not used again.
+    unsafe {
+        layer.give_back(fragment, 2 * MIB);
+        layer.give_back(large, 8 * MIB);
+    }
+    assert_eq!(layer.dirty_bytes(), 10 * MIB as u64);
+    // Held after the next carve: 5 pages and 9 MiB. The budget leaves room for all but one
+    // resident page: the purge takes that page and PURGE_SLACK more, from the fragment.
+    let budget = (5 * PAGE + 9 * MIB + 10 * MIB - PAGE) as u64;
+    let clean = layer.obtain(9 * MIB, PAGE, false, room(budget)).unwrap();
+    assert_eq!(layer.purged_bytes(), (PURGE_SLACK + PAGE) as u64);
+    let before = layer.dirty_bytes();
+    let again = layer.obtain(8 * MIB, PAGE, false, any()).unwrap();
+    let taken = before - layer.dirty_bytes();
+    assert_eq!(
+        taken,
+        8 * MIB as u64,
+        "the large range is still resident whole"
+    );
+    assert_eq!(again, large);
+    // SAFETY: ours, not used again.
+    unsafe {
+        for block in held.into_iter().chain([between, last]) {
+            layer.give_back(block, PAGE);
+        }
+        layer.give_back(clean, 9 * MIB);
+        layer.give_back(again, 8 * MIB);
+    }
 }
