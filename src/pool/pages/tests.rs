@@ -260,8 +260,9 @@ fn a_request_takes_the_resident_pages_inside_a_range_before_its_clean_head() {
     let c = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
     // SAFETY: ours, not used again.
     unsafe { layer.give_back(b, 8 * PAGE) };
-    layer.trim(); // b's pages are clean now
-                  // SAFETY: as above.
+    // b's pages are clean now.
+    layer.trim();
+    // SAFETY: as above.
     unsafe { layer.give_back(c, 8 * PAGE) };
     // One range: b (clean), c (dirty), the segment's clean rest.
     assert_eq!(layer.dirty_bytes(), 8 * PAGE as u64);
