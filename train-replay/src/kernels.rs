@@ -63,12 +63,14 @@ impl<'a> Mat<'a> {
 }
 
 /// `c[m x n] = a[m x k] * b[k x n]` (or `c += a * b` if `accumulate`), `c` row-major, on
-/// this thread. `c` is written whole either way; when `accumulate` is false its old contents
-/// are not read, so it may be uninitialised.
+/// `threads` threads of the current rayon pool (1: this thread), the same bits on any number
+/// (see the module's documentation). `c` is written whole either way; when `accumulate` is
+/// false its old contents are not read, so it may be uninitialised.
 ///
 /// # Panics
 ///
 /// If an operand is too short for its shape.
+#[allow(clippy::too_many_arguments)] // a GEMM's shape, operands, mode and threads
 pub fn gemm(
     m: usize,
     k: usize,
@@ -77,43 +79,7 @@ pub fn gemm(
     b: Mat<'_>,
     c: &mut [MaybeUninit<f32>],
     accumulate: bool,
-) {
-    if accumulate {
-        gemm_into(m, k, n, a, b, c, true, gemm::Parallelism::None);
-    } else {
-        gemm_with(m, k, n, a, b, c, gemm::Parallelism::None);
-    }
-}
-
-/// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major, written whole and never read, with the
-/// `gemm` crate's `parallelism` (its rayon threads are the current pool's).
-///
-/// # Panics
-///
-/// If an operand is too short for its shape.
-fn gemm_with(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: Mat<'_>,
-    b: Mat<'_>,
-    c: &mut [MaybeUninit<f32>],
-    parallelism: gemm::Parallelism,
-) {
-    gemm_into(m, k, n, a, b, c, false, parallelism);
-}
-
-/// [`gemm`] and [`gemm_with`]'s one call of the `gemm` crate.
-#[allow(clippy::too_many_arguments)] // a GEMM's shape, operands and mode
-fn gemm_into(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: Mat<'_>,
-    b: Mat<'_>,
-    c: &mut [MaybeUninit<f32>],
-    accumulate: bool,
-    parallelism: gemm::Parallelism,
+    threads: usize,
 ) {
     let elements = m.checked_mul(n).expect("m * n overflows");
     assert!(c.len() >= elements, "output too short for its shape");
@@ -149,7 +115,7 @@ fn gemm_into(
             false,
             false,
             false,
-            parallelism,
+            parallelism(threads),
         );
     }
 }
@@ -236,7 +202,7 @@ pub fn linear(
         let first = i * ROW_BLOCK * k;
         let input = Mat::rows(&input[first..first + chunk * k], k);
         let weight = Mat::rows(weight, n);
-        gemm_into(chunk, k, n, input, weight, out, true, parallelism(threads));
+        gemm(chunk, k, n, input, weight, out, true, threads);
         if relu {
             // SAFETY: the loop above initialised every element and the GEMM kept them so.
             let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
@@ -274,7 +240,7 @@ pub fn product(
             data: &a.data[i * ROW_BLOCK * a.rs..],
             ..a
         };
-        gemm_with(c.len() / n, k, n, a, b, c, parallelism(threads));
+        gemm(c.len() / n, k, n, a, b, c, false, threads);
     });
 }
 
@@ -297,7 +263,7 @@ pub fn weight_grad(
     threads: usize,
 ) {
     let (input, grad) = (Mat::transposed(input, k), Mat::rows(grad, n));
-    gemm_with(k, rows, n, input, grad, out, parallelism(threads));
+    gemm(k, rows, n, input, grad, out, false, threads);
 }
 
 /// `out[n] = ` the sum of the `rows` rows of `grad` (row-major, `n` columns), each column
@@ -411,7 +377,7 @@ mod tests {
             (Mat::transposed(&a, m), Mat::transposed(&b, k)),
         ] {
             let mut c = vec![MaybeUninit::new(f32::NAN); m * n];
-            gemm(m, k, n, a, b, &mut c, false);
+            gemm(m, k, n, a, b, &mut c, false, 1);
             // SAFETY: the elements started initialised, and the GEMM writes only floats.
             let c: Vec<f32> = c.iter().map(|v| unsafe { v.assume_init() }).collect();
             assert_eq!(c, naive(m, k, n, a, b));
