@@ -88,6 +88,7 @@
 
 mod arena;
 mod checkpoint;
+mod collect;
 mod error;
 mod group;
 mod handshake;
@@ -123,18 +124,6 @@ pub mod design {
     //! The design document (`DESIGN.md`): the layers, the protocols and the invariants,
     //! each tested.
     #![doc = include_str!("../DESIGN.md")]
-}
-
-/// Collects `items` into a `Vec` that grows as they come. `collect` and `extend` reserve the
-/// lower bound of the iterator's size hint up front, so an iterator that claims more than
-/// it yields would make them panic (capacity overflow) or abort the process (a refused
-/// allocation) before the first item.
-pub(crate) fn collect_as_they_come<T>(items: impl IntoIterator<Item = T>) -> Vec<T> {
-    let mut all = Vec::new();
-    for item in items {
-        all.push(item);
-    }
-    all
 }
 
 /// The README's examples, compiled and run as doctests.

@@ -136,7 +136,7 @@ impl AllocationGroup {
     pub fn from_tensors(
         tensors: impl IntoIterator<Item = Tensor>,
     ) -> Result<(Self, Vec<DescriptorSlot>), GroupError> {
-        let tensors = crate::collect_as_they_come(tensors);
+        let tensors = crate::collect::collect_as_they_come(tensors);
         if let Some(external) = tensors.iter().find(|t| t.is_external()) {
             return Err(GroupError::ExternalPayload {
                 dtype: external.dtype(),

@@ -171,9 +171,9 @@ impl PoolInner {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use crate::pool::{BufferPool, PoolConfig};
     use crate::sync::asymmetric::heavy_fences_here;
     use crate::thread::on_a_high_index;
-    use crate::{BufferPool, PoolConfig};
 
     #[test]
     #[cfg_attr(miri, ignore = "2,200 threads: too slow under Miri")]

@@ -307,7 +307,7 @@ impl PoolInner {
 mod tests {
     use super::*;
     use crate::pool::class::{class_of, class_size};
-    use crate::BufferPool;
+    use crate::pool::BufferPool;
 
     #[test]
     fn a_colour_fits_the_block_past_the_callers_bytes() {

@@ -488,7 +488,7 @@ impl std::fmt::Debug for SpanGuard<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::BufferPool;
+    use crate::pool::BufferPool;
     use serde_json::Value;
 
     /// The OS tid of the calling thread, read here without the trace's cache.

@@ -71,7 +71,7 @@ impl Recompute {
         compute: impl Fn(&[TensorRead<'_>]) -> Result<Tensor> + Send + Sync + 'static,
     ) -> Self {
         Self {
-            inputs: crate::collect_as_they_come(inputs),
+            inputs: crate::collect::collect_as_they_come(inputs),
             compute: Box::new(compute),
             cost: None,
         }
