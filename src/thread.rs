@@ -34,7 +34,7 @@ mod std_state {
     static FREE: std::sync::OnceLock<PagedTable<AtomicUsize>> = std::sync::OnceLock::new();
 
     /// The calling thread's state.
-    struct State {
+    struct ThreadState {
         /// The thread's index, or `usize::MAX` (before it claims one, and after it gave it
         /// back).
         index: Cell<usize>,
@@ -70,8 +70,8 @@ mod std_state {
     }
 
     thread_local! {
-        static STATE: State = const {
-            State {
+        static STATE: ThreadState = const {
+            ThreadState {
                 index: Cell::new(usize::MAX),
                 pool: Cached::none(),
                 arena: Cached::none(),
@@ -145,7 +145,7 @@ mod std_state {
     /// The record `pick` caches for `owner`, with the thread's index, if this thread's last
     /// operation of that kind was on that owner (and it still holds its index).
     #[inline(always)]
-    fn cached(pick: fn(&State) -> &Cached, owner: u64) -> Option<(*const (), usize)> {
+    fn cached(pick: fn(&ThreadState) -> &Cached, owner: u64) -> Option<(*const (), usize)> {
         STATE
             .try_with(|state| {
                 let cached = pick(state);
@@ -159,7 +159,7 @@ mod std_state {
     /// Caches `record` as this thread's record of `owner` in `pick` (for its current index;
     /// nothing while the thread holds none).
     #[inline]
-    fn cache(pick: fn(&State) -> &Cached, owner: u64, record: *const ()) {
+    fn cache(pick: fn(&ThreadState) -> &Cached, owner: u64, record: *const ()) {
         let _ = STATE.try_with(|state| {
             if state.index.get() != usize::MAX {
                 pick(state).owner.set(owner);

@@ -6,8 +6,8 @@
 //! # Who touches a cache
 //!
 //! Its *owner* (the thread with its index) reads and writes it, with plain (relaxed) atomic
-//! accesses, inside an operation bracketed by [`ThreadCache::begin_operation`] and
-//! [`ThreadCache::end_operation`]. Other threads *drain* it (trim, budget pressure, the
+//! accesses, inside an operation bracketed by [`PoolThreadCache::begin_operation`] and
+//! [`PoolThreadCache::end_operation`]. Other threads *drain* it (trim, budget pressure, the
 //! pool's close) without waiting for the owner to come back, through the cache's
 //! [`Handshake`] (see `crate::handshake`): afterwards either the drainer sees the owner busy
 //! (and waits for that one operation to end) or the owner sees the drain (and leaves the
@@ -32,7 +32,7 @@ use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 const OWN_DRAIN: u32 = 2;
 
 /// One thread's cache in one pool.
-pub(super) struct ThreadCache {
+pub(super) struct PoolThreadCache {
     /// The owner's operations and the drainers' flag; the idle policy reads its operation
     /// count.
     handshake: Handshake,
@@ -64,17 +64,17 @@ struct Bin {
     count: AtomicU32,
 }
 
-/// The outcome of [`ThreadCache::begin_operation`].
+/// The outcome of [`PoolThreadCache::begin_operation`].
 #[derive(Debug)]
 pub(super) enum Entry {
     /// The pool is open; `cache_usable` says whether the bins may be used. End the
-    /// operation with [`ThreadCache::end_operation`]`(busy)`.
+    /// operation with [`PoolThreadCache::end_operation`]`(busy)`.
     Open { cache_usable: bool, busy: Busy },
     /// The pool is closed: the operation must not touch the cache (the owner is not busy).
     Closed,
 }
 
-impl ThreadCache {
+impl PoolThreadCache {
     /// A cache whose thread uses `shard` of the shared lists.
     pub(super) fn new(shard: usize) -> Self {
         Self {

@@ -5,7 +5,7 @@
 //! walks every shard of the shared lists.
 
 use super::blocks::Record;
-use super::cache::ThreadCache;
+use super::cache::PoolThreadCache;
 use super::inner::PoolInner;
 use super::reserve::CacheSnapshot;
 use super::{class, PoolEventKind};
@@ -58,7 +58,7 @@ impl PoolInner {
 
     /// Calls `f` with every cache: one per thread index that used the pool (see
     /// `crate::roster`), whatever the indices.
-    pub(super) fn for_each_cache(&self, f: impl FnMut(&ThreadCache)) {
+    pub(super) fn for_each_cache(&self, f: impl FnMut(&PoolThreadCache)) {
         self.caches.iter().map(|cache| &**cache).for_each(f);
     }
 
@@ -76,7 +76,7 @@ impl PoolInner {
     pub(super) fn drain_caches(
         &self,
         fence: bool,
-        mut pick: impl FnMut(&ThreadCache) -> bool,
+        mut pick: impl FnMut(&PoolThreadCache) -> bool,
         mut each: impl FnMut(usize, &Record),
     ) -> u64 {
         let token = self.drain_token();

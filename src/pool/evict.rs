@@ -18,7 +18,7 @@
 
 use std::ptr::NonNull;
 
-use super::evictable::{Evictable, Held, NotPinned, Phase};
+use super::evictable::{Evictable, Held, NotPinned, Residence};
 use super::inner::PoolInner;
 use super::{class, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
 use crate::sync::{Arc, Ordering};
@@ -153,7 +153,7 @@ impl PoolInner {
                 // `is_resident` in a loop, preempted with the lock held, made 5 of every
                 // 81-218 requests fail.
                 let state = value.lock();
-                if state.phase != Phase::Resident || state.readers > 0 {
+                if state.phase != Residence::Resident || state.readers > 0 {
                     continue;
                 }
                 drop(state);
@@ -193,8 +193,8 @@ impl PoolInner {
         for value in registry.slots.iter().flatten() {
             let state = value.lock();
             match (state.phase, state.readers) {
-                (Phase::Resident, 0) => held.evictable += value.bytes(),
-                (Phase::Resident, _) => held.pinned += value.bytes(),
+                (Residence::Resident, 0) => held.evictable += value.bytes(),
+                (Residence::Resident, _) => held.pinned += value.bytes(),
                 _ => {}
             }
         }

@@ -17,7 +17,7 @@ use crate::sync::{
 
 /// Where an evictable value's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Phase {
+pub(crate) enum Residence {
     /// In a block of the pool.
     Resident,
     /// Given back to the pool; a reader must recompute it.
@@ -28,8 +28,8 @@ pub(crate) enum Phase {
 
 /// What the lock of an evictable value guards.
 #[derive(Debug)]
-pub(super) struct State {
-    pub(super) phase: Phase,
+pub(super) struct ValueState {
+    pub(super) phase: Residence,
     /// Pins held: reads in progress, and inputs of recomputes in progress. A value with
     /// readers is never evicted.
     pub(super) readers: usize,
@@ -54,7 +54,7 @@ pub(crate) struct Evictable {
     /// The evictable values it is recomputed from: their cost counts in its score while
     /// they are evicted too.
     pub(super) parents: Box<[Arc<Evictable>]>,
-    pub(super) state: Mutex<State>,
+    pub(super) state: Mutex<ValueState>,
     /// Signalled when a recompute ends (in success or failure).
     pub(super) ready: Condvar,
     /// Whether the phase is `Resident`, for the policy's estimates read without the lock.
@@ -122,8 +122,8 @@ impl Evictable {
             bytes: AtomicU64::new(buffer.capacity() as u64),
             cost,
             parents,
-            state: Mutex::new(State {
-                phase: Phase::Resident,
+            state: Mutex::new(ValueState {
+                phase: Residence::Resident,
                 readers: 0,
                 recomputer: None,
             }),
@@ -134,7 +134,7 @@ impl Evictable {
         }
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, ValueState> {
         // A poisoned lock: a panic while it was held, and none of the sections below can
         // panic between their writes, so the state is consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -162,16 +162,16 @@ impl Evictable {
         let mut state = self.lock();
         loop {
             match state.phase {
-                Phase::Resident => {
+                Residence::Resident => {
                     state.readers += 1;
                     self.last_use.store(evictor.tick(), Ordering::Relaxed);
                     return Ok(());
                 }
-                Phase::Evicted => return Err(NotPinned::Evicted),
-                Phase::Recomputing if state.recomputer == Some(thread_id()) => {
+                Residence::Evicted => return Err(NotPinned::Evicted),
+                Residence::Recomputing if state.recomputer == Some(thread_id()) => {
                     return Err(NotPinned::RecomputingHere)
                 }
-                Phase::Recomputing => {
+                Residence::Recomputing => {
                     state = self.ready.wait(state).unwrap_or_else(|e| e.into_inner());
                 }
             }
@@ -192,10 +192,10 @@ impl Evictable {
     /// evicted (the caller tries to pin it again).
     pub(crate) fn claim(&self) -> bool {
         let mut state = self.lock();
-        if state.phase != Phase::Evicted {
+        if state.phase != Residence::Evicted {
             return false;
         }
-        state.phase = Phase::Recomputing;
+        state.phase = Residence::Recomputing;
         state.recomputer = Some(thread_id());
         true
     }
@@ -204,14 +204,14 @@ impl Evictable {
     /// caller, and the threads waiting for it wake.
     pub(crate) fn fill(&self, evictor: &Evictor, buffer: PoolBuffer) {
         let mut state = self.lock();
-        debug_assert_eq!(state.phase, Phase::Recomputing);
+        debug_assert_eq!(state.phase, Residence::Recomputing);
         self.class.store(buffer.class(), Ordering::Relaxed);
         self.bytes
             .store(buffer.capacity() as u64, Ordering::Relaxed);
         // SAFETY: the lock is held and the value has no reader (it was not resident), as the
         // invariant on `buffer` requires for a write.
         self.buffer.with_mut(|slot| unsafe { *slot = Some(buffer) });
-        state.phase = Phase::Resident;
+        state.phase = Residence::Resident;
         state.recomputer = None;
         state.readers += 1;
         self.resident.store(true, Ordering::Release);
@@ -224,8 +224,8 @@ impl Evictable {
     /// thread may try itself.
     pub(crate) fn abandon(&self) {
         let mut state = self.lock();
-        debug_assert_eq!(state.phase, Phase::Recomputing);
-        state.phase = Phase::Evicted;
+        debug_assert_eq!(state.phase, Residence::Recomputing);
+        state.phase = Residence::Evicted;
         state.recomputer = None;
         drop(state);
         self.ready.notify_all();
@@ -247,11 +247,11 @@ impl Evictable {
 
     /// Takes the block of a resident value no reader pins, as the lock-holder `state` shows;
     /// the caller drops it once every lock is released.
-    pub(super) fn take(&self, state: &mut State) -> Option<PoolBuffer> {
-        if state.phase != Phase::Resident || state.readers > 0 {
+    pub(super) fn take(&self, state: &mut ValueState) -> Option<PoolBuffer> {
+        if state.phase != Residence::Resident || state.readers > 0 {
             return None;
         }
-        state.phase = Phase::Evicted;
+        state.phase = Residence::Evicted;
         self.resident.store(false, Ordering::Release);
         // SAFETY: the lock is held (`state` borrows its guard) and there is no reader.
         self.buffer.with_mut(|slot| unsafe { (*slot).take() })

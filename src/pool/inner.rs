@@ -9,7 +9,7 @@ use std::fmt;
 use crossbeam_utils::CachePadded;
 
 use super::blocks::BlockTable;
-use super::cache::ThreadCache;
+use super::cache::PoolThreadCache;
 use super::counters::{OpCounters, PoolCounters, CACHELESS};
 use super::evictable::Evictor;
 use super::pages::PageLayer;
@@ -50,7 +50,7 @@ pub(crate) struct PoolInner {
     /// The shared lists: [`LIST_SHARDS`] shards of one list of blocks per size class.
     /// Invariant: every block on a shard's list `c` holds `class_size(c)` bytes and is owned
     /// by the list. A thread pushes the blocks it frees to its own shard (its cache's
-    /// [`ThreadCache::shard`]) and pops from its own shard first, then from the others: any
+    /// [`PoolThreadCache::shard`]) and pops from its own shard first, then from the others: any
     /// thread can take any listed block, and threads on different shards share no list head.
     pub(super) lists: [CachePadded<ClassLists>; LIST_SHARDS],
     /// Per class, the `idle_round` in which an allocation last drew on its list or the
@@ -61,7 +61,7 @@ pub(crate) struct PoolInner {
     /// Classes below this one go through the thread caches (from the configuration).
     pub(super) cached_classes: usize,
     /// Thread caches, one per thread index that used the pool (see `cache` and `crate::roster`).
-    pub(super) caches: Roster<CachePadded<ThreadCache>>,
+    pub(super) caches: Roster<CachePadded<PoolThreadCache>>,
     /// Tokens of drains (see `reserve::drain_token`).
     pub(super) drain_tokens: AtomicU32,
     /// Operations of threads that hold no thread index (their thread-locals are being

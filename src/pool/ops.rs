@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use crossbeam_utils::CachePadded;
 
 use super::blocks::Record;
-use super::cache::{Entry, ThreadCache};
+use super::cache::{Entry, PoolThreadCache};
 use super::counters::{solo_value, Writers, CACHELESS, SOLO_NONE, SOLO_SHARED, SOLO_SWITCHING};
 use super::inner::{PoolInner, CACHELESS_SHARD, LIST_SHARDS};
 use super::{class, lifetime, PoolBuffer, PoolError, PoolEventKind};
@@ -82,7 +82,7 @@ impl PoolInner {
     /// The calling thread's cache, index and memory tag: one thread-local read when this
     /// thread's last pool operation was on this pool. `None` if the thread holds no index.
     #[inline(always)]
-    pub(super) fn my_cache(&self) -> Option<(&ThreadCache, u32, u32)> {
+    pub(super) fn my_cache(&self) -> Option<(&PoolThreadCache, u32, u32)> {
         self.my_remembered_cache().or_else(|| self.my_cache_slow())
     }
 
@@ -90,7 +90,7 @@ impl PoolInner {
     /// (one thread-local read), else `None`. Under loom, which has no thread-local memo, the
     /// whole `my_cache`, so that the models run the hot paths that start with it.
     #[inline(always)]
-    fn my_remembered_cache(&self) -> Option<(&ThreadCache, u32, u32)> {
+    fn my_remembered_cache(&self) -> Option<(&PoolThreadCache, u32, u32)> {
         #[cfg(loom)]
         return self.my_cache_slow();
         #[cfg(not(loom))]
@@ -99,16 +99,16 @@ impl PoolInner {
             // SAFETY: `my_cache_slow` cached this pointer from this pool's cache table (pool
             // identities are never reused), whose pages never move or free while the pool
             // lives; the caller keeps the pool alive.
-            Some((unsafe { &*cache.cast::<ThreadCache>() }, thread, tag))
+            Some((unsafe { &*cache.cast::<PoolThreadCache>() }, thread, tag))
         }
     }
 
     /// The calling thread's cache if it has one already (a thread that never used the pool
     /// gets none, and no cache is made).
-    pub(super) fn my_existing_cache(&self) -> Option<&ThreadCache> {
+    pub(super) fn my_existing_cache(&self) -> Option<&PoolThreadCache> {
         if let Some((cache, _, _)) = thread::remembered_pool_cache(self.id) {
             // SAFETY: as in `my_cache`.
-            return Some(unsafe { &*cache.cast::<ThreadCache>() });
+            return Some(unsafe { &*cache.cast::<PoolThreadCache>() });
         }
         let thread = u32::try_from(thread::index()?).ok()?;
         self.caches.get(thread).map(|cache| &**cache)
@@ -116,14 +116,14 @@ impl PoolInner {
 
     #[cold]
     #[inline(never)]
-    pub(super) fn my_cache_slow(&self) -> Option<(&ThreadCache, u32, u32)> {
+    pub(super) fn my_cache_slow(&self) -> Option<(&PoolThreadCache, u32, u32)> {
         let thread = u32::try_from(thread::index()?).ok()?;
         let cache = self.caches.get_or_claim(thread, |number| {
             let shard = number as usize & (LIST_SHARDS - 1);
-            CachePadded::new(ThreadCache::new(shard))
+            CachePadded::new(PoolThreadCache::new(shard))
         })?;
         self.join_exact_counters(Some(thread));
-        thread::remember_pool_cache(self.id, std::ptr::from_ref::<ThreadCache>(cache).cast());
+        thread::remember_pool_cache(self.id, std::ptr::from_ref::<PoolThreadCache>(cache).cast());
         Some((cache, thread, thread::tag()))
     }
 
@@ -299,7 +299,7 @@ impl PoolInner {
     #[allow(clippy::too_many_arguments)] // the hot path's locals, passed on as they are
     pub(super) fn alloc_slow(
         &self,
-        cache: &ThreadCache,
+        cache: &PoolThreadCache,
         class: usize,
         class_bytes: usize,
         size: usize,
@@ -337,7 +337,7 @@ impl PoolInner {
     #[inline(always)]
     pub(super) fn count_alloc(
         &self,
-        cache: &ThreadCache,
+        cache: &PoolThreadCache,
         thread: u32,
         class_bytes: usize,
         requested: usize,
@@ -411,7 +411,13 @@ impl PoolInner {
     /// Caches `record`'s block in the bin of `class` of `cache` if the configured limits
     /// leave room (the owner, inside an operation with bins usable); whether it did.
     #[inline(always)]
-    fn bin(&self, cache: &ThreadCache, class: usize, class_bytes: usize, record: &Record) -> bool {
+    fn bin(
+        &self,
+        cache: &PoolThreadCache,
+        class: usize,
+        class_bytes: usize,
+        record: &Record,
+    ) -> bool {
         let config = &self.config;
         cache.push(
             class,
@@ -425,7 +431,13 @@ impl PoolInner {
     /// Counts a free in the cache of the calling thread, `thread` (inside an operation), as
     /// [`count_alloc`](Self::count_alloc) counts an allocation.
     #[inline(always)]
-    fn count_free(&self, cache: &ThreadCache, thread: u32, class_bytes: usize, requested: usize) {
+    fn count_free(
+        &self,
+        cache: &PoolThreadCache,
+        thread: u32,
+        class_bytes: usize,
+        requested: usize,
+    ) {
         cache
             .counters
             .count_free(class_bytes, requested, Writers::Owner);

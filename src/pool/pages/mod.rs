@@ -142,7 +142,7 @@ impl Segment {
 }
 
 /// What the lock guards.
-struct State {
+struct PageBooks {
     /// Invariant: every free range lies inside one segment of `segments`.
     free: FreeRanges,
     /// Sorted by address.
@@ -159,19 +159,19 @@ struct State {
     next_decay: u64,
 }
 
-// SAFETY: `State` holds addresses of memory the layer owns, not references to another
+// SAFETY: `PageBooks` holds addresses of memory the layer owns, not references to another
 // thread's data; all access to it goes through the layer's lock.
-unsafe impl Send for State {}
+unsafe impl Send for PageBooks {}
 
 /// The page layer of one pool.
 pub(crate) struct PageLayer {
-    state: Mutex<State>,
+    state: Mutex<PageBooks>,
     /// Free pages that stayed dirty this long (milliseconds) are purged at the next call;
     /// `u64::MAX`: never by the clock.
     decay_ms: u64,
     /// The layer's clock starts here.
     born: Instant,
-    /// Copies of `State`'s figures, for reads without the lock (written under it).
+    /// Copies of `PageBooks`'s figures, for reads without the lock (written under it).
     dirty: AtomicU64,
     mapped: AtomicU64,
     /// The most that the blocks held (heap blocks included) plus `dirty` reached when a
@@ -215,7 +215,7 @@ impl Room {
 impl PageLayer {
     pub(crate) fn new(decay_ms: u64) -> Self {
         Self {
-            state: Mutex::new(State {
+            state: Mutex::new(PageBooks {
                 free: FreeRanges::new(),
                 segments: SysVec::new(),
                 dirty: 0,
@@ -234,7 +234,7 @@ impl PageLayer {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, PageBooks> {
         // No code that can panic runs under the lock but assertions of its own invariants;
         // a poisoned lock still guards consistent ranges.
         self.state
@@ -265,7 +265,7 @@ impl PageLayer {
         let mut state = self.lock();
         let now = self.now();
         self.decay(&mut state, now);
-        let State { free, segments, .. } = &*state;
+        let PageBooks { free, segments, .. } = &*state;
         let warm = |range: &Free| {
             let segment = &segments.as_slice()[segment_of(segments, range.start)];
             segment.find_dirty(range, len, align)
@@ -274,7 +274,7 @@ impl PageLayer {
             Some(found) => found,
             None => self.map_for(&mut state, len, align)?,
         };
-        let State { free, segments, .. } = &mut *state;
+        let PageBooks { free, segments, .. } = &mut *state;
         let dirty = |a, b| segments.as_slice()[segment_of(segments, a)].dirty(a, b);
         let carved = free.carve(index, start, len, dirty).ok()?;
         state.dirty -= carved.dirty;
@@ -426,7 +426,7 @@ impl PageLayer {
         self.purged.load(Ordering::Relaxed)
     }
 
-    fn publish(&self, state: &State) {
+    fn publish(&self, state: &PageBooks) {
         self.dirty.store(state.dirty as u64, Ordering::Relaxed);
         self.mapped.store(state.mapped as u64, Ordering::Relaxed);
     }
@@ -434,7 +434,7 @@ impl PageLayer {
     /// Maps a segment that holds `len` bytes at an `align`-aligned address; where in its free
     /// range they go, as [`FreeRanges::best_fit`] says.
     #[cold]
-    fn map_for(&self, state: &mut State, len: usize, align: usize) -> Option<(usize, usize)> {
+    fn map_for(&self, state: &mut PageBooks, len: usize, align: usize) -> Option<(usize, usize)> {
         // Doublings past SEGMENT_MAX are cut first: a shift by the count itself wrapped to 0
         // after 42 maps.
         let doublings = (SEGMENT_MAX / SEGMENT_FIRST).trailing_zeros();
@@ -493,7 +493,7 @@ impl PageLayer {
     }
 
     /// Purges the free pages that stayed dirty for `decay_ms`.
-    fn decay(&self, state: &mut State, now: u64) {
+    fn decay(&self, state: &mut PageBooks, now: u64) {
         if now < state.next_decay {
             return;
         }
@@ -518,7 +518,7 @@ impl PageLayer {
     /// the least likely to hold the next large request whole), its last pages, as many as
     /// hold the excess (blocks are carved from a range's start, so its head is what the next
     /// request reuses); again while an excess is left.
-    fn purge_to(&self, state: &mut State, allowed: usize) {
+    fn purge_to(&self, state: &mut PageBooks, allowed: usize) {
         if state.dirty <= allowed {
             return;
         }
@@ -550,7 +550,7 @@ impl PageLayer {
     }
 
     /// Purges free range `index` whole.
-    fn purge(&self, state: &mut State, index: usize) {
+    fn purge(&self, state: &mut PageBooks, index: usize) {
         let free = state.free.as_slice()[index];
         let segment = state.segments.as_slice()[segment_of(&state.segments, free.start)];
         let purged = self.purge_pages(&segment, free.start, free.end());

@@ -7,13 +7,13 @@ use std::ptr::NonNull;
 
 use proptest::prelude::*;
 
-use super::{segment_of, PageLayer, Room, State, PAGE, PURGE_SLACK};
+use super::{segment_of, PageBooks, PageLayer, Room, PAGE, PURGE_SLACK};
 
 impl PageLayer {
     /// Checks every invariant of the state against the blocks the caller holds.
     fn check(&self, held: &[(NonNull<u8>, usize)]) {
         let state = self.lock();
-        let State {
+        let PageBooks {
             free,
             segments,
             dirty,
