@@ -39,35 +39,30 @@
 //! close, or the drop of the last live buffer. See `lifetime` for the protocol.
 
 mod advise;
-#[cfg(feature = "allocator-api2")]
-mod allocator_api;
 mod blocks;
 mod buffer;
 mod cache;
-mod chrome;
 mod class;
 mod config;
-mod counters;
 mod drain;
 mod error;
 mod evict;
-mod evictable;
 mod front;
 mod inner;
 mod lifetime;
+mod observe;
 mod ops;
 mod pages;
-mod raw;
 mod reserve;
-mod stats;
-mod tag;
-mod trace;
+
+use evict::value as evictable;
+use observe::{chrome, counters, stats, tag, trace};
 
 pub use buffer::PoolBuffer;
 pub use config::PoolConfig;
 pub use error::{OutOfMemory, PoolError};
 pub(crate) use evictable::{Evictable, NotPinned};
-pub use front::PoolAllocator;
+pub use front::global::PoolAllocator;
 pub use stats::{BlockInfo, ClassStats, PoolStats};
 pub use tag::{MemoryByTag, MemoryTag, TagScope};
 pub use trace::{PoolEvent, PoolEventKind, SpanGuard};

@@ -14,10 +14,10 @@ use std::alloc::Layout;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
-use super::blocks::Record;
-use super::buffer::PoolBuffer;
-use super::inner::PoolInner;
-use super::PoolError;
+use super::super::blocks::Record;
+use super::super::buffer::PoolBuffer;
+use super::super::inner::PoolInner;
+use super::super::PoolError;
 
 /// What a raw block's header records: where the block came from, and what giving it back
 /// needs.
@@ -42,11 +42,11 @@ union Body {
 /// A block a front end took from its fallback allocator in place of the pool.
 #[derive(Clone, Copy)]
 #[repr(C)]
-pub(super) struct Fallback {
+pub(in crate::pool) struct Fallback {
     /// The start of the block (the header and padding come before the caller's pointer).
-    pub(super) base: *mut u8,
+    pub(in crate::pool) base: *mut u8,
     /// The layout the block was allocated with.
-    pub(super) layout: Layout,
+    pub(in crate::pool) layout: Layout,
 }
 
 /// `Header::kind` of a pool block, with its colour in [`COLOUR_BITS`].
@@ -57,7 +57,7 @@ const COLOUR_BITS: usize = 0xFFFF;
 const FALLBACK: usize = 0x4641_4C4C; // "FALL"
 
 /// The largest alignment a raw allocation serves (larger ones would waste most of a block).
-pub(super) const MAX_ALIGN: usize = 4096;
+pub(in crate::pool) const MAX_ALIGN: usize = 4096;
 
 /// The rule for resizing a raw pool block in place, for both front ends: the new size fits
 /// the block from the caller's pointer on (`capacity` bytes), and, if the front end may
@@ -66,7 +66,7 @@ pub(super) const MAX_ALIGN: usize = 4096;
 /// goes back for a smaller one. The `Allocator` implementation cannot fall back: a move
 /// asks the pool for memory its budget may refuse, so it keeps every block that fits
 /// (`grow` and `shrink`).
-pub(super) fn resizes_in_place(capacity: usize, new_size: usize, may_move: bool) -> bool {
+pub(in crate::pool) fn resizes_in_place(capacity: usize, new_size: usize, may_move: bool) -> bool {
     new_size <= capacity && (!may_move || new_size >= capacity / 2)
 }
 
@@ -125,7 +125,7 @@ fn colour(buffer: &PoolBuffer, total: usize, align: usize) -> usize {
 
 /// Where a raw block came from, read from its header (one read: the caller frees or looks at
 /// the block from this copy).
-pub(super) enum Origin {
+pub(in crate::pool) enum Origin {
     /// The pool, with the block's buffer: dropping it (`ManuallyDrop::into_inner`) gives the
     /// block back; a copy only looked at must not be dropped.
     Pooled(ManuallyDrop<PoolBuffer>),
@@ -136,7 +136,7 @@ pub(super) enum Origin {
 impl Origin {
     /// Bytes the block can hold for its caller's pointer `ptr` without moving (`None` for a
     /// fallback block, which never grows in place).
-    pub(super) fn pooled_capacity(&self, ptr: NonNull<u8>) -> Option<usize> {
+    pub(in crate::pool) fn pooled_capacity(&self, ptr: NonNull<u8>) -> Option<usize> {
         match self {
             Origin::Pooled(buffer) => {
                 Some(buffer.capacity() - (ptr.as_ptr() as usize - buffer.as_ptr() as usize))
@@ -152,7 +152,7 @@ impl Origin {
 ///
 /// `ptr` came from [`PoolInner::alloc_raw`] or [`alloc_fallback`] and is still in use; a
 /// `Pooled` buffer returned is dropped at most once, and only when the block is given back.
-pub(super) unsafe fn origin(ptr: NonNull<u8>) -> Origin {
+pub(in crate::pool) unsafe fn origin(ptr: NonNull<u8>) -> Origin {
     // SAFETY: both writers put a `Header` right before `ptr`, in the same block (the caller's
     // contract); it is read unaligned (the pointer has only the layout's alignment).
     let header = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>().read_unaligned() };
@@ -169,7 +169,10 @@ pub(super) unsafe fn origin(ptr: NonNull<u8>) -> Origin {
 /// `allocate` (a fallback allocator's `alloc` or `alloc_zeroed`), with a header that says
 /// so: [`origin`] then tells it from a pool block. Null if `allocate` fails or the size
 /// overflows.
-pub(super) fn alloc_fallback(layout: Layout, allocate: impl FnOnce(Layout) -> *mut u8) -> *mut u8 {
+pub(in crate::pool) fn alloc_fallback(
+    layout: Layout,
+    allocate: impl FnOnce(Layout) -> *mut u8,
+) -> *mut u8 {
     let Some(total) = layout.size().checked_add(overhead(layout)) else {
         return std::ptr::null_mut();
     };
@@ -203,8 +206,8 @@ impl PoolInner {
     /// (the `Allocator` front end); without, it fails (the global allocator's front end,
     /// which must not run eviction inside the process's allocator).
     ///
-    /// [`BufferPool::alloc`]: super::BufferPool::alloc
-    pub(super) fn alloc_raw(
+    /// [`BufferPool::alloc`]: super::super::BufferPool::alloc
+    pub(in crate::pool) fn alloc_raw(
         this: NonNull<PoolInner>,
         layout: Layout,
         zeroed: bool,
@@ -215,7 +218,7 @@ impl PoolInner {
             .checked_add(overhead(layout))
             .ok_or(PoolError::TooLarge {
                 requested: layout.size(),
-                max: super::class::MAX_SIZE,
+                max: super::super::class::MAX_SIZE,
             })?;
         let mut buffer = if evict {
             PoolInner::alloc_or_evict(this, total, zeroed)?
@@ -251,7 +254,7 @@ impl PoolInner {
     ///
     /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is not used afterwards.
     #[cfg(feature = "allocator-api2")]
-    pub(super) unsafe fn dealloc_raw(ptr: NonNull<u8>) {
+    pub(in crate::pool) unsafe fn dealloc_raw(ptr: NonNull<u8>) {
         // SAFETY: the caller's contract; the buffer is dropped once, here.
         if let Origin::Pooled(buffer) = unsafe { origin(ptr) } {
             drop(ManuallyDrop::into_inner(buffer));
@@ -266,7 +269,7 @@ impl PoolInner {
     ///
     /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is still in use.
     #[cfg(feature = "allocator-api2")]
-    pub(super) unsafe fn raw_capacity(ptr: NonNull<u8>) -> usize {
+    pub(in crate::pool) unsafe fn raw_capacity(ptr: NonNull<u8>) -> usize {
         // SAFETY: the caller's contract; the copy is only looked at (never dropped).
         unsafe { origin(ptr) }.pooled_capacity(ptr).unwrap_or(0)
     }
@@ -280,7 +283,7 @@ impl PoolInner {
     /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is still in use; `new_size` fits
     /// the block (its pooled capacity for `ptr` is at least `new_size`), and nothing else
     /// uses the block meanwhile.
-    pub(super) unsafe fn resize_raw(ptr: NonNull<u8>, align: usize, new_size: usize) {
+    pub(in crate::pool) unsafe fn resize_raw(ptr: NonNull<u8>, align: usize, new_size: usize) {
         // SAFETY: `alloc_raw` wrote the header right before `ptr`, in the same block (the
         // caller's contract); it is written back below, the block ours meanwhile.
         let at = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>() };

@@ -17,12 +17,12 @@ use crate::sync::Ordering;
 /// # What one read guarantees while other threads use the pool
 ///
 /// - `reserved_bytes` is the value of the pool's reservation counter at one instant during
-///   the read; with [`PoolConfig::exact_peaks`](super::PoolConfig::exact_peaks) (the
+///   the read; with [`PoolConfig::exact_peaks`](super::super::PoolConfig::exact_peaks) (the
 ///   default) so is `in_use_bytes`, and with
-///   [`PoolConfig::exact_requested`](super::PoolConfig::exact_requested) `requested_bytes`
+///   [`PoolConfig::exact_requested`](super::super::PoolConfig::exact_requested) `requested_bytes`
 ///   (each at its own instant).
 /// - The peaks are high-water marks of those counters since the pool was made or
-///   [`BufferPool::reset_peak_stats`](super::BufferPool::reset_peak_stats) last ran: never
+///   [`BufferPool::reset_peak_stats`](super::super::BufferPool::reset_peak_stats) last ran: never
 ///   above the largest value the counter took (a read never raises a peak past the true
 ///   maximum), never below a value of the figure reported before, and never lower than an
 ///   earlier read's, except across a reset. A reservation counts from the moment it is made,
@@ -124,7 +124,7 @@ pub struct PoolStats {
     /// would pass it. The two are read at two instants: while other threads allocate or
     /// release, a block on its way between the pages and the class lists may count twice or
     /// not at all in one read (`peak_committed_bytes` is taken under the pages' lock and
-    /// counts every block once). (With [`PoolConfig::os_pages`](super::PoolConfig::os_pages)
+    /// counts every block once). (With [`PoolConfig::os_pages`](super::super::PoolConfig::os_pages)
     /// off, a heap may keep what the pool released: then this is only what the pool holds.)
     #[cfg_attr(feature = "serde", serde(default))]
     pub committed_bytes: u64,
@@ -134,7 +134,7 @@ pub struct PoolStats {
     pub peak_committed_bytes: u64,
     /// Bytes of the pool's free pages (not in any block) that may still be resident: freed
     /// and not yet returned to the OS (see
-    /// [`PoolConfig::decay_ms`](super::PoolConfig::decay_ms)).
+    /// [`PoolConfig::decay_ms`](super::super::PoolConfig::decay_ms)).
     #[cfg_attr(feature = "serde", serde(default))]
     pub dirty_bytes: u64,
     /// Address space the pool's pages hold mapped: its blocks of 32 KiB and more and the
@@ -307,7 +307,7 @@ impl fmt::Write for StackText {
     }
 }
 
-/// The blocks of one size class, as [`BufferPool::class_stats`](super::BufferPool::class_stats)
+/// The blocks of one size class, as [`BufferPool::class_stats`](super::super::BufferPool::class_stats)
 /// reports them.
 ///
 /// ```
@@ -330,7 +330,7 @@ pub struct ClassStats {
     pub cached_blocks: u64,
 }
 
-/// One live block, as [`BufferPool::snapshot`](super::BufferPool::snapshot) reports it.
+/// One live block, as [`BufferPool::snapshot`](super::super::BufferPool::snapshot) reports it.
 ///
 /// ```
 /// use ferropool::{BufferPool, MemoryTag};
@@ -379,12 +379,12 @@ mod tests {
     }
 }
 
-impl super::inner::PoolInner {
+impl super::super::inner::PoolInner {
     /// Every thread's counts of its operations added up: the frees of every set first (with
     /// acquire loads), then the allocations with `order`. A block is freed after its
     /// allocation was counted, and a free read with acquire brings that allocation's count
     /// along, so no sum counts more frees or freed bytes than allocations.
-    pub(super) fn op_totals(&self, order: Ordering) -> OpTotals {
+    pub(in crate::pool) fn op_totals(&self, order: Ordering) -> OpTotals {
         let mut totals = OpTotals::default();
         self.for_each_cache(|cache| cache.counters.add_frees_to(&mut totals));
         self.cacheless.add_frees_to(&mut totals);
@@ -395,7 +395,7 @@ impl super::inner::PoolInner {
 
     /// Bytes in use and requested, summed over the threads' counters: exact when no other
     /// thread is using the pool (see [`PoolStats`] for what it is otherwise).
-    pub(super) fn sum_in_use(&self) -> (u64, u64) {
+    pub(in crate::pool) fn sum_in_use(&self) -> (u64, u64) {
         let t = self.op_totals(Ordering::Relaxed);
         (
             t.allocated_bytes.saturating_sub(t.freed_bytes),
@@ -405,7 +405,7 @@ impl super::inner::PoolInner {
 
     /// Bytes in use and requested now: the exact counters the configuration keeps, else
     /// [`sum_in_use`](Self::sum_in_use).
-    pub(super) fn in_use_now(&self) -> (u64, u64) {
+    pub(in crate::pool) fn in_use_now(&self) -> (u64, u64) {
         let (config, live) = (&self.config, &self.counters.live);
         let (mut in_use, mut requested) = if config.exact_peaks && config.exact_requested {
             (0, 0)
@@ -421,7 +421,7 @@ impl super::inner::PoolInner {
         (in_use, requested)
     }
 
-    pub(super) fn stats(&self) -> PoolStats {
+    pub(in crate::pool) fn stats(&self) -> PoolStats {
         let mut s = PoolStats::default();
         let t = self.op_totals(Ordering::Relaxed);
         s.frees = t.frees;

@@ -220,7 +220,7 @@ fn document(pool: u64, events: &[PoolEvent]) -> Document<'_> {
 }
 
 /// The trace of [`document`] as a string.
-pub(super) fn to_string(pool: u64, events: &[PoolEvent]) -> String {
+pub(in crate::pool) fn to_string(pool: u64, events: &[PoolEvent]) -> String {
     // The records are plain numbers and strings with string keys, written into a `String`:
     // `serde_json` has nothing to report.
     serde_json::to_string(&document(pool, events)).expect("a trace serializes without error")
@@ -229,7 +229,11 @@ pub(super) fn to_string(pool: u64, events: &[PoolEvent]) -> String {
 /// Writes the trace of [`document`] to `writer`, through a buffer of its own, flushed
 /// before this returns: an error of the last write (a full disk) is reported, not lost in a
 /// writer's drop.
-pub(super) fn write(pool: u64, events: &[PoolEvent], writer: impl io::Write) -> io::Result<()> {
+pub(in crate::pool) fn write(
+    pool: u64,
+    events: &[PoolEvent],
+    writer: impl io::Write,
+) -> io::Result<()> {
     let mut writer = io::BufWriter::with_capacity(64 << 10, writer);
     serde_json::to_writer(&mut writer, &document(pool, events)).map_err(io::Error::from)?;
     io::Write::flush(&mut writer)

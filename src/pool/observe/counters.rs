@@ -1,21 +1,21 @@
 //! The pool's counters. Every thread cache has one [`OpCounters`] of its operations, written
 //! by its owner alone; the threads without a cache share one more, written with
 //! read-modify-writes. `stats()`, `sum_in_use` and the close add them up through one
-//! function, [`PoolInner::op_totals`](super::PoolInner::op_totals). The pool-wide
+//! function, [`PoolInner::op_totals`](super::super::PoolInner::op_totals). The pool-wide
 //! [`PoolCounters`] hold the slow paths' counts and the exact bytes in use with their peaks.
 
 use crossbeam_utils::CachePadded;
 
-use super::PoolConfig;
+use super::super::PoolConfig;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The thread of operations made by a thread without a cache (it matches no cache; one less
 /// than `u32::MAX`, so that a record's `holder`, the thread plus one, does not wrap).
-pub(super) const CACHELESS: u32 = u32::MAX - 1;
+pub(in crate::pool) const CACHELESS: u32 = u32::MAX - 1;
 
 /// Who writes an [`OpCounters`], or the pool's exact counters ([`LiveBytes`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Writers {
+pub(in crate::pool) enum Writers {
     /// Its owner alone, inside its operations (a thread cache's set): a load and a store.
     Owner,
     /// Any thread (the set of the threads without a cache): read-modify-writes.
@@ -30,7 +30,7 @@ pub(super) enum Writers {
 /// thread it was counted (the block reached the freeing thread after its allocation was
 /// counted): no sum counts more frees than allocations.
 #[derive(Default, Debug)]
-pub(super) struct OpCounters {
+pub(in crate::pool) struct OpCounters {
     /// Blocks handed out from the shared lists or the system (the rest came from the thread's
     /// cache: `allocations = misses + hits`).
     misses: AtomicU64,
@@ -47,26 +47,26 @@ pub(super) struct OpCounters {
 
 /// [`OpCounters`] added up.
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
-pub(super) struct OpTotals {
-    pub(super) misses: u64,
-    pub(super) hits: u64,
-    pub(super) allocated_bytes: u64,
-    pub(super) allocated_requested: u64,
-    pub(super) frees: u64,
-    pub(super) freed_bytes: u64,
-    pub(super) freed_requested: u64,
+pub(in crate::pool) struct OpTotals {
+    pub(in crate::pool) misses: u64,
+    pub(in crate::pool) hits: u64,
+    pub(in crate::pool) allocated_bytes: u64,
+    pub(in crate::pool) allocated_requested: u64,
+    pub(in crate::pool) frees: u64,
+    pub(in crate::pool) freed_bytes: u64,
+    pub(in crate::pool) freed_requested: u64,
 }
 
 impl OpTotals {
     /// Blocks handed out.
-    pub(super) fn allocations(&self) -> u64 {
+    pub(in crate::pool) fn allocations(&self) -> u64 {
         self.misses.wrapping_add(self.hits)
     }
 }
 
 /// Adds `delta` to a counter its owner alone writes: a load and a store, no read-modify-write.
 #[inline(always)]
-pub(super) fn bump(counter: &AtomicU64, delta: u64) {
+pub(in crate::pool) fn bump(counter: &AtomicU64, delta: u64) {
     counter.store(
         counter.load(Ordering::Relaxed).wrapping_add(delta),
         Ordering::Relaxed,
@@ -95,7 +95,13 @@ fn add(counter: &AtomicU64, delta: u64, writers: Writers, order: Ordering) -> u6
 impl OpCounters {
     /// Counts a block handed out (`hit`: from the thread's cache).
     #[inline(always)]
-    pub(super) fn count_alloc(&self, hit: bool, class_bytes: usize, requested: usize, w: Writers) {
+    pub(in crate::pool) fn count_alloc(
+        &self,
+        hit: bool,
+        class_bytes: usize,
+        requested: usize,
+        w: Writers,
+    ) {
         let relaxed = Ordering::Relaxed;
         add(if hit { &self.hits } else { &self.misses }, 1, w, relaxed);
         add(&self.allocated_bytes, class_bytes as u64, w, relaxed);
@@ -105,7 +111,7 @@ impl OpCounters {
     /// Counts a block given back: release stores (see the invariant; on x86 the same plain
     /// stores as relaxed ones).
     #[inline(always)]
-    pub(super) fn count_free(&self, class_bytes: usize, requested: usize, w: Writers) {
+    pub(in crate::pool) fn count_free(&self, class_bytes: usize, requested: usize, w: Writers) {
         let release = Ordering::Release;
         add(&self.frees, 1, w, release);
         add(&self.freed_bytes, class_bytes as u64, w, release);
@@ -114,14 +120,14 @@ impl OpCounters {
 
     /// Counts a block's requested size changed from `old` to `new` bytes, as a free of `old`
     /// requested bytes and an allocation of `new` would, without counting a block.
-    pub(super) fn count_resize(&self, old: usize, new: usize, w: Writers) {
+    pub(in crate::pool) fn count_resize(&self, old: usize, new: usize, w: Writers) {
         add(&self.allocated_requested, new as u64, w, Ordering::Relaxed);
         add(&self.freed_requested, old as u64, w, Ordering::Release);
     }
 
     /// Adds this set's frees (blocks and bytes) to `totals`, with acquire loads (see the
     /// invariant).
-    pub(super) fn add_frees_to(&self, totals: &mut OpTotals) {
+    pub(in crate::pool) fn add_frees_to(&self, totals: &mut OpTotals) {
         let acquire = Ordering::Acquire;
         add_load(&mut totals.frees, &self.frees, acquire);
         add_load(&mut totals.freed_bytes, &self.freed_bytes, acquire);
@@ -130,7 +136,7 @@ impl OpCounters {
 
     /// Adds this set's allocations (blocks and bytes) to `totals`; each counter is read once,
     /// so hits and misses add up to the allocations however the owner moves on meanwhile.
-    pub(super) fn add_allocations_to(&self, totals: &mut OpTotals, order: Ordering) {
+    pub(in crate::pool) fn add_allocations_to(&self, totals: &mut OpTotals, order: Ordering) {
         add_load(&mut totals.misses, &self.misses, order);
         add_load(&mut totals.hits, &self.hits, order);
         add_load(&mut totals.allocated_bytes, &self.allocated_bytes, order);
@@ -181,43 +187,43 @@ mod tests {
 /// Pool-wide counters: those of the slow paths (read-modify-writes are fine there), and the
 /// exact bytes in use with their peaks.
 #[derive(Default, Debug)]
-pub(super) struct PoolCounters {
+pub(in crate::pool) struct PoolCounters {
     /// Bytes held from the system, reservations in flight included: what the budget
     /// counts (moved by `reserve` and `unreserve` only).
-    pub(super) reserved: AtomicU64,
+    pub(in crate::pool) reserved: AtomicU64,
     /// Bytes held from the system, reservations in flight left out: what reads report.
     /// Raised by a system allocation once the system granted its block, lowered by a
     /// release; never above `reserved`.
-    pub(super) held: AtomicU64,
+    pub(in crate::pool) held: AtomicU64,
     /// Invariant: at least every value `held` took since the last reset once its mover or
     /// a reader raised it, and no more than the largest of them: a system allocation raises
     /// it with the value its add wrote, and every read of `held` that is reported raises it
     /// with the value read first. So it never decreases, and it never counts a block the
     /// system has not granted (a request the system refuses leaves it as it was).
-    pub(super) peak_reserved: AtomicU64,
+    pub(in crate::pool) peak_reserved: AtomicU64,
     /// The bytes in use (with `exact_peaks`) and requested (with `exact_requested`), on a
     /// cache line of their own: the hot path writes them.
-    pub(super) live: CachePadded<LiveBytes>,
-    pub(super) system_allocations: AtomicU64,
-    pub(super) system_frees: AtomicU64,
-    pub(super) trims: AtomicU64,
-    pub(super) retries: AtomicU64,
-    pub(super) budget_failures: AtomicU64,
+    pub(in crate::pool) live: CachePadded<LiveBytes>,
+    pub(in crate::pool) system_allocations: AtomicU64,
+    pub(in crate::pool) system_frees: AtomicU64,
+    pub(in crate::pool) trims: AtomicU64,
+    pub(in crate::pool) retries: AtomicU64,
+    pub(in crate::pool) budget_failures: AtomicU64,
     /// Of `held`, the bytes of blocks from the heap (those below the page layer's smallest
     /// block, or all with `os_pages` off): what the page layer's budget check adds to its own.
-    pub(super) heap_held: AtomicU64,
+    pub(in crate::pool) heap_held: AtomicU64,
 }
 
 /// `LiveBytes::solo` before any thread counted in the exact counters.
-pub(super) const SOLO_NONE: u32 = 0;
+pub(in crate::pool) const SOLO_NONE: u32 = 0;
 /// `LiveBytes::solo` while a second thread waits out the sole writer's operation.
-pub(super) const SOLO_SWITCHING: u32 = u32::MAX - 1;
+pub(in crate::pool) const SOLO_SWITCHING: u32 = u32::MAX - 1;
 /// `LiveBytes::solo` once more than one thread may write the exact counters: for good.
-pub(super) const SOLO_SHARED: u32 = u32::MAX;
+pub(in crate::pool) const SOLO_SHARED: u32 = u32::MAX;
 
 /// The value of `LiveBytes::solo` that makes `thread` the sole writer, if its index allows.
 #[inline(always)]
-pub(super) fn solo_value(thread: u32) -> Option<u32> {
+pub(in crate::pool) fn solo_value(thread: u32) -> Option<u32> {
     thread
         .checked_add(1)
         .filter(|&value| value < SOLO_SWITCHING)
@@ -225,7 +231,7 @@ pub(super) fn solo_value(thread: u32) -> Option<u32> {
 
 /// The exact counters of `exact_peaks` and `exact_requested`.
 #[derive(Default, Debug)]
-pub(super) struct LiveBytes {
+pub(in crate::pool) struct LiveBytes {
     /// Bytes (class sizes) of the blocks handed out: every allocation adds, every free
     /// subtracts, so each value it takes is the true figure at that instant.
     ///
@@ -238,9 +244,9 @@ pub(super) struct LiveBytes {
     /// operation in flight and only then stores [`SOLO_SHARED`]; the named index's thread checks
     /// `solo` inside each operation, after the operation's light fence, so it either sees
     /// the switch or is waited out (the handshake of `crate::handshake`).
-    pub(super) in_use: AtomicU64,
+    pub(in crate::pool) in_use: AtomicU64,
     /// Requested bytes of the blocks handed out (same rule).
-    pub(super) requested: AtomicU64,
+    pub(in crate::pool) requested: AtomicU64,
     /// Who may write `in_use` and `requested`: [`SOLO_NONE`] (nobody yet), a thread index
     /// plus one (that thread alone, with loads and stores: a pool one thread uses pays no
     /// locked instruction for its exact counts), [`SOLO_SWITCHING`], or [`SOLO_SHARED`].
@@ -251,13 +257,13 @@ pub(super) struct LiveBytes {
     /// On a cache line of its own: every operation reads it, and only a joining thread
     /// writes it. On the counters' line, its load fetched a line the other thread had just
     /// written for reading, and the add then had to take it again for writing.
-    pub(super) solo: CachePadded<AtomicU32>,
+    pub(in crate::pool) solo: CachePadded<AtomicU32>,
     /// Invariant: the largest value `in_use` took since the last reset, as far as its
     /// movers and readers raised it (an allocation raises it with the value its add gave, a
     /// read with the value it reports); never a value `in_use` did not take.
-    pub(super) peak_in_use: AtomicU64,
+    pub(in crate::pool) peak_in_use: AtomicU64,
     /// The same for `requested`.
-    pub(super) peak_requested: AtomicU64,
+    pub(in crate::pool) peak_requested: AtomicU64,
 }
 
 impl PoolCounters {
@@ -266,7 +272,7 @@ impl PoolCounters {
     /// their sole writer, else with read-modify-writes. (Without exact counters the answer
     /// is never used, and nothing is loaded.)
     #[inline(always)]
-    pub(super) fn exact_writers(&self, config: &PoolConfig, thread: u32) -> Writers {
+    pub(in crate::pool) fn exact_writers(&self, config: &PoolConfig, thread: u32) -> Writers {
         if config.exact_counters()
             && solo_value(thread) == Some(self.live.solo.load(Ordering::Relaxed))
         {
@@ -279,7 +285,7 @@ impl PoolCounters {
     /// Counts an allocation of `bytes` (`requested`) in the exact counters `config` keeps,
     /// written as `writers` says ([`exact_writers`](Self::exact_writers)).
     #[inline]
-    pub(super) fn exact_alloc(
+    pub(in crate::pool) fn exact_alloc(
         &self,
         config: &PoolConfig,
         bytes: u64,
@@ -305,7 +311,7 @@ impl PoolCounters {
 
     /// Counts a free in the exact counters `config` keeps.
     #[inline]
-    pub(super) fn exact_free(
+    pub(in crate::pool) fn exact_free(
         &self,
         config: &PoolConfig,
         bytes: u64,
@@ -333,7 +339,13 @@ impl PoolCounters {
     /// Moves the requested bytes of a block handed out from `old` to `new` (an in-place
     /// reallocation), in the exact counter of requested bytes if `config` keeps it.
     #[inline]
-    pub(super) fn exact_resize(&self, config: &PoolConfig, old: u64, new: u64, writers: Writers) {
+    pub(in crate::pool) fn exact_resize(
+        &self,
+        config: &PoolConfig,
+        old: u64,
+        new: u64,
+        writers: Writers,
+    ) {
         if !config.exact_requested {
             return;
         }
@@ -350,13 +362,13 @@ impl PoolCounters {
 
     /// `reserved` now, with its peak raised to it (so that no later read reports a lower
     /// peak than this value).
-    pub(super) fn reserved_and_peak(&self) -> (u64, u64) {
+    pub(in crate::pool) fn reserved_and_peak(&self) -> (u64, u64) {
         let held = self.held.load(Ordering::Relaxed);
         (held, raise(&self.peak_reserved, held))
     }
 
     /// Counts a block of `bytes` the system granted, and raises the peak with the sum.
-    pub(super) fn hold(&self, bytes: u64) {
+    pub(in crate::pool) fn hold(&self, bytes: u64) {
         let held = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
         raise(&self.peak_reserved, held);
     }
@@ -364,7 +376,7 @@ impl PoolCounters {
     /// Starts the peaks again from the current values. A concurrent allocation may raise a
     /// peak just before the store, and lose that raise: the peak then starts from the value
     /// the reset read, and the next allocation or read raises it again.
-    pub(super) fn reset_peaks(&self, config: &PoolConfig) {
+    pub(in crate::pool) fn reset_peaks(&self, config: &PoolConfig) {
         let restart = |peak: &AtomicU64, current: &AtomicU64| {
             peak.store(current.load(Ordering::Relaxed), Ordering::Relaxed);
             raise(peak, current.load(Ordering::Relaxed));
@@ -381,7 +393,7 @@ impl PoolCounters {
 
 /// Raises a high-water mark to `value` (a load first: in steady state no write at all).
 #[inline]
-pub(super) fn raise(peak: &AtomicU64, value: u64) -> u64 {
+pub(in crate::pool) fn raise(peak: &AtomicU64, value: u64) -> u64 {
     let seen = peak.load(Ordering::Relaxed);
     if value > seen {
         peak.fetch_max(value, Ordering::Relaxed).max(value)

@@ -25,7 +25,7 @@ struct Names {
 
 /// `name`, stored once for the whole process: the first call with a name leaks a copy,
 /// later ones return that copy. Tag names and deserialized span names are stored here.
-pub(super) fn intern(name: &str) -> &'static str {
+pub(in crate::pool) fn intern(name: &str) -> &'static str {
     static STRINGS: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
     // Bookkeeping: never in a pool.
     let _bookkeeping = crate::thread::Bookkeeping::open();
@@ -151,7 +151,7 @@ impl MemoryTag {
         }
     }
 
-    pub(super) fn from_raw(raw: u32) -> Option<Self> {
+    pub(in crate::pool) fn from_raw(raw: u32) -> Option<Self> {
         NonZeroU32::new(raw).map(Self)
     }
 }

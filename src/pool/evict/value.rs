@@ -1,7 +1,7 @@
-//! Evictable values as the pool sees them ([`Evictable`]: the block while resident, the
-//! phase, the pins, what the eviction policy weighs) and the pool's registry of them
+//! Evictable values as the pool sees them ([`Evictable`]: the block while resident, its
+//! residence, the pins, what the eviction policy weighs) and the pool's registry of them
 //! ([`Evictor`], a field of `PoolInner`). The policy that uses them, on `PoolInner`, is in
-//! `evict.rs`.
+//! `policy.rs`.
 //!
 //! Each value's state is a small lock (`Mutex` and `Condvar`), taken by readers, the
 //! recomputing thread and the evicting thread, never while allocating or running user code,
@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use super::PoolBuffer;
+use super::super::PoolBuffer;
 use crate::sync::{
     thread_id, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering,
     ThreadId, UnsafeCell,
@@ -28,43 +28,43 @@ pub(crate) enum Residence {
 
 /// What the lock of an evictable value guards.
 #[derive(Debug)]
-pub(super) struct ValueState {
-    pub(super) phase: Residence,
+pub(in crate::pool) struct ValueState {
+    pub(in crate::pool) phase: Residence,
     /// Pins held: reads in progress, and inputs of recomputes in progress. A value with
     /// readers is never evicted.
-    pub(super) readers: usize,
+    pub(in crate::pool) readers: usize,
     /// The thread recomputing the value, while the phase is `Recomputing`.
-    pub(super) recomputer: Option<ThreadId>,
+    pub(in crate::pool) recomputer: Option<ThreadId>,
 }
 
 /// One evictable value as the pool sees it: its block, while resident, and what the eviction
 /// policy weighs. Shared (`Arc`) by its owner and the pool's registry.
 pub(crate) struct Evictable {
     /// Its entry in the pool's registry (fixed at registration).
-    pub(super) slot: usize,
+    pub(in crate::pool) slot: usize,
     /// The class of its block and the block's bytes: those of the block it holds, or held
     /// last. Set when it is made and by each recompute (whose block may be of a larger
     /// class: one borrowed from a neighbour's list while the pool had no budget), with
     /// `state` locked; read with the lock, or of a value found resident and unpinned, which
     /// no recompute can be filling.
-    pub(super) class: AtomicUsize,
-    pub(super) bytes: AtomicU64,
+    pub(in crate::pool) class: AtomicUsize,
+    pub(in crate::pool) bytes: AtomicU64,
     /// The cost of recomputing it, in the owner's unit.
-    pub(super) cost: u64,
+    pub(in crate::pool) cost: u64,
     /// The evictable values it is recomputed from: their cost counts in its score while
     /// they are evicted too.
-    pub(super) parents: Box<[Arc<Evictable>]>,
-    pub(super) state: Mutex<ValueState>,
+    pub(in crate::pool) parents: Box<[Arc<Evictable>]>,
+    pub(in crate::pool) state: Mutex<ValueState>,
     /// Signalled when a recompute ends (in success or failure).
-    pub(super) ready: Condvar,
+    pub(in crate::pool) ready: Condvar,
     /// Whether the phase is `Resident`, for the policy's estimates read without the lock.
-    pub(super) resident: AtomicBool,
+    pub(in crate::pool) resident: AtomicBool,
     /// The pool clock at its last pin.
-    pub(super) last_use: AtomicU64,
+    pub(in crate::pool) last_use: AtomicU64,
     /// Invariant: `Some` exactly while the phase is `Resident`. Written only with `state`
     /// locked and no reader (an eviction taking it, a recompute storing it); read by whoever
     /// holds a pin (`readers` counts it for the whole read) or the lock.
-    pub(super) buffer: UnsafeCell<Option<PoolBuffer>>,
+    pub(in crate::pool) buffer: UnsafeCell<Option<PoolBuffer>>,
 }
 
 // SAFETY: the buffer is written only under the lock with no reader, and read only under a pin
@@ -109,7 +109,7 @@ pub(crate) enum NotPinned {
 impl Evictable {
     /// A resident value of `buffer`'s block in registry entry `slot`, recomputed at `cost`
     /// from `parents`, last used at clock tick `now`.
-    pub(super) fn new(
+    pub(in crate::pool) fn new(
         slot: usize,
         buffer: PoolBuffer,
         cost: u64,
@@ -134,7 +134,7 @@ impl Evictable {
         }
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, ValueState> {
+    pub(in crate::pool) fn lock(&self) -> MutexGuard<'_, ValueState> {
         // A poisoned lock: a panic while it was held, and none of the sections below can
         // panic between their writes, so the state is consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -247,7 +247,7 @@ impl Evictable {
 
     /// Takes the block of a resident value no reader pins, as the lock-holder `state` shows;
     /// the caller drops it once every lock is released.
-    pub(super) fn take(&self, state: &mut ValueState) -> Option<PoolBuffer> {
+    pub(in crate::pool) fn take(&self, state: &mut ValueState) -> Option<PoolBuffer> {
         if state.phase != Residence::Resident || state.readers > 0 {
             return None;
         }
@@ -259,7 +259,7 @@ impl Evictable {
 
     /// The cost of recomputing the value now: its own, plus that of its evicted ancestors
     /// (DTR's evicted neighbourhood), looked at through at most 64 of them.
-    pub(super) fn cost_now(&self) -> u64 {
+    pub(in crate::pool) fn cost_now(&self) -> u64 {
         let mut cost = self.cost;
         let mut stack: Vec<&Evictable> = self.parents.iter().map(|p| &**p).collect();
         let mut visited = 0;
@@ -279,23 +279,23 @@ impl Evictable {
 
 /// The registry of a pool's evictable values, and what eviction counts.
 pub(crate) struct Evictor {
-    pub(super) registry: Mutex<Registry>,
+    pub(in crate::pool) registry: Mutex<Registry>,
     /// Values registered now (read without the lock to skip eviction when there are none).
-    pub(super) registered: AtomicUsize,
+    pub(in crate::pool) registered: AtomicUsize,
     /// The clock of staleness: one tick per pin.
-    pub(super) clock: AtomicU64,
-    pub(super) evictions: AtomicU64,
-    pub(super) evicted_bytes: AtomicU64,
-    pub(super) recomputations: AtomicU64,
-    pub(super) recomputed_bytes: AtomicU64,
-    pub(super) recompute_ns: AtomicU64,
+    pub(in crate::pool) clock: AtomicU64,
+    pub(in crate::pool) evictions: AtomicU64,
+    pub(in crate::pool) evicted_bytes: AtomicU64,
+    pub(in crate::pool) recomputations: AtomicU64,
+    pub(in crate::pool) recomputed_bytes: AtomicU64,
+    pub(in crate::pool) recompute_ns: AtomicU64,
 }
 
 /// The registered values by slot; vacant slots are reused.
 #[derive(Default)]
-pub(super) struct Registry {
-    pub(super) slots: Vec<Option<Arc<Evictable>>>,
-    pub(super) vacant: Vec<usize>,
+pub(in crate::pool) struct Registry {
+    pub(in crate::pool) slots: Vec<Option<Arc<Evictable>>>,
+    pub(in crate::pool) vacant: Vec<usize>,
 }
 
 impl fmt::Debug for Evictor {
@@ -307,7 +307,7 @@ impl fmt::Debug for Evictor {
 }
 
 impl Evictor {
-    pub(super) fn new() -> Self {
+    pub(in crate::pool) fn new() -> Self {
         Self {
             registry: Mutex::new(Registry::default()),
             registered: AtomicUsize::new(0),
@@ -320,13 +320,13 @@ impl Evictor {
         }
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, Registry> {
+    pub(in crate::pool) fn lock(&self) -> MutexGuard<'_, Registry> {
         // Nothing panics while the registry is locked but a failed allocation of its
         // tables, which leaves it as it was.
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn tick(&self) -> u64 {
+    pub(in crate::pool) fn tick(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
@@ -335,7 +335,7 @@ impl Evictor {
 /// and bytes resident and unpinned (which the pool could not take: another thread held them
 /// for a moment).
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Held {
-    pub(super) pinned: u64,
-    pub(super) evictable: u64,
+pub(in crate::pool) struct Held {
+    pub(in crate::pool) pinned: u64,
+    pub(in crate::pool) evictable: u64,
 }

@@ -9,9 +9,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::mem::ManuallyDrop;
 use std::ptr::{self, NonNull};
 
-use super::inner::PoolInner;
+use super::super::inner::PoolInner;
+use super::super::{BufferPool, PoolConfig, PoolError};
 use super::raw::{self, Origin, MAX_ALIGN};
-use super::{BufferPool, PoolConfig, PoolError};
 
 #[cfg(not(loom))]
 static GLOBAL: std::sync::OnceLock<BufferPool> = std::sync::OnceLock::new();

@@ -34,9 +34,9 @@ pub enum PoolEventKind {
     SystemFree,
     /// A trim ran (`bytes` is what it released).
     Trim,
-    /// A caller's own moment (see [`BufferPool::trace_mark`](super::BufferPool::trace_mark)).
+    /// A caller's own moment (see [`BufferPool::trace_mark`](super::super::BufferPool::trace_mark)).
     Mark,
-    /// A span began on the thread (see [`BufferPool::trace_span`](super::BufferPool::trace_span));
+    /// A span began on the thread (see [`BufferPool::trace_span`](super::super::BufferPool::trace_span));
     /// the event's `name` is the span's.
     SpanBegin,
     /// A span of the thread ended; the event's `name` is the span's. The export, like
@@ -51,7 +51,7 @@ pub enum PoolEventKind {
 
 impl PoolEventKind {
     /// The event's name in the exported trace.
-    pub(super) fn name(self) -> &'static str {
+    pub(in crate::pool) fn name(self) -> &'static str {
         match self {
             Self::Alloc => "alloc",
             Self::Free => "free",
@@ -113,7 +113,7 @@ pub struct PoolEvent {
 }
 
 /// The ring, and running totals for the counter tracks.
-pub(super) struct Trace {
+pub(in crate::pool) struct Trace {
     started: Instant,
     capacity: usize,
     ring: Mutex<Ring>,
@@ -196,7 +196,7 @@ impl Drop for Events {
 }
 
 impl Trace {
-    pub(super) fn new(capacity: usize) -> Self {
+    pub(in crate::pool) fn new(capacity: usize) -> Self {
         Self {
             started: Instant::now(),
             capacity,
@@ -210,11 +210,11 @@ impl Trace {
         }
     }
 
-    pub(super) fn now_ns(&self) -> u64 {
+    pub(in crate::pool) fn now_ns(&self) -> u64 {
         self.started.elapsed().as_nanos() as u64
     }
 
-    pub(super) fn record(
+    pub(in crate::pool) fn record(
         &self,
         kind: PoolEventKind,
         bytes: u64,
@@ -261,7 +261,7 @@ impl Trace {
         self.record(kind, 0, 0, thread, name);
     }
 
-    pub(super) fn events(&self) -> Vec<PoolEvent> {
+    pub(in crate::pool) fn events(&self) -> Vec<PoolEvent> {
         // Allocated before the lock is taken, for the whole ring: nothing allocates under
         // the lock (when this pool serves the global allocator, that allocation would
         // record itself in this very ring, and deadlock).
@@ -282,7 +282,7 @@ impl std::fmt::Debug for Trace {
 
 /// The OS id of the calling thread, read once per thread (an allocation-free thread-local
 /// afterwards, and a system call while the thread's thread-locals are being destroyed).
-pub(super) fn os_tid() -> u32 {
+pub(in crate::pool) fn os_tid() -> u32 {
     thread_local! {
         static TID: Cell<u32> = const { Cell::new(0) };
     }
@@ -318,7 +318,7 @@ const EXITED_NAMES: usize = 1024;
 /// it exits). So the table holds at most one entry per live thread plus that many, however
 /// many threads come and go; a thread exited longer ago shows as `thread <index>`.
 /// Process wide, as the OS tids are; bookkeeping outside any pool operation.
-pub(super) struct ThreadNames {
+pub(in crate::pool) struct ThreadNames {
     live: std::collections::BTreeMap<u32, Box<str>>,
     /// Oldest first.
     exited: std::collections::VecDeque<(u32, Box<str>)>,
@@ -326,7 +326,7 @@ pub(super) struct ThreadNames {
 
 impl ThreadNames {
     /// The name of the thread with `tid`: the live one's, else the newest exited one's.
-    pub(super) fn get(&self, tid: u32) -> Option<&str> {
+    pub(in crate::pool) fn get(&self, tid: u32) -> Option<&str> {
         self.live.get(&tid).map(|name| &**name).or_else(|| {
             let mut exited = self.exited.iter().rev();
             exited.find(|(t, _)| *t == tid).map(|(_, name)| &**name)
@@ -350,7 +350,7 @@ static THREAD_NAMES: std::sync::Mutex<ThreadNames> = std::sync::Mutex::new(Threa
     exited: std::collections::VecDeque::new(),
 });
 
-pub(super) fn thread_names() -> std::sync::MutexGuard<'static, ThreadNames> {
+pub(in crate::pool) fn thread_names() -> std::sync::MutexGuard<'static, ThreadNames> {
     // Each change leaves the table whole: a poisoned lock's table is used as is.
     THREAD_NAMES
         .lock()
@@ -373,7 +373,7 @@ impl Drop for Named {
 /// mark (the caller's code, never a pool operation, which may run inside the global
 /// allocator). A thread without a name, or one whose thread-locals are being destroyed,
 /// is not entered.
-pub(super) fn name_this_thread() {
+pub(in crate::pool) fn name_this_thread() {
     thread_local! {
         static NAMED: std::cell::RefCell<Option<Named>> = const { std::cell::RefCell::new(None) };
     }
@@ -417,7 +417,7 @@ fn deserialize_name<'de, D: serde::Deserializer<'de>>(
     })
 }
 
-/// An open span of the trace (see [`BufferPool::trace_span`](super::BufferPool::trace_span)):
+/// An open span of the trace (see [`BufferPool::trace_span`](super::super::BufferPool::trace_span)):
 /// it began when it was made, on this thread, and ends when it drops. Spans on a thread
 /// nest: the exported trace (`B`/`E` events) closes the innermost open span at each end, so
 /// guards dropped out of order (an explicit `drop` of an outer guard) show swapped ends.
@@ -456,7 +456,7 @@ pub struct SpanGuard<'a> {
 
 impl<'a> SpanGuard<'a> {
     /// Begins a span in `trace`, the pool's trace if tracing is on.
-    pub(super) fn begin(trace: Option<&'a Trace>, name: &'static str) -> Self {
+    pub(in crate::pool) fn begin(trace: Option<&'a Trace>, name: &'static str) -> Self {
         if let Some(trace) = trace {
             name_this_thread();
             trace.record_span(PoolEventKind::SpanBegin, name);

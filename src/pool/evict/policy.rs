@@ -3,7 +3,7 @@
 //! [`RetainedValue::evictable`](crate::RetainedValue::evictable), which builds on this).
 //!
 //! The pool keeps a registry of them. When an allocation through a handle
-//! ([`BufferPool::alloc`](super::BufferPool::alloc) and friends, never the global allocator's
+//! ([`BufferPool::alloc`](super::super::BufferPool::alloc) and friends, never the global allocator's
 //! front end) is refused by the budget, the pool evicts one value at a time, the one with the
 //! lowest score among those no reader pins, and tries again: first among the values whose
 //! block is of the class the request needs (the freed block serves it directly, so what the
@@ -18,9 +18,9 @@
 
 use std::ptr::NonNull;
 
-use super::evictable::{Evictable, Held, NotPinned, Residence};
-use super::inner::PoolInner;
-use super::{class, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
+use super::super::inner::PoolInner;
+use super::super::{class, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
+use super::value::{Evictable, Held, NotPinned, Residence};
 use crate::sync::{Arc, Ordering};
 use crate::thread;
 
@@ -184,7 +184,7 @@ impl PoolInner {
     }
 
     /// What the registered values hold: pinned bytes, and unpinned resident bytes.
-    pub(super) fn evictables_held(&self) -> Held {
+    pub(in crate::pool) fn evictables_held(&self) -> Held {
         let mut held = Held::default();
         if self.evictor.registered.load(Ordering::Relaxed) == 0 {
             return held;
@@ -205,7 +205,7 @@ impl PoolInner {
     /// refuses evicts values until it fits (see [`alloc_evicting`](Self::alloc_evicting)).
     /// The fast path is [`alloc_cached`](Self::alloc_cached), as in [`alloc`](Self::alloc).
     #[inline]
-    pub(super) fn alloc_or_evict(
+    pub(in crate::pool) fn alloc_or_evict(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
@@ -232,7 +232,7 @@ impl PoolInner {
     /// the values still held.
     #[cold]
     #[inline(never)]
-    pub(super) fn alloc_evicting(
+    pub(in crate::pool) fn alloc_evicting(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,

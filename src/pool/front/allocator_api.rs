@@ -6,9 +6,9 @@ use std::ptr::NonNull;
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
-use super::inner::PoolInner;
+use super::super::inner::PoolInner;
+use super::super::BufferPool;
 use super::raw::{self, MAX_ALIGN};
-use super::BufferPool;
 
 /// Allocates blocks for collections from the pool: blocks are raw pool blocks whose header
 /// says where they belong, so `deallocate` finds the block from the pointer in O(1) without a
