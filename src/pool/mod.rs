@@ -38,23 +38,17 @@
 //! the system when they drop. The pool's control block is freed by whoever finishes last: the
 //! close, or the drop of the last live buffer. See `lifetime` for the protocol.
 
-mod advise;
-mod blocks;
 mod buffer;
-mod cache;
 mod class;
 mod config;
-mod drain;
+mod engine;
 mod error;
 mod evict;
 mod front;
-mod inner;
-mod lifetime;
 mod observe;
-mod ops;
 mod pages;
-mod reserve;
 
+use engine::{advise, blocks, inner, lifetime};
 use evict::value as evictable;
 use observe::{chrome, counters, stats, tag, trace};
 

@@ -21,9 +21,9 @@
 //! write); readers sum them across caches. Closing the pool reads them for the last time once
 //! every owner is out of its operation (see `lifetime`).
 
+use super::super::config::BIN_CLASSES;
+use super::super::counters::{bump, OpCounters};
 use super::blocks::Record;
-use super::config::BIN_CLASSES;
-use super::counters::{bump, OpCounters};
 use crate::handshake::{Busy, Handshake};
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -32,7 +32,7 @@ use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 const OWN_DRAIN: u32 = 2;
 
 /// One thread's cache in one pool.
-pub(super) struct PoolThreadCache {
+pub(in crate::pool) struct PoolThreadCache {
     /// The owner's operations and the drainers' flag; the idle policy reads its operation
     /// count.
     handshake: Handshake,
@@ -43,17 +43,17 @@ pub(super) struct PoolThreadCache {
     /// Bytes in the bins (same rule as `bins`).
     binned: AtomicU64,
     /// The owner's counts of its operations (written by the owner alone).
-    pub(super) counters: OpCounters,
+    pub(in crate::pool) counters: OpCounters,
     /// The cache's operation count when the idle policy (`trim_idle`, on any thread) last
     /// looked; written by that policy only.
-    pub(super) seen_operations: AtomicU64,
+    pub(in crate::pool) seen_operations: AtomicU64,
     /// Consecutive idle rounds (`trim_idle` calls that found `seen_operations` unchanged);
     /// written by the idle policy only.
-    pub(super) idle_rounds: AtomicU32,
+    pub(in crate::pool) idle_rounds: AtomicU32,
     /// The shard of the shared lists this thread pushes to and pops from first: the cache's
     /// number in the pool modulo the shard count (see `PoolInner::lists`), so threads spread
     /// over the shards in the order they first use the pool. Fixed at creation.
-    pub(super) shard: usize,
+    pub(in crate::pool) shard: usize,
 }
 
 /// One class's stack of cached blocks.
@@ -66,7 +66,7 @@ struct Bin {
 
 /// The outcome of [`PoolThreadCache::begin_operation`].
 #[derive(Debug)]
-pub(super) enum Entry {
+pub(in crate::pool) enum Entry {
     /// The pool is open; `cache_usable` says whether the bins may be used. End the
     /// operation with [`PoolThreadCache::end_operation`]`(busy)`.
     Open { cache_usable: bool, busy: Busy },
@@ -76,7 +76,7 @@ pub(super) enum Entry {
 
 impl PoolThreadCache {
     /// A cache whose thread uses `shard` of the shared lists.
-    pub(super) fn new(shard: usize) -> Self {
+    pub(in crate::pool) fn new(shard: usize) -> Self {
         Self {
             shard,
             handshake: Handshake::new(),
@@ -93,7 +93,7 @@ impl PoolThreadCache {
 
     /// Starts an operation of the owner.
     #[inline(always)]
-    pub(super) fn begin_operation(&self, closed: &AtomicBool) -> Entry {
+    pub(in crate::pool) fn begin_operation(&self, closed: &AtomicBool) -> Entry {
         let busy = self.handshake.begin();
         if closed.load(Ordering::Acquire) {
             self.handshake.end(busy);
@@ -108,18 +108,18 @@ impl PoolThreadCache {
     /// Ends an operation of the owner: everything it did is visible to a drainer or closer
     /// that then sees the sequence move on.
     #[inline(always)]
-    pub(super) fn end_operation(&self, busy: Busy) {
+    pub(in crate::pool) fn end_operation(&self, busy: Busy) {
         self.handshake.end(busy);
     }
 
     /// Operations the owner started so far (for the idle policy).
-    pub(super) fn operations(&self) -> u64 {
+    pub(in crate::pool) fn operations(&self) -> u64 {
         self.handshake.operations()
     }
 
     /// Pops a cached block of `class` (owner, inside an operation with bins usable).
     #[inline(always)]
-    pub(super) fn pop(&self, class: usize, class_bytes: usize) -> Option<&Record> {
+    pub(in crate::pool) fn pop(&self, class: usize, class_bytes: usize) -> Option<&Record> {
         let bin = &self.bins[class];
         let head = bin.head.load(Ordering::Relaxed);
         // SAFETY: a bin holds pointers to records of this pool's block table, which are never
@@ -138,7 +138,7 @@ impl PoolThreadCache {
     /// Caches `record`'s block in the bin of `class` if it fits `max_blocks` and `max_bytes`
     /// (owner, inside an operation with bins usable); whether it did.
     #[inline(always)]
-    pub(super) fn push(
+    pub(in crate::pool) fn push(
         &self,
         class: usize,
         class_bytes: usize,
@@ -172,12 +172,12 @@ impl PoolThreadCache {
     /// with it are seen). False for an empty cache, or one another drainer holds (that one
     /// takes its blocks). After every claim, one heavy fence, then
     /// [`take_claimed`](Self::take_claimed) for each cache claimed.
-    pub(super) fn claim_if_holding(&self, token: u32) -> bool {
+    pub(in crate::pool) fn claim_if_holding(&self, token: u32) -> bool {
         self.binned() > 0 && self.handshake.claim_as(token)
     }
 
     /// Whether the drainer with `token` claimed this cache.
-    pub(super) fn claimed_by(&self, token: u32) -> bool {
+    pub(in crate::pool) fn claimed_by(&self, token: u32) -> bool {
         self.handshake.claimed_by(token)
     }
 
@@ -185,7 +185,7 @@ impl PoolThreadCache {
     /// claim (or once the pool's close waited every owner out, after which no owner touches
     /// its bins): waits only for the operation the owner may still be running, calls
     /// `each(class, record)` for each block, hands the cache back and returns the bytes taken.
-    pub(super) fn take_claimed(&self, mut each: impl FnMut(usize, &Record)) -> u64 {
+    pub(in crate::pool) fn take_claimed(&self, mut each: impl FnMut(usize, &Record)) -> u64 {
         self.wait_out();
         // The owner is out of the operation it was in, and every later one sees `drain` set
         // (or the pool closed): the bins are ours.
@@ -207,7 +207,7 @@ impl PoolThreadCache {
     /// The owner's own drain, outside an operation (no fence needed: the caller is the
     /// owner, and no operation of it is in flight): the bytes taken, or 0 if a drainer holds
     /// the cache (that one takes the blocks).
-    pub(super) fn drain_own(&self, each: impl FnMut(usize, &Record)) -> u64 {
+    pub(in crate::pool) fn drain_own(&self, each: impl FnMut(usize, &Record)) -> u64 {
         if self.claim_if_holding(OWN_DRAIN) {
             self.take_claimed(each)
         } else {
@@ -218,12 +218,12 @@ impl PoolThreadCache {
     /// After a heavy fence that followed the caller's store of a flag the owner checks
     /// (the pool's `closed`): waits until the owner is out of the operation it was in at the
     /// fence, if any (see [`Handshake::wait_out`]).
-    pub(super) fn wait_out(&self) {
+    pub(in crate::pool) fn wait_out(&self) {
         self.handshake.wait_out();
     }
 
     /// Bytes cached in the bins (a snapshot).
-    pub(super) fn binned(&self) -> u64 {
+    pub(in crate::pool) fn binned(&self) -> u64 {
         self.binned.load(Ordering::Relaxed)
     }
 }

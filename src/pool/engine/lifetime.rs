@@ -27,13 +27,13 @@ use std::ptr::{addr_of_mut, NonNull};
 
 use crossbeam_utils::CachePadded;
 
+use super::super::counters::{OpCounters, PoolCounters};
+use super::super::evictable::Evictor;
+use super::super::pages::PageLayer;
+use super::super::trace::Trace;
+use super::super::{class, PoolConfig};
 use super::blocks::BlockTable;
-use super::counters::{OpCounters, PoolCounters};
-use super::evictable::Evictor;
 use super::inner::{ClassLists, PoolInner, LIST_SHARDS};
-use super::pages::PageLayer;
-use super::trace::Trace;
-use super::{class, PoolConfig};
 use crate::identity::next_identity;
 use crate::roster::Roster;
 use crate::stack::TaggedStack;
@@ -45,15 +45,15 @@ use crate::sync::{
 /// protocol (it counts, it synchronises nothing), hence `std`'s atomic even under loom.
 static ALIVE: crate::sync::Tally = crate::sync::Tally::new(0);
 
-/// See [`BufferPool::pools_alive`](super::BufferPool::pools_alive).
-pub(super) fn alive() -> usize {
+/// See [`BufferPool::pools_alive`](super::super::BufferPool::pools_alive).
+pub(in crate::pool) fn alive() -> usize {
     ALIVE.get() as usize
 }
 
 /// A new pool's control block, in memory of its own from the system allocator (never the
 /// global allocator, which may be ferropool's own front end). Built in place: it holds a
 /// list head per size class and is too large to build on a small stack first.
-pub(super) fn allocate_control_block(
+pub(in crate::pool) fn allocate_control_block(
     config: PoolConfig,
     system_blocks: bool,
 ) -> NonNull<PoolInner> {
@@ -140,7 +140,7 @@ pub(super) fn allocate_control_block(
 ///
 /// `pool` came from [`allocate_control_block`], and nothing refers to it any more: every handle
 /// is gone, and `remaining` reached zero (no live buffer, the close done).
-pub(super) unsafe fn destroy(pool: NonNull<PoolInner>) {
+pub(in crate::pool) unsafe fn destroy(pool: NonNull<PoolInner>) {
     // SAFETY: the caller's contract: last reference to a block from `allocate_control_block`.
     unsafe {
         pool.as_ptr().drop_in_place();
@@ -154,7 +154,7 @@ pub(super) unsafe fn destroy(pool: NonNull<PoolInner>) {
 /// # Safety
 ///
 /// The last handle of `pool` was just dropped, and the close runs once.
-pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
+pub(in crate::pool) unsafe fn close(pool: NonNull<PoolInner>) {
     let last = {
         // SAFETY: the pool is alive: `remaining` cannot reach zero before this close adds
         // the live count.
@@ -183,7 +183,7 @@ pub(super) unsafe fn close(pool: NonNull<PoolInner>) {
 /// A free after the close, first step: the block goes back to the system. The buffer is
 /// still counted in `remaining`, so the pool stays alive until the caller's
 /// [`count_out`].
-pub(super) fn release_after_close(inner: &PoolInner, record: u32, class: usize) {
+pub(in crate::pool) fn release_after_close(inner: &PoolInner, record: u32, class: usize) {
     debug_assert!(class < class::CLASSES);
     inner.release_block(record, class);
 }
@@ -196,7 +196,7 @@ pub(super) fn release_after_close(inner: &PoolInner, record: u32, class: usize) 
 /// `pool` is alive, the caller's buffer is one of those counted in `remaining` (its block
 /// released with [`release_after_close`]), and the caller holds no reference into the
 /// pool: from the decrement on, this call or another thread's may free it.
-pub(super) unsafe fn count_out(pool: NonNull<PoolInner>) {
+pub(in crate::pool) unsafe fn count_out(pool: NonNull<PoolInner>) {
     // SAFETY: the pool is alive until the decrement (the caller's buffer is counted); the
     // only reference made is to the atomic itself, for the decrement, its last use.
     let remaining = unsafe { &*std::ptr::addr_of!((*pool.as_ptr()).remaining) };

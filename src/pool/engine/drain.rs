@@ -4,11 +4,11 @@
 //! A drain claims each thread cache through the owner/drainer handshake (`cache.rs`) and
 //! walks every shard of the shared lists.
 
+use super::super::{class, PoolEventKind};
 use super::blocks::Record;
 use super::cache::PoolThreadCache;
 use super::inner::PoolInner;
 use super::reserve::CacheSnapshot;
-use super::{class, PoolEventKind};
 use crate::stack::NIL;
 use crate::sync::{asymmetric, Ordering};
 
@@ -19,7 +19,7 @@ impl PoolInner {
     /// block it does not need cached, so a budget the steps fill does not make each step
     /// give back and fault in again all it cached (a fitted run of the main job at 90% of
     /// its peak: about 1,200 minor faults a step when every cached block went back).
-    pub(super) fn release_listed_for(&self, need: u64) -> bool {
+    pub(in crate::pool) fn release_listed_for(&self, need: u64) -> bool {
         let Some(budget) = self.budget() else {
             return false;
         };
@@ -42,7 +42,7 @@ impl PoolInner {
 
     /// Releases every block on the lists of `class`, every shard's. Returns the bytes
     /// released.
-    pub(super) fn release_list(&self, class: usize) -> u64 {
+    pub(in crate::pool) fn release_list(&self, class: usize) -> u64 {
         let mut released = 0;
         for shard in &self.lists {
             let mut link = shard[class].take_all();
@@ -58,7 +58,7 @@ impl PoolInner {
 
     /// Calls `f` with every cache: one per thread index that used the pool (see
     /// `crate::roster`), whatever the indices.
-    pub(super) fn for_each_cache(&self, f: impl FnMut(&PoolThreadCache)) {
+    pub(in crate::pool) fn for_each_cache(&self, f: impl FnMut(&PoolThreadCache)) {
         self.caches.iter().map(|cache| &**cache).for_each(f);
     }
 
@@ -73,7 +73,7 @@ impl PoolInner {
     /// the close, which fenced and waited every owner out already), then takes each claimed
     /// cache's blocks and calls `each(class, record)` for them. Returns the bytes taken.
     /// `pick` sees every cache, empty ones included.
-    pub(super) fn drain_caches(
+    pub(in crate::pool) fn drain_caches(
         &self,
         fence: bool,
         mut pick: impl FnMut(&PoolThreadCache) -> bool,
@@ -101,12 +101,12 @@ impl PoolInner {
 
     /// Releases every cached block: every thread's cache (one heavy fence for all) and every
     /// list. Returns the bytes released.
-    pub(super) fn release_cached(&self) -> u64 {
+    pub(in crate::pool) fn release_cached(&self) -> u64 {
         self.release_cached_fenced(true)
     }
 
     /// [`release_cached`](Self::release_cached), with the heavy fence only if `fence`.
-    pub(super) fn release_cached_fenced(&self, fence: bool) -> u64 {
+    pub(in crate::pool) fn release_cached_fenced(&self, fence: bool) -> u64 {
         let released = self.drain_caches(
             fence,
             |_| true,
@@ -120,7 +120,7 @@ impl PoolInner {
 
     /// Releases every cached block to make room for an allocation; returns what was cached
     /// before, for the error report should the room still not suffice.
-    pub(super) fn release_cached_for_retry(&self) -> CacheSnapshot {
+    pub(in crate::pool) fn release_cached_for_retry(&self) -> CacheSnapshot {
         let picture = self.cache_snapshot();
         self.release_cached();
         picture
@@ -128,14 +128,14 @@ impl PoolInner {
 
     /// Records that an allocation drew on `class` in the current idle round. Stores only on
     /// a change, so a class in steady use keeps its line shared instead of bouncing it.
-    pub(super) fn note_class_drawn(&self, class: usize) {
+    pub(in crate::pool) fn note_class_drawn(&self, class: usize) {
         let round = self.idle_round.load(Ordering::Relaxed);
         if self.last_drawn[class].load(Ordering::Relaxed) != round {
             self.last_drawn[class].store(round, Ordering::Relaxed);
         }
     }
 
-    pub(super) fn trim_idle(&self) -> u64 {
+    pub(in crate::pool) fn trim_idle(&self) -> u64 {
         let round = self.idle_round.fetch_add(1, Ordering::Relaxed) + 1;
         let idle_rounds = u64::from(self.config.idle_rounds);
         let mut released: u64 = (0..class::CLASSES)

@@ -8,13 +8,13 @@ use std::fmt;
 
 use crossbeam_utils::CachePadded;
 
+use super::super::counters::{OpCounters, PoolCounters, CACHELESS};
+use super::super::evictable::Evictor;
+use super::super::pages::PageLayer;
+use super::super::trace::{PoolEventKind, Trace};
+use super::super::{class, PoolConfig};
 use super::blocks::BlockTable;
 use super::cache::PoolThreadCache;
-use super::counters::{OpCounters, PoolCounters, CACHELESS};
-use super::evictable::Evictor;
-use super::pages::PageLayer;
-use super::trace::{PoolEventKind, Trace};
-use super::{class, PoolConfig};
 use crate::roster::Roster;
 use crate::stack::TaggedStack;
 use crate::sync::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize};
@@ -22,63 +22,63 @@ use crate::sync::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize};
 /// Shards of the shared lists (a power of two; two under loom, whose models run two or three
 /// threads, so that a model still sees a block cross shards).
 #[cfg(not(loom))]
-pub(super) const LIST_SHARDS: usize = 8;
+pub(in crate::pool) const LIST_SHARDS: usize = 8;
 #[cfg(loom)]
-pub(super) const LIST_SHARDS: usize = 2;
+pub(in crate::pool) const LIST_SHARDS: usize = 2;
 
 /// The shard of threads without a cache (they have no cache number).
-pub(super) const CACHELESS_SHARD: usize = 0;
+pub(in crate::pool) const CACHELESS_SHARD: usize = 0;
 
 /// One shard of the shared lists: a list per size class, packed (each shard on cache lines
 /// of its own; classes of one shard share lines, as the shard's threads write them).
-pub(super) type ClassLists = [TaggedStack; class::CLASSES];
+pub(in crate::pool) type ClassLists = [TaggedStack; class::CLASSES];
 
 /// The shared state of one pool.
 pub(crate) struct PoolInner {
-    pub(super) id: u64,
-    pub(super) config: PoolConfig,
+    pub(in crate::pool) id: u64,
+    pub(in crate::pool) config: PoolConfig,
     /// Whether blocks come from `System` directly rather than from the global allocator (for
     /// the pool behind ferropool's own global allocator, which must not call itself).
-    pub(super) system_blocks: bool,
+    pub(in crate::pool) system_blocks: bool,
     /// `BufferPool` handles alive; the last one to drop closes the pool.
-    pub(super) handles: AtomicUsize,
+    pub(in crate::pool) handles: AtomicUsize,
     /// Set once, when the last handle drops.
-    pub(super) closed: AtomicBool,
+    pub(in crate::pool) closed: AtomicBool,
     /// Live blocks after the close, less the frees since: see `lifetime`.
-    pub(super) remaining: AtomicI64,
-    pub(super) blocks: BlockTable,
+    pub(in crate::pool) remaining: AtomicI64,
+    pub(in crate::pool) blocks: BlockTable,
     /// The shared lists: [`LIST_SHARDS`] shards of one list of blocks per size class.
     /// Invariant: every block on a shard's list `c` holds `class_size(c)` bytes and is owned
     /// by the list. A thread pushes the blocks it frees to its own shard (its cache's
     /// [`PoolThreadCache::shard`]) and pops from its own shard first, then from the others: any
     /// thread can take any listed block, and threads on different shards share no list head.
-    pub(super) lists: [CachePadded<ClassLists>; LIST_SHARDS],
+    pub(in crate::pool) lists: [CachePadded<ClassLists>; LIST_SHARDS],
     /// Per class, the `idle_round` in which an allocation last drew on its list or the
     /// system: a heuristic for `trim_idle`, never a safety matter.
-    pub(super) last_drawn: [AtomicU64; class::CLASSES],
+    pub(in crate::pool) last_drawn: [AtomicU64; class::CLASSES],
     /// Calls of `trim_idle` so far.
-    pub(super) idle_round: AtomicU64,
+    pub(in crate::pool) idle_round: AtomicU64,
     /// Classes below this one go through the thread caches (from the configuration).
-    pub(super) cached_classes: usize,
+    pub(in crate::pool) cached_classes: usize,
     /// Thread caches, one per thread index that used the pool (see `cache` and `crate::roster`).
-    pub(super) caches: Roster<CachePadded<PoolThreadCache>>,
+    pub(in crate::pool) caches: Roster<CachePadded<PoolThreadCache>>,
     /// Tokens of drains (see `reserve::drain_token`).
-    pub(super) drain_tokens: AtomicU32,
+    pub(in crate::pool) drain_tokens: AtomicU32,
     /// Operations of threads that hold no thread index (their thread-locals are being
     /// destroyed) and so have no cache: they count here, with read-modify-writes, and the
     /// close waits for `cacheless_busy` to fall to zero as it waits for each cache's owner.
-    pub(super) cacheless_busy: AtomicUsize,
-    pub(super) cacheless: OpCounters,
-    pub(super) counters: PoolCounters,
+    pub(in crate::pool) cacheless_busy: AtomicUsize,
+    pub(in crate::pool) cacheless: OpCounters,
+    pub(in crate::pool) counters: PoolCounters,
     /// The byte budget (`u64::MAX` for none): the configuration's, until `set_budget`.
-    pub(super) budget: AtomicU64,
+    pub(in crate::pool) budget: AtomicU64,
     /// The event trace, once enabled (by the configuration or `enable_trace`).
-    pub(super) trace: std::sync::OnceLock<Trace>,
+    pub(in crate::pool) trace: std::sync::OnceLock<Trace>,
     /// The evictable values of the pool and what their eviction counts (see `evict`).
-    pub(super) evictor: Evictor,
+    pub(in crate::pool) evictor: Evictor,
     /// The pages under the class lists: every block of `pages::PAGED_MIN_BLOCK` bytes or more
     /// comes from here when `config.os_pages` is on.
-    pub(super) pages: PageLayer,
+    pub(in crate::pool) pages: PageLayer,
 }
 
 impl fmt::Debug for PoolInner {
@@ -92,7 +92,7 @@ impl fmt::Debug for PoolInner {
 impl PoolInner {
     /// Records an event made by the calling thread, if tracing is on.
     #[inline(always)]
-    pub(super) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
+    pub(in crate::pool) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
         if let Some(trace) = self.trace.get() {
             let thread = crate::thread::index().map_or(CACHELESS, |t| t as u32);
             trace.record(kind, bytes, class, thread, "");

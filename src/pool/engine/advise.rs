@@ -4,7 +4,7 @@
 const PAGE: usize = 4096;
 
 /// Applies the configured advice to the block `[addr, addr + len)`, which the caller owns.
-pub(super) fn advise(addr: *mut u8, len: usize, huge_pages: bool, prefault: bool) {
+pub(in crate::pool) fn advise(addr: *mut u8, len: usize, huge_pages: bool, prefault: bool) {
     // The whole pages inside the block, as offsets from `addr` (the pointer keeps its
     // provenance).
     let first = (addr as usize).next_multiple_of(PAGE) - addr as usize;
@@ -28,7 +28,12 @@ pub(super) fn advise(addr: *mut u8, len: usize, huge_pages: bool, prefault: bool
 #[cfg(all(target_os = "linux", not(miri)))]
 mod platform {
     /// Returns whether the kernel populated the range.
-    pub(super) fn advise(start: *mut u8, len: usize, huge_pages: bool, prefault: bool) -> bool {
+    pub(in crate::pool) fn advise(
+        start: *mut u8,
+        len: usize,
+        huge_pages: bool,
+        prefault: bool,
+    ) -> bool {
         let range = start.cast::<libc::c_void>();
         if huge_pages {
             // Advice only: failure (THP off, or an old kernel) leaves ordinary pages.
@@ -45,7 +50,7 @@ mod platform {
 /// each page.
 #[cfg(any(not(target_os = "linux"), miri))]
 mod platform {
-    pub(super) fn advise(_: *mut u8, _: usize, _: bool, _: bool) -> bool {
+    pub(in crate::pool) fn advise(_: *mut u8, _: usize, _: bool, _: bool) -> bool {
         false
     }
 }

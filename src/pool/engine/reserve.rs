@@ -5,16 +5,16 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
+use super::super::pages::{Room, PAGE, PAGED_MIN_BLOCK};
+use super::super::{advise, class, OutOfMemory, PoolError, PoolEventKind};
 use super::inner::PoolInner;
 use super::ops::Taken;
-use super::pages::{Room, PAGE, PAGED_MIN_BLOCK};
-use super::{advise, class, OutOfMemory, PoolError, PoolEventKind};
 use crate::sync::{global, system, Ordering};
 
 impl PoolInner {
     /// A block new from the system, within the budget.
     #[cold]
-    pub(super) fn system_alloc(
+    pub(in crate::pool) fn system_alloc(
         &self,
         class: usize,
         class_bytes: usize,
@@ -72,7 +72,7 @@ impl PoolInner {
 
     /// Whether blocks of `class_bytes` come from the page layer (else from the heap).
     #[inline]
-    pub(super) fn paged(&self, class_bytes: usize) -> bool {
+    pub(in crate::pool) fn paged(&self, class_bytes: usize) -> bool {
         self.config.os_pages && class_bytes >= PAGED_MIN_BLOCK
     }
 
@@ -124,7 +124,7 @@ impl PoolInner {
 
     /// The layout of a block of `class_bytes`: the configured alignment, or 2 MiB for a block
     /// that gets transparent huge pages, so that huge pages can cover it end to end.
-    pub(super) fn layout(&self, class_bytes: usize) -> Layout {
+    pub(in crate::pool) fn layout(&self, class_bytes: usize) -> Layout {
         const HUGE_PAGE: usize = 2 << 20;
         let config = &self.config;
         let align = if config.huge_pages
@@ -144,7 +144,7 @@ impl PoolInner {
     /// # Safety
     ///
     /// `ptr` came from `system_alloc` with `layout`, and nothing uses it afterwards.
-    pub(super) unsafe fn dealloc_block(&self, ptr: *mut u8, layout: Layout) {
+    pub(in crate::pool) unsafe fn dealloc_block(&self, ptr: *mut u8, layout: Layout) {
         if self.paged(layout.size()) {
             let block = NonNull::new(ptr).expect("a block is never null");
             // SAFETY: the caller's contract: the page layer gave out this block of this size.
@@ -165,7 +165,7 @@ impl PoolInner {
     }
 
     /// Adds `bytes` to `reserved` if the budget allows.
-    pub(super) fn reserve(&self, bytes: u64) -> bool {
+    pub(in crate::pool) fn reserve(&self, bytes: u64) -> bool {
         let budget = self.budget.load(Ordering::Relaxed);
         let reserved = &self.counters.reserved;
         let mut current = reserved.load(Ordering::Relaxed);
@@ -187,12 +187,12 @@ impl PoolInner {
         }
     }
 
-    pub(super) fn unreserve(&self, bytes: u64) {
+    pub(in crate::pool) fn unreserve(&self, bytes: u64) {
         self.counters.reserved.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     /// Returns a block's memory to the system and its record to the spare list.
-    pub(super) fn release_block(&self, record: u32, class: usize) {
+    pub(in crate::pool) fn release_block(&self, record: u32, class: usize) {
         let class_bytes = class::class_size(class);
         let rec = self.blocks.record(record);
         // SAFETY: the caller owns the block (taken off a list or bin, or handed back), which
@@ -209,7 +209,7 @@ impl PoolInner {
     }
 
     /// Where cached memory is, for an out-of-memory report.
-    pub(super) fn cache_snapshot(&self) -> CacheSnapshot {
+    pub(in crate::pool) fn cache_snapshot(&self) -> CacheSnapshot {
         let mut in_threads = 0;
         self.for_each_cache(|cache| in_threads += cache.binned());
         let mut largest = 0;
@@ -227,7 +227,7 @@ impl PoolInner {
         }
     }
 
-    pub(super) fn out_of_memory(
+    pub(in crate::pool) fn out_of_memory(
         &self,
         requested: usize,
         block_bytes: usize,
@@ -253,15 +253,15 @@ impl PoolInner {
     }
 
     /// The byte budget, if any.
-    pub(super) fn budget(&self) -> Option<u64> {
+    pub(in crate::pool) fn budget(&self) -> Option<u64> {
         Some(self.budget.load(Ordering::Relaxed)).filter(|&b| b != u64::MAX)
     }
 }
 
 /// Where cached memory was before a release.
 #[derive(Clone, Copy)]
-pub(super) struct CacheSnapshot {
-    pub(super) in_threads: u64,
-    pub(super) in_lists: u64,
-    pub(super) largest: usize,
+pub(in crate::pool) struct CacheSnapshot {
+    pub(in crate::pool) in_threads: u64,
+    pub(in crate::pool) in_lists: u64,
+    pub(in crate::pool) largest: usize,
 }

@@ -7,11 +7,13 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
+use super::super::counters::{
+    solo_value, Writers, CACHELESS, SOLO_NONE, SOLO_SHARED, SOLO_SWITCHING,
+};
+use super::super::{class, lifetime, PoolBuffer, PoolError, PoolEventKind};
 use super::blocks::Record;
 use super::cache::{Entry, PoolThreadCache};
-use super::counters::{solo_value, Writers, CACHELESS, SOLO_NONE, SOLO_SHARED, SOLO_SWITCHING};
 use super::inner::{PoolInner, CACHELESS_SHARD, LIST_SHARDS};
-use super::{class, lifetime, PoolBuffer, PoolError, PoolEventKind};
 use crate::sync::Ordering;
 use crate::thread;
 
@@ -20,8 +22,8 @@ use crate::thread;
 /// the address and a separate flag byte in it, the value went through the stack, and the
 /// flag's one-byte store then stalled an eight-byte load of the same word: a fifth of the
 /// samples of an allocation past the thread cache, in `perf`.)
-pub(super) struct Taken<'p> {
-    pub(super) record: &'p Record,
+pub(in crate::pool) struct Taken<'p> {
+    pub(in crate::pool) record: &'p Record,
     /// The block's class (the request's own, or a larger one: see
     /// [`PoolInner::pop_list_or_larger`]), with [`Taken::ZEROED`] set when its bytes are known
     /// to be zero.
@@ -34,7 +36,7 @@ impl<'p> Taken<'p> {
 
     /// The block of `record`, of `class`; `zeroed` when its bytes are known to be zero.
     #[inline(always)]
-    pub(super) fn new(record: &'p Record, class: usize, zeroed: bool) -> Self {
+    pub(in crate::pool) fn new(record: &'p Record, class: usize, zeroed: bool) -> Self {
         debug_assert!(class < class::CLASSES);
         let flag = if zeroed { Self::ZEROED } else { 0 };
         Self {
@@ -45,7 +47,7 @@ impl<'p> Taken<'p> {
 
     /// The block's class.
     #[inline(always)]
-    pub(super) fn class(&self) -> usize {
+    pub(in crate::pool) fn class(&self) -> usize {
         self.class_and_zeroed & !Self::ZEROED
     }
 
@@ -73,7 +75,7 @@ impl<'p> Taken<'p> {
 
 /// A request may take a listed block of a larger class holding at most `1 / LARGER_BLOCK_SLACK`
 /// more bytes than its own class (with `PoolConfig::larger_blocks`).
-pub(super) const LARGER_BLOCK_SLACK: usize = 4;
+pub(in crate::pool) const LARGER_BLOCK_SLACK: usize = 4;
 
 /// See [`PoolInner::merges_on_free`].
 const MERGE_MIN_BLOCK: usize = 256 << 10;
@@ -82,7 +84,7 @@ impl PoolInner {
     /// The calling thread's cache, index and memory tag: one thread-local read when this
     /// thread's last pool operation was on this pool. `None` if the thread holds no index.
     #[inline(always)]
-    pub(super) fn my_cache(&self) -> Option<(&PoolThreadCache, u32, u32)> {
+    pub(in crate::pool) fn my_cache(&self) -> Option<(&PoolThreadCache, u32, u32)> {
         self.my_remembered_cache().or_else(|| self.my_cache_slow())
     }
 
@@ -105,7 +107,7 @@ impl PoolInner {
 
     /// The calling thread's cache if it has one already (a thread that never used the pool
     /// gets none, and no cache is made).
-    pub(super) fn my_existing_cache(&self) -> Option<&PoolThreadCache> {
+    pub(in crate::pool) fn my_existing_cache(&self) -> Option<&PoolThreadCache> {
         if let Some((cache, _, _)) = thread::remembered_pool_cache(self.id) {
             // SAFETY: as in `my_cache`.
             return Some(unsafe { &*cache.cast::<PoolThreadCache>() });
@@ -116,7 +118,7 @@ impl PoolInner {
 
     #[cold]
     #[inline(never)]
-    pub(super) fn my_cache_slow(&self) -> Option<(&PoolThreadCache, u32, u32)> {
+    pub(in crate::pool) fn my_cache_slow(&self) -> Option<(&PoolThreadCache, u32, u32)> {
         let thread = u32::try_from(thread::index()?).ok()?;
         let cache = self.caches.get_or_claim(thread, |number| {
             let shard = number as usize & (LIST_SHARDS - 1);
@@ -134,7 +136,7 @@ impl PoolInner {
     /// any operation of the caller: it may wait for another thread's. Cheap when the
     /// counters are shared already, or the caller's.
     #[inline]
-    pub(super) fn join_exact_counters(&self, thread: Option<u32>) {
+    pub(in crate::pool) fn join_exact_counters(&self, thread: Option<u32>) {
         if !self.config.exact_counters() {
             return;
         }
@@ -183,7 +185,7 @@ impl PoolInner {
     /// Allocates a buffer from the pool at `this`: from the calling thread's cache when it
     /// has a block of the class at hand, else through [`alloc_uncached`](Self::alloc_uncached).
     #[inline]
-    pub(super) fn alloc(
+    pub(in crate::pool) fn alloc(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
@@ -203,7 +205,7 @@ impl PoolInner {
     /// the buffer went through memory on its way to the caller, stored a word at a time and
     /// loaded back 16 bytes at a time, which the CPU cannot forward from its store buffer.
     #[inline(always)]
-    pub(super) fn alloc_cached(
+    pub(in crate::pool) fn alloc_cached(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
@@ -237,7 +239,7 @@ impl PoolInner {
     /// a cache, and blocks from the shared lists or the system.
     #[cold]
     #[inline(never)]
-    pub(super) fn alloc_uncached(
+    pub(in crate::pool) fn alloc_uncached(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
@@ -253,7 +255,7 @@ impl PoolInner {
     /// refusal is met (a caller that matched the returned result instead copied it the same
     /// way).
     #[inline(always)]
-    pub(super) fn serve_uncached(
+    pub(in crate::pool) fn serve_uncached(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
@@ -297,7 +299,7 @@ impl PoolInner {
     /// `thread`.
     #[inline(always)] // into `serve_uncached`, its one caller: `Taken` is not returned by a call
     #[allow(clippy::too_many_arguments)] // the hot path's locals, passed on as they are
-    pub(super) fn alloc_slow(
+    pub(in crate::pool) fn alloc_slow(
         &self,
         cache: &PoolThreadCache,
         class: usize,
@@ -335,7 +337,7 @@ impl PoolInner {
     /// Counts an allocation in the cache of the calling thread, `thread` (inside an
     /// operation).
     #[inline(always)]
-    pub(super) fn count_alloc(
+    pub(in crate::pool) fn count_alloc(
         &self,
         cache: &PoolThreadCache,
         thread: u32,
@@ -355,7 +357,7 @@ impl PoolInner {
     /// in-place reallocation), as a free of `old` requested bytes and an allocation of `new`
     /// would count them, without counting a block. After the pool's close nothing is
     /// counted (its counters are final).
-    pub(super) fn count_resize(&self, record: &Record, old: usize, new: usize) {
+    pub(in crate::pool) fn count_resize(&self, record: &Record, old: usize, new: usize) {
         record.set_requested(new);
         let Some((cache, thread, _)) = self.my_cache() else {
             if self.begin_cacheless() {
@@ -384,7 +386,12 @@ impl PoolInner {
     /// It makes no call, so that `give_back`, which runs it first, saves few registers on
     /// the way in.
     #[inline(always)]
-    pub(super) fn free_cached(&self, record: &Record, class: usize, requested: usize) -> bool {
+    pub(in crate::pool) fn free_cached(
+        &self,
+        record: &Record,
+        class: usize,
+        requested: usize,
+    ) -> bool {
         if class >= self.cached_classes || self.trace.get().is_some() {
             return false;
         }
@@ -452,7 +459,7 @@ impl PoolInner {
     /// the buffer out with [`lifetime::count_out`] once no reference into the pool is left
     /// (this call's frame included), since the pool may be freed from then on.
     #[inline]
-    pub(super) fn free(&self, record: &Record, class: usize, requested: usize) -> bool {
+    pub(in crate::pool) fn free(&self, record: &Record, class: usize, requested: usize) -> bool {
         let class_bytes = class::class_size(class);
         let allocator = record.take_back();
         let Some((cache, thread, _)) = self.my_cache() else {
@@ -486,7 +493,7 @@ impl PoolInner {
 
     /// Starts an operation of a thread without a cache: the pool's open (and the operation
     /// counted, so the close waits for it), or closed.
-    pub(super) fn begin_cacheless(&self) -> bool {
+    pub(in crate::pool) fn begin_cacheless(&self) -> bool {
         self.join_exact_counters(None);
         self.cacheless_busy.fetch_add(1, Ordering::SeqCst);
         if self.closed.load(Ordering::SeqCst) {
@@ -499,7 +506,7 @@ impl PoolInner {
     /// [`alloc`](Self::alloc) for a thread without a cache: from the shared lists or the
     /// system, counted in the pool's shared counters.
     #[cold]
-    pub(super) fn alloc_cacheless(
+    pub(in crate::pool) fn alloc_cacheless(
         &self,
         this: NonNull<PoolInner>,
         class: usize,
@@ -549,7 +556,12 @@ impl PoolInner {
 
     /// [`free`](Self::free) for a thread without a cache: to the shared list.
     #[cold]
-    pub(super) fn free_cacheless(&self, record: u32, class: usize, requested: usize) -> bool {
+    pub(in crate::pool) fn free_cacheless(
+        &self,
+        record: u32,
+        class: usize,
+        requested: usize,
+    ) -> bool {
         if !self.begin_cacheless() {
             lifetime::release_after_close(self, record, class);
             return true;
@@ -568,7 +580,7 @@ impl PoolInner {
     /// Pops a block from the shared lists of `class`: from `shard`'s first, then from the
     /// other shards in turn.
     #[inline]
-    pub(super) fn pop_list(&self, shard: usize, class: usize) -> Option<Taken<'_>> {
+    pub(in crate::pool) fn pop_list(&self, shard: usize, class: usize) -> Option<Taken<'_>> {
         self.pop_list_leaving(shard, class, false)
     }
 
@@ -606,7 +618,11 @@ impl PoolInner {
     /// a larger class's spares before it had blocks of its own may still go on borrowing
     /// them (see `PoolConfig::larger_blocks` for the bound).
     #[inline]
-    pub(super) fn pop_list_or_larger(&self, shard: usize, class: usize) -> Option<Taken<'_>> {
+    pub(in crate::pool) fn pop_list_or_larger(
+        &self,
+        shard: usize,
+        class: usize,
+    ) -> Option<Taken<'_>> {
         match self.pop_list(shard, class) {
             Some(taken) => Some(taken),
             None => self.pop_larger(shard, class),
@@ -662,7 +678,7 @@ impl PoolInner {
 
     /// Puts a block on `shard`'s shared list of its class.
     #[inline]
-    pub(super) fn push_list(&self, shard: usize, class: usize, record: &Record) {
+    pub(in crate::pool) fn push_list(&self, shard: usize, class: usize, record: &Record) {
         self.lists[shard][class].push_chain(record.index + 1, &record.next);
     }
 }

@@ -4,12 +4,12 @@
 //! tag (see `crate::stack`) and a racing pop reads a stale link, never freed memory. A record
 //! is never freed while its pool exists; when its block goes back to the system the record
 //! goes on a spare list for the next block. A record also says who holds its block now (for
-//! [`BufferPool::snapshot`](super::BufferPool::snapshot)): written with relaxed stores by
+//! [`BufferPool::snapshot`](super::super::BufferPool::snapshot)): written with relaxed stores by
 //! whoever moves the block, read as a best-effort picture.
 
 use crossbeam_utils::CachePadded;
 
-use super::PoolError;
+use super::super::PoolError;
 use crate::paged::PagedTable;
 use crate::stack::{TaggedStack, NIL};
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -27,28 +27,28 @@ const FIRST_PAGE: u32 = 256;
 #[repr(align(64))]
 pub(crate) struct Record {
     /// The record's own index in the table (never changes).
-    pub(super) index: u32,
+    pub(in crate::pool) index: u32,
     /// The block's address. Written by the thread that obtained the block from the system
     /// before the record is published on any list (list pushes are `Release`).
-    pub(super) addr: AtomicPtr<u8>,
+    pub(in crate::pool) addr: AtomicPtr<u8>,
     /// The next record (plus one; `NIL` ends) on the shared list the record is on (a class
     /// list or the spare list); meaningless off a list.
-    pub(super) next: AtomicU32,
+    pub(in crate::pool) next: AtomicU32,
     /// The next record in the thread bin the record is on (bins link records by address:
     /// only their owner or a drainer that excludes it walks them, so no ABA tag is needed);
     /// meaningless off a bin.
-    pub(super) bin_next: AtomicPtr<Record>,
+    pub(in crate::pool) bin_next: AtomicPtr<Record>,
     /// While handed out: the thread index of the allocating thread plus one (0 otherwise).
-    pub(super) holder: AtomicU32,
+    pub(in crate::pool) holder: AtomicU32,
     /// While handed out: the caller's memory tag (0 for none).
-    pub(super) tag: AtomicU32,
+    pub(in crate::pool) tag: AtomicU32,
     /// While handed out: the requested size, and the class in the top 16 bits.
-    pub(super) request: AtomicU64,
+    pub(in crate::pool) request: AtomicU64,
 }
 
 /// The table of records. Its pages are never released while the pool lives, so `record`
 /// never dangles.
-pub(super) struct BlockTable {
+pub(in crate::pool) struct BlockTable {
     records: PagedTable<Record>,
     /// Records below this index have been handed out at least once.
     claimed: AtomicU32,
@@ -57,7 +57,7 @@ pub(super) struct BlockTable {
 }
 
 impl BlockTable {
-    pub(super) fn new() -> Self {
+    pub(in crate::pool) fn new() -> Self {
         Self {
             records: PagedTable::new(FIRST_PAGE),
             claimed: AtomicU32::new(0),
@@ -67,12 +67,12 @@ impl BlockTable {
 
     /// The record at `index`, which was returned by [`claim`](Self::claim).
     #[inline]
-    pub(super) fn record(&self, index: u32) -> &Record {
+    pub(in crate::pool) fn record(&self, index: u32) -> &Record {
         self.records.at(index)
     }
 
     /// A record for a new block.
-    pub(super) fn claim(&self) -> Result<u32, PoolError> {
+    pub(in crate::pool) fn claim(&self) -> Result<u32, PoolError> {
         if let Some(index) = self.spare.pop(|i| &self.record(i).next) {
             return Ok(index);
         }
@@ -96,12 +96,12 @@ impl BlockTable {
     }
 
     /// Returns a record whose block went back to the system.
-    pub(super) fn retire(&self, index: u32) {
+    pub(in crate::pool) fn retire(&self, index: u32) {
         self.spare.push_chain(index + 1, &self.record(index).next);
     }
 
     /// Calls `f` with every record ever claimed.
-    pub(super) fn for_each(&self, mut f: impl FnMut(&Record)) {
+    pub(in crate::pool) fn for_each(&self, mut f: impl FnMut(&Record)) {
         let claimed = self.claimed.load(Ordering::Acquire);
         for index in 0..claimed {
             if let Some(record) = self.records.get(index) {
@@ -114,7 +114,7 @@ impl BlockTable {
 impl Record {
     /// Marks the block handed out to thread `thread` for a request of `size` bytes.
     #[inline(always)]
-    pub(super) fn hand_out(&self, thread: u32, tag: u32, class: usize, size: usize) {
+    pub(in crate::pool) fn hand_out(&self, thread: u32, tag: u32, class: usize, size: usize) {
         self.holder.store(thread + 1, Ordering::Relaxed);
         self.tag.store(tag, Ordering::Relaxed);
         self.request
@@ -123,7 +123,7 @@ impl Record {
 
     /// Changes the requested size of a block handed out (an in-place reallocation).
     #[inline]
-    pub(super) fn set_requested(&self, size: usize) {
+    pub(in crate::pool) fn set_requested(&self, size: usize) {
         let class = self.request.load(Ordering::Relaxed) >> 48;
         self.request
             .store((class << 48) | size as u64, Ordering::Relaxed);
@@ -132,7 +132,7 @@ impl Record {
     /// Marks the block back in the pool; returns the thread index of the thread it was handed
     /// out to (`CACHELESS` for a thread without one).
     #[inline(always)]
-    pub(super) fn take_back(&self) -> u32 {
+    pub(in crate::pool) fn take_back(&self) -> u32 {
         let allocator = self.allocator();
         self.holder.store(0, Ordering::Relaxed);
         allocator
@@ -141,7 +141,7 @@ impl Record {
     /// The thread index of the thread the block is handed out to (`CACHELESS` for a thread
     /// without one), read by the thread that holds the buffer.
     #[inline(always)]
-    pub(super) fn allocator(&self) -> u32 {
+    pub(in crate::pool) fn allocator(&self) -> u32 {
         // The freeing thread owns the buffer (it reached it through whatever synchronised
         // the hand-over), so its relaxed accesses see the allocator's store.
         self.holder.load(Ordering::Relaxed).wrapping_sub(1)
@@ -156,7 +156,7 @@ impl Record {
     /// The record holds a block: it was claimed and given one with
     /// [`set_block`](Self::set_block), and not released since.
     #[inline(always)]
-    pub(super) unsafe fn addr(&self) -> std::ptr::NonNull<u8> {
+    pub(in crate::pool) unsafe fn addr(&self) -> std::ptr::NonNull<u8> {
         let addr = self.addr.load(Ordering::Relaxed);
         debug_assert!(!addr.is_null(), "a record without a block");
         // SAFETY: a record holding a block has its non-null address (the caller's contract).
@@ -164,20 +164,20 @@ impl Record {
     }
 
     /// Gives a freshly claimed record its block, of `class`.
-    pub(super) fn set_block(&self, addr: std::ptr::NonNull<u8>, class: usize) {
+    pub(in crate::pool) fn set_block(&self, addr: std::ptr::NonNull<u8>, class: usize) {
         self.addr.store(addr.as_ptr(), Ordering::Relaxed);
         self.holder.store(0, Ordering::Relaxed);
         self.request.store((class as u64) << 48, Ordering::Relaxed);
     }
 
     /// Forgets the block (it went back to the system).
-    pub(super) fn clear_block(&self) {
+    pub(in crate::pool) fn clear_block(&self) {
         self.addr.store(std::ptr::null_mut(), Ordering::Relaxed);
         self.holder.store(0, Ordering::Relaxed);
     }
 
     /// `(class, handed out?)` of a record holding a block, for statistics.
-    pub(super) fn picture(&self) -> Option<(usize, bool)> {
+    pub(in crate::pool) fn picture(&self) -> Option<(usize, bool)> {
         if self.addr.load(Ordering::Relaxed).is_null() {
             return None;
         }
@@ -186,18 +186,18 @@ impl Record {
     }
 
     /// What a snapshot reports of a handed-out block.
-    pub(super) fn live_info(&self) -> Option<super::BlockInfo> {
+    pub(in crate::pool) fn live_info(&self) -> Option<super::super::BlockInfo> {
         let holder = self.holder.load(Ordering::Relaxed);
         if holder == 0 || self.addr.load(Ordering::Relaxed).is_null() {
             return None;
         }
         let request = self.request.load(Ordering::Relaxed);
         let class = (request >> 48) as usize;
-        Some(super::BlockInfo {
+        Some(super::super::BlockInfo {
             requested: (request & ((1 << 48) - 1)) as usize,
-            block_bytes: super::class::class_size(class),
+            block_bytes: super::super::class::class_size(class),
             thread: holder - 1,
-            tag: super::tag::MemoryTag::from_raw(self.tag.load(Ordering::Relaxed)),
+            tag: super::super::tag::MemoryTag::from_raw(self.tag.load(Ordering::Relaxed)),
         })
     }
 }
