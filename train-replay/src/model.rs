@@ -13,12 +13,13 @@
 //! The threads share each kernel over the whole batch (see [`kernels`]): every GEMM is one
 //! call whose output they split, each summing its elements over every row in the order the
 //! shapes fix. So the losses are bit-identical at any thread count, and what a step holds
-//! does not grow with the threads: one weight and bias gradient per layer, no per-thread
-//! copies to sum.
+//! does not grow with the threads: no per-thread copies of the gradients to sum. Each
+//! layer's Adam step runs as soon as the backward pass has its gradients, so a step holds
+//! one layer's gradients at a time.
 
 use anyhow::anyhow;
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bumpalo::Bump;
 use rand::{Rng as _, SeedableRng};
@@ -43,15 +44,26 @@ fn normal(rng: &mut Rng) -> f32 {
     rng.sample(StandardNormal)
 }
 
-/// One linear layer's parameters and Adam state (allocated once, for the whole run). The
-/// weight and bias are shared with the recomputes of a step (see [`Trainer::kernel`]), which
-/// are gone by the optimizer's turn.
+/// One linear layer: its shape, and its parameters and Adam state (allocated once, for the
+/// whole run).
 #[derive(Debug)]
 struct Linear {
     inputs: usize,
     outputs: usize,
-    weight: Arc<Vec<f32>>,
-    bias: Arc<Vec<f32>>,
+    /// Locked only to take handles to the weight and bias or to update them.
+    params: Mutex<Params>,
+}
+
+/// A parameter tensor, shared with the kernels that read it.
+type Shared = Arc<Vec<f32>>;
+
+/// A layer's weight and bias, shared (`Arc`) with the kernels that read them (a recompute's
+/// included, see [`Trainer::kernel`]), and Adam's moments. The backward pass updates them as
+/// soon as it has the layer's gradients, when no kernel of the step reads them any more.
+#[derive(Debug)]
+struct Params {
+    weight: Shared,
+    bias: Shared,
     /// Adam moments: weight m, weight v, bias m, bias v.
     moments: [Vec<f32>; 4],
 }
@@ -64,9 +76,7 @@ impl Linear {
         let zeros = |rows, cols| VecBackend.zeros(rows, cols);
         let mut weight = zeros(inputs, outputs)?;
         weight.fill_with(|| normal(rng) * scale);
-        Ok(Self {
-            inputs,
-            outputs,
+        let params = Params {
             weight: Arc::new(weight),
             bias: Arc::new(zeros(1, outputs)?),
             moments: [
@@ -75,7 +85,60 @@ impl Linear {
                 zeros(1, outputs)?,
                 zeros(1, outputs)?,
             ],
+        };
+        Ok(Self {
+            inputs,
+            outputs,
+            params: Mutex::new(params),
         })
+    }
+
+    /// The parameters, locked.
+    fn params(&self) -> anyhow::Result<std::sync::MutexGuard<'_, Params>> {
+        self.params
+            .lock()
+            .map_err(|_| anyhow!("a thread panicked updating a layer"))
+    }
+
+    /// Handles to the weight and bias.
+    fn shared(&self) -> anyhow::Result<(Shared, Shared)> {
+        let params = self.params()?;
+        Ok((Arc::clone(&params.weight), Arc::clone(&params.bias)))
+    }
+
+    /// Adam's step `t` (from 1) with learning rate `lr` and the layer's gradients, split over
+    /// the current rayon pool's threads; an error if a kernel still holds the parameters.
+    fn update(
+        &self,
+        weight_grad: &[f32],
+        bias_grad: &[f32],
+        lr: f32,
+        t: i32,
+    ) -> anyhow::Result<()> {
+        let mut params = self.params()?;
+        let Params {
+            weight,
+            bias,
+            moments: [mw, vw, mb, vb],
+        } = &mut *params;
+        let shared = || anyhow!("a layer's parameters are still shared at its update");
+        adam(
+            Arc::get_mut(weight).ok_or_else(shared)?,
+            weight_grad,
+            mw,
+            vw,
+            lr,
+            t,
+        );
+        adam(
+            Arc::get_mut(bias).ok_or_else(shared)?,
+            bias_grad,
+            mb,
+            vb,
+            lr,
+            t,
+        );
+        Ok(())
     }
 }
 
@@ -94,47 +157,6 @@ pub struct Trainer<'a, B: Backend> {
     labels: Vec<usize>,
     /// The step's threads, kept for the whole run (as a training runtime keeps its threads).
     workers: rayon::ThreadPool,
-    /// The backward pass's gradients, kept from step to step (empty between steps).
-    grads: Grads<B>,
-}
-
-/// The backward pass's weight and bias gradients, one each per layer, for the whole batch
-/// (`None` between steps). The lists are kept for the run, so a step allocates none.
-struct Grads<B: Backend> {
-    weight: Vec<Option<B::Buf>>,
-    bias: Vec<Option<B::Buf>>,
-}
-
-impl<B: Backend> std::fmt::Debug for Grads<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grads")
-            .field("layers", &self.weight.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<B: Backend> Grads<B> {
-    fn new(layers: usize) -> Self {
-        Self {
-            weight: (0..layers).map(|_| None).collect(),
-            bias: (0..layers).map(|_| None).collect(),
-        }
-    }
-
-    /// Takes layer `l`'s gradients, which the backward pass left for every layer.
-    fn take(&mut self, l: usize) -> anyhow::Result<(B::Buf, B::Buf)> {
-        let missing = || anyhow!("no gradient of layer {l} from the backward pass");
-        Ok((
-            self.weight[l].take().ok_or_else(missing)?,
-            self.bias[l].take().ok_or_else(missing)?,
-        ))
-    }
-
-    /// Drops whatever a failed step left.
-    fn clear(&mut self) {
-        self.weight.iter_mut().for_each(|g| *g = None);
-        self.bias.iter_mut().for_each(|g| *g = None);
-    }
 }
 
 /// Runs `f` with this thread's scratch arena, reset first (a new step: the last step's
@@ -198,7 +220,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
             step: 0,
             lr: args.lr,
             labels,
-            grads: Grads::new(dims.len() - 1),
             workers,
         })
     }
@@ -207,20 +228,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
     fn linear(&self, l: usize, input: &[f32], rows: usize, relu: bool) -> anyhow::Result<B::Buf> {
         let layer = &self.layers[l];
         let (k, n) = (layer.inputs, layer.outputs);
+        let (weight, bias) = layer.shared()?;
         // SAFETY: `kernels::linear` writes every element of its output.
         unsafe {
             self.backend.written(rows, n, |out| {
-                kernels::linear(
-                    rows,
-                    k,
-                    n,
-                    input,
-                    &layer.weight,
-                    &layer.bias,
-                    relu,
-                    out,
-                    self.threads,
-                )
+                kernels::linear(rows, k, n, input, &weight, &bias, relu, out, self.threads)
             })
         }
     }
@@ -246,21 +258,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
         drop(logits);
         drop(loss_span);
 
-        // Backward: the layers' gradients, into `grads` (taken out of `self` for the pass).
-        let mut grads = std::mem::replace(&mut self.grads, Grads::new(0));
-        let backward = backend.span("backward");
-        let replayed = self.workers.install(|| match self.keep {
-            Keep::Every(every) => self.backward(chain, grad, batch, every, &mut grads),
-            Keep::Fitted => self.backward_layers(chain, grad, batch, &mut grads),
-        });
-        drop(backward);
-        let optimized = replayed.and_then(|()| {
-            let _optimizer = backend.span("optimizer");
-            self.optimize(&mut grads)
-        });
-        grads.clear(); // a failed step's gradients go back now
-        self.grads = grads;
-        optimized?;
+        // Backward: each layer's gradients, and its Adam step as soon as it has them.
+        let _backward = backend.span("backward");
+        self.workers.install(|| match self.keep {
+            Keep::Every(every) => self.backward(chain, grad, batch, every),
+            Keep::Fitted => self.backward_layers(chain, grad, batch),
+        })?;
         Ok(loss / batch as f32)
     }
 
@@ -322,7 +325,6 @@ impl<'a, B: Backend> Trainer<'a, B> {
         mut upstream: B::Buf,
         batch: usize,
         every: usize,
-        grads: &mut Grads<B>,
     ) -> anyhow::Result<()> {
         let count = self.layers.len();
         let replayed = with_scratch(|scratch| -> anyhow::Result<()> {
@@ -353,9 +355,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                             relu_mask(B::slice_mut(&mut upstream), B::slice(&output));
                         }
                         let input = inputs.last().map_or(first, |buf| B::slice(buf));
-                        if let Some(next) =
-                            self.back_propagate(l, input, &upstream, batch, grads)?
-                        {
+                        if let Some(next) = self.back_propagate(l, input, &upstream, batch)? {
                             upstream = next;
                         }
                     }
@@ -377,13 +377,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
         mut chain: B::Chain,
         mut upstream: B::Buf,
         batch: usize,
-        grads: &mut Grads<B>,
     ) -> anyhow::Result<()> {
         for l in (0..self.layers.len()).rev() {
             let saved = B::checkpoint(&chain, l)?;
             let _layer = self.backend.span("backward (layer)");
             B::with_saved(&saved, |input| {
-                if let Some(mut next) = self.back_propagate(l, input, &upstream, batch, grads)? {
+                if let Some(mut next) = self.back_propagate(l, input, &upstream, batch)? {
                     // The gradient of layer l - 1's output, through its ReLU, whose output
                     // is this layer's input.
                     relu_mask(B::slice_mut(&mut next), input);
@@ -398,15 +397,17 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     /// Layer `l`'s weight and bias gradients over the batch's `rows` rows, from its `input`
-    /// and the (masked) gradient `g` of its output, into `grads`; and the gradient of its
-    /// input (`None` for the first layer, whose input is the data: nothing reads it).
+    /// and the (masked) gradient `g` of its output, and the gradient of its input (`None`
+    /// for the first layer, whose input is the data: nothing reads it); then the layer's
+    /// Adam step, so that a step holds one layer's gradients at a time. The update changes
+    /// nothing that the rest of the pass reads: the input's gradient came from the old
+    /// weight, and the layers below recompute from their own.
     fn back_propagate(
         &self,
         l: usize,
         input: &[f32],
         g: &B::Buf,
         rows: usize,
-        grads: &mut Grads<B>,
     ) -> anyhow::Result<Option<B::Buf>> {
         let layer = &self.layers[l];
         let (k, n, threads, g) = (layer.inputs, layer.outputs, self.threads, B::slice(g));
@@ -417,45 +418,30 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 kernels::weight_grad(rows, k, n, input, g, out, threads)
             })?
         };
-        grads.weight[l] = Some(wg);
         // SAFETY: `column_sums` writes every element of its output.
         let bg = unsafe {
             self.backend
                 .written(1, n, |out| kernels::column_sums(rows, n, g, out, threads))?
         };
-        grads.bias[l] = Some(bg);
-        if l == 0 {
-            return Ok(None);
-        }
-        // d input = g * W^T (the transpose is a stride, no copy).
-        let (g, weight) = (Mat::rows(g, n), Mat::transposed(&layer.weight, n));
-        // SAFETY: `product` writes every element of its output.
-        let next = unsafe {
-            self.backend.written(rows, k, |out| {
-                kernels::product(rows, n, k, g, weight, out, threads)
-            })?
+        let next = if l == 0 {
+            None
+        } else {
+            // d input = g * W^T (the transpose is a stride, no copy).
+            let (weight, _) = layer.shared()?;
+            let (g, weight) = (Mat::rows(g, n), Mat::transposed(&weight, n));
+            // SAFETY: `product` writes every element of its output.
+            let next = unsafe {
+                self.backend.written(rows, k, |out| {
+                    kernels::product(rows, n, k, g, weight, out, threads)
+                })?
+            };
+            Some(next)
         };
-        Ok(Some(next))
-    }
-
-    /// An Adam step per layer, split over the threads; then the gradients go back.
-    fn optimize(&mut self, grads: &mut Grads<B>) -> anyhow::Result<()> {
+        let _update = self.backend.span("optimizer (layer)");
         // Adam's step count (its bias corrections are 1 long before 2^31 steps).
-        let (t, lr) = (i32::try_from(self.step).unwrap_or(i32::MAX), self.lr);
-        let (layers, workers) = (&mut self.layers, &self.workers);
-        workers.install(|| -> anyhow::Result<()> {
-            for (l, layer) in layers.iter_mut().enumerate() {
-                let (weight_grad, bias_grad) = grads.take(l)?;
-                // The step's recomputes are gone with its values: the parameters are ours.
-                let shared = || anyhow!("layer {l}'s parameters are still shared");
-                let weight = Arc::get_mut(&mut layer.weight).ok_or_else(shared)?;
-                let bias = Arc::get_mut(&mut layer.bias).ok_or_else(shared)?;
-                let [mw, vw, mb, vb] = &mut layer.moments;
-                adam(weight, B::slice(&weight_grad), mw, vw, lr, t);
-                adam(bias, B::slice(&bias_grad), mb, vb, lr, t);
-            }
-            Ok(())
-        })
+        let t = i32::try_from(self.step).unwrap_or(i32::MAX);
+        layer.update(B::slice(&wg), B::slice(&bg), self.lr, t)?;
+        Ok(next)
     }
 
     /// The forward pass of [`Keep::Every`]: returns the logits and the chain of checkpoints.
@@ -502,9 +488,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
             let cost = (batch as u64)
                 .saturating_mul(layer.inputs as u64)
                 .saturating_mul(layer.outputs as u64);
-            current = self
-                .backend
-                .save_recomputable(out, &current, cost, self.kernel(l, batch))?;
+            current =
+                self.backend
+                    .save_recomputable(out, &current, cost, self.kernel(l, batch)?)?;
             self.backend
                 .push_checkpoint(&mut chain, l + 1, current.clone());
         }
@@ -513,7 +499,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// Layer `l` on `rows` rows as a recompute runs it: the forward pass's own computation
     /// (the same rows split over the same threads), so a recomputed value is bit-identical.
-    fn kernel(&self, l: usize, rows: usize) -> Kernel {
+    fn kernel(&self, l: usize, rows: usize) -> anyhow::Result<Kernel> {
         let layer = &self.layers[l];
         let (k, n, relu, threads) = (
             layer.inputs,
@@ -521,9 +507,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
             l + 1 < self.layers.len(),
             self.threads,
         );
-        let (weight, bias) = (Arc::clone(&layer.weight), Arc::clone(&layer.bias));
-        Arc::new(move |input, out| {
+        let (weight, bias) = layer.shared()?;
+        Ok(Arc::new(move |input, out| {
             kernels::linear(rows, k, n, input, &weight, &bias, relu, out, threads);
-        })
+        }))
     }
 }

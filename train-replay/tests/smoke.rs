@@ -45,9 +45,15 @@ fn trains_on_the_pool_and_writes_the_trace_and_the_plot() {
             .filter(|e| e["ph"] == "B" && e["name"] == name)
             .count()
     };
-    for span in ["step", "forward", "loss", "backward", "optimizer"] {
+    for span in ["step", "forward", "loss", "backward"] {
         assert_eq!(begins(span), 6, "a {span:?} span per step");
     }
+    // 5 layers, each updated as soon as the backward pass has its gradients.
+    assert_eq!(
+        begins("optimizer (layer)"),
+        5 * 6,
+        "an update span per layer"
+    );
     // 5 layers, every second input kept: 3 segments a step.
     assert_eq!(
         begins("backward (segment)"),
@@ -55,7 +61,7 @@ fn trains_on_the_pool_and_writes_the_trace_and_the_plot() {
         "a span per segment the backward pass replays"
     );
     let ends = events.iter().filter(|e| e["ph"] == "E").count();
-    assert_eq!(ends, 5 * 6 + 3 * 6, "every span ended");
+    assert_eq!(ends, 4 * 6 + 3 * 6 + 5 * 6, "every span ended");
     let step = events
         .iter()
         .find(|e| e["ph"] == "B" && e["name"] == "step")
