@@ -49,13 +49,12 @@ mod observe;
 mod pages;
 
 use engine::{advise, blocks, inner, lifetime};
-use evict::value as evictable;
 use observe::{chrome, counters, stats, tag, trace};
 
 pub use buffer::PoolBuffer;
 pub use config::PoolConfig;
 pub use error::{OutOfMemory, PoolError};
-pub(crate) use evictable::{Evictable, NotPinned};
+pub(crate) use evict::value::{Evictable, NotPinned};
 pub use front::global::PoolAllocator;
 pub use stats::{BlockInfo, ClassStats, PoolStats};
 pub use tag::{MemoryByTag, MemoryTag, TagScope};

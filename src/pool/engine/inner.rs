@@ -9,7 +9,7 @@ use std::fmt;
 use crossbeam_utils::CachePadded;
 
 use super::super::counters::{OpCounters, PoolCounters, CACHELESS};
-use super::super::evictable::Evictor;
+use super::super::evict::value::Evictor;
 use super::super::pages::PageLayer;
 use super::super::trace::{PoolEventKind, Trace};
 use super::super::{class, PoolConfig};

@@ -28,7 +28,7 @@ use std::ptr::{addr_of_mut, NonNull};
 use crossbeam_utils::CachePadded;
 
 use super::super::counters::{OpCounters, PoolCounters};
-use super::super::evictable::Evictor;
+use super::super::evict::value::Evictor;
 use super::super::pages::PageLayer;
 use super::super::trace::Trace;
 use super::super::{class, PoolConfig};
