@@ -138,7 +138,14 @@ impl FreeRanges {
             let Some(gap) = fits(free, len, align) else {
                 continue;
             };
-            let found = if free.dirty > 0 { resident(free) } else { None };
+            // A range with fewer dirty bytes than the best piece so far cannot beat it: no
+            // need to look where its piece would lie.
+            let best_warm = best.map_or(0, |(_, _, warm, _)| warm);
+            let found = if free.dirty > 0 && free.dirty >= best_warm {
+                resident(free)
+            } else {
+                None
+            };
             let (start, warm) = found.unwrap_or((free.start + gap, 0));
             let better = match best {
                 None => true,
