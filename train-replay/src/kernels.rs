@@ -148,7 +148,8 @@ fn for_row_blocks<T: Send>(
     threads: usize,
     run: impl Fn(usize, &mut [T], usize) + Sync + Send,
 ) {
-    let block = ROW_BLOCK * cols.max(1);
+    // Saturating: a block longer than `out` is the whole of it.
+    let block = ROW_BLOCK.saturating_mul(cols.max(1));
     let blocks = out.len().div_ceil(block).max(1);
     let each = (threads / blocks).max(1);
     if threads > 1 && blocks > 1 {
