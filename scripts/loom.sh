@@ -59,8 +59,12 @@ planted_cases=(
   "loom_pool:two_carves_from_the_page_layer_at_once:pages_look_then_carve"
   "loom_retain:clone_read_drop_on_a_shared_group:clone_without_count"
   "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
-  "loom_evict:eviction_racing_a_read_a_clone_and_a_drop:evict_pinned"
+  "loom_evict:an_eviction_asked_for_racing_a_pin:evict_pinned"
+  "loom_evict:an_eviction_for_a_refused_request_racing_a_pin:evict_pinned"
+  "loom_evict:queries_racing_an_eviction_never_refuse_the_request:query_pins"
   "loom_evict:two_readers_of_an_evicted_value_recompute_it_once:claim_twice"
+  "loom_evict:a_reader_waiting_for_a_failed_recompute_takes_it_over:abandon_without_waking"
+  "loom_evict:a_recompute_racing_an_eviction_and_the_drops:evict_recomputing"
 )
 
 base_flags="--cfg loom --cfg crossbeam_loom -C debug-assertions=on"
