@@ -99,16 +99,20 @@ pub struct Args {
     /// pool may have; default: all cores).
     #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
-    /// Byte budget of the pool, e.g. 256MiB, 1.5GiB, 10MB or 1000000 (default: none).
+    /// Byte budget of the training's pool, e.g. 256MiB, 1.5GiB, 10MB or 1000000 (default:
+    /// none).
     ///
-    /// It caps what the process-wide pool reserves from the system: the training's tensors
-    /// (activations, checkpoints, gradients) come from that pool and must fit in it. Without
-    /// --checkpoint-every the job fits them by eviction and recomputation, and a budget below
-    /// the least the run needs stops it with an error (exit code 1) that names that least;
-    /// with --checkpoint-every, a run whose tensors do not fit stops with an error that says
-    /// what it needed.
-    /// The other large allocations (the model's parameters, the GEMM's packing buffers) use
-    /// the pool while it has room and are served by the system allocator past the budget.
+    /// It caps what the training's own pool reserves from the system: the model's
+    /// parameters and Adam state, and the step's tensors (activations, checkpoints,
+    /// gradients) come from it and must fit in it. Without --checkpoint-every the job fits
+    /// them by eviction and recomputation, and a budget below the least the run needs stops
+    /// it with an error (exit code 1) that names that least, the whole MiB at which the run
+    /// completes and below which it does not; with --checkpoint-every, a run whose tensors do
+    /// not fit stops with an error that says what it needed.
+    /// Outside the budget stay the GEMM's packing buffers (one of the size of the L2 cache per
+    /// thread, and one per GEMM call in flight), the scratch arena, small allocations, the
+    /// binary and the stacks: the process-wide pool serves them, and the run's table
+    /// reports that pool's peak.
     /// Units, in any case: B; k, M, G, T, P, E or kB, MB, ... (powers of 1000); Ki, Mi, Gi,
     /// Ti, Pi, Ei or KiB, MiB, ... (powers of 1024). A fraction such as 1.5GiB is rounded to
     /// the nearest byte; `1e9` is 10^9 bytes.

@@ -20,9 +20,9 @@ pub type Kernel = Arc<dyn Fn(&[f32], &mut [MaybeUninit<f32>]) + Send + Sync>;
 
 /// Storage for one training step. Whatever can fail (an allocation, a read of a kept
 /// buffer) returns an error for the step to pass up, never a panic.
-pub trait Backend: Sync {
+pub trait Backend: Sync + 'static {
     /// An owned `rows x cols` f32 buffer.
-    type Buf: Send + Sync;
+    type Buf: Send + Sync + 'static;
     /// A retained (checkpointed) activation.
     type Saved: Clone + Send + Sync;
     /// The checkpoint chain of one step.
@@ -81,7 +81,7 @@ pub trait Backend: Sync {
 #[derive(Debug)]
 pub struct PoolBackend {
     /// The pool.
-    pub pool: &'static BufferPool,
+    pub pool: BufferPool,
 }
 
 impl PoolBackend {
@@ -117,7 +117,7 @@ impl Backend for PoolBackend {
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> anyhow::Result<Tensor> {
-        Tensor::zeros_in(self.pool, DType::F32, &[rows, cols])
+        Tensor::zeros_in(&self.pool, DType::F32, &[rows, cols])
             .map_err(|error| self.refused(error, rows, cols))
     }
     unsafe fn written(
@@ -126,7 +126,7 @@ impl Backend for PoolBackend {
         cols: usize,
         init: impl FnOnce(&mut [MaybeUninit<f32>]),
     ) -> anyhow::Result<Tensor> {
-        let mut tensor = Tensor::uninit_in::<f32>(self.pool, &[rows, cols])
+        let mut tensor = Tensor::uninit_in::<f32>(&self.pool, &[rows, cols])
             .map_err(|error| self.refused(error, rows, cols))?;
         init(tensor.as_uninit_mut());
         // SAFETY: the caller's contract: `init` wrote every element.
@@ -152,16 +152,16 @@ impl Backend for PoolBackend {
         kernel: Kernel,
     ) -> anyhow::Result<Arc<RetainedValue>> {
         let shape = buf.shape().to_vec();
-        let pool = self.pool;
+        let pool = self.pool.clone();
         let recompute = Recompute::new([(**input).clone()], move |inputs| {
             let input = inputs[0].as_slice::<f32>()?;
-            let mut out = Tensor::uninit_in::<f32>(pool, &shape)?;
+            let mut out = Tensor::uninit_in::<f32>(&pool, &shape)?;
             kernel(input, out.as_uninit_mut());
             // SAFETY: a layer's kernel writes every element of its output.
             Ok(unsafe { out.assume_init() })
         })
         .with_cost(cost);
-        RetainedValue::evictable(pool, buf, recompute)
+        RetainedValue::evictable(&self.pool, buf, recompute)
             .map(Arc::new)
             .map_err(|e| anyhow!("retaining a layer's output: {e}"))
     }

@@ -52,6 +52,11 @@ pub struct Summary {
     /// pool).
     #[serde(default)]
     pub recompute_share: Option<f64>,
+    /// Under a budget, the peak bytes in use of the process-wide pool that the global
+    /// allocator's front end serves (GEMM packing buffers, the scratch arena): what stays
+    /// outside the budget (`None`: no budget, or no pool).
+    #[serde(default)]
+    pub outside_peak_bytes: Option<u64>,
 }
 
 impl Summary {
@@ -77,9 +82,18 @@ pub fn train<B: Backend>(
     mut on_step: impl FnMut(usize, f32),
 ) -> anyhow::Result<Summary> {
     let stats = || pool.map(BufferPool::stats);
-    // The pool's calls to the OS (maps, unmaps and purges of its pages), and the requests
-    // past its budget that went to the fallback allocator.
-    let system_calls = || stats().map_or(0, |s| s.os_calls) + PoolAllocator::fallback_allocations();
+    // The front end's pool, when the training has a pool of its own (under a budget).
+    let front = pool
+        .filter(|_| allocator::choice().is_pool())
+        .map(|_| BufferPool::global())
+        .filter(|front| pool.is_some_and(|pool| pool.id() != front.id()));
+    // The pools' calls to the OS (maps, unmaps and purges of their pages), and the requests
+    // past a budget that went to the fallback allocator.
+    let system_calls = || {
+        stats().map_or(0, |s| s.os_calls)
+            + front.map_or(0, |front| front.stats().os_calls)
+            + PoolAllocator::fallback_allocations()
+    };
     let mut trainer = Trainer::new(backend, args)?;
     let calls = || {
         (
@@ -129,6 +143,7 @@ pub fn train<B: Backend>(
     summary.pool_system_calls_per_step = allocator::choice()
         .is_pool()
         .then(|| per_step(after.2, before.2));
+    summary.outside_peak_bytes = front.map(|front| front.stats().peak_in_use_bytes);
     summary.peak_rss = peak_rss();
     Ok(summary)
 }

@@ -27,7 +27,7 @@ use rand_distr::StandardNormal;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 use crate::args::{Args, Keep};
-use crate::backend::{Backend, Kernel, VecBackend};
+use crate::backend::{Backend, Kernel};
 use crate::kernels::{self, adam, relu_mask, Mat};
 
 /// Input features.
@@ -45,37 +45,54 @@ fn normal(rng: &mut Rng) -> f32 {
 }
 
 /// One linear layer: its shape, and its parameters and Adam state (allocated once, for the
-/// whole run).
-#[derive(Debug)]
-struct Linear {
+/// whole run, from the backend: under a budget they count in it).
+struct Linear<B: Backend> {
     inputs: usize,
     outputs: usize,
     /// Locked only to take handles to the weight and bias or to update them.
-    params: Mutex<Params>,
+    params: Mutex<Params<B>>,
+}
+
+impl<B: Backend> std::fmt::Debug for Linear<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Linear")
+            .field("inputs", &self.inputs)
+            .field("outputs", &self.outputs)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A parameter tensor, shared with the kernels that read it.
-type Shared = Arc<Vec<f32>>;
+type Shared<B> = Arc<<B as Backend>::Buf>;
 
 /// A layer's weight and bias, shared (`Arc`) with the kernels that read them (a recompute's
 /// included, see [`Trainer::kernel`]), and Adam's moments. The backward pass updates them as
 /// soon as it has the layer's gradients, when no kernel of the step reads them any more.
-#[derive(Debug)]
-struct Params {
-    weight: Shared,
-    bias: Shared,
+struct Params<B: Backend> {
+    weight: Shared<B>,
+    bias: Shared<B>,
     /// Adam moments: weight m, weight v, bias m, bias v.
-    moments: [Vec<f32>; 4],
+    moments: [B::Buf; 4],
 }
 
-impl Linear {
-    /// A layer with normal initial weights; an error if its buffers overflow or cannot be
-    /// had (sizes from the command line).
-    fn new(inputs: usize, outputs: usize, rng: &mut Rng) -> anyhow::Result<Self> {
+impl<B: Backend> Linear<B> {
+    /// A layer with normal initial weights drawn from `rng` (zeros without it, for a dry
+    /// run), its buffers from `backend`; an error if they overflow or cannot be had (sizes
+    /// from the command line).
+    fn new(
+        backend: &B,
+        inputs: usize,
+        outputs: usize,
+        rng: Option<&mut Rng>,
+    ) -> anyhow::Result<Self> {
         let scale = (2.0 / inputs as f32).sqrt();
-        let zeros = |rows, cols| VecBackend.zeros(rows, cols);
+        let zeros = |rows, cols| backend.zeros(rows, cols);
         let mut weight = zeros(inputs, outputs)?;
-        weight.fill_with(|| normal(rng) * scale);
+        if let Some(rng) = rng {
+            B::slice_mut(&mut weight)
+                .iter_mut()
+                .for_each(|w| *w = normal(rng) * scale);
+        }
         let params = Params {
             weight: Arc::new(weight),
             bias: Arc::new(zeros(1, outputs)?),
@@ -94,14 +111,14 @@ impl Linear {
     }
 
     /// The parameters, locked.
-    fn params(&self) -> anyhow::Result<std::sync::MutexGuard<'_, Params>> {
+    fn params(&self) -> anyhow::Result<std::sync::MutexGuard<'_, Params<B>>> {
         self.params
             .lock()
             .map_err(|_| anyhow!("a thread panicked updating a layer"))
     }
 
     /// Handles to the weight and bias.
-    fn shared(&self) -> anyhow::Result<(Shared, Shared)> {
+    fn shared(&self) -> anyhow::Result<(Shared<B>, Shared<B>)> {
         let params = self.params()?;
         Ok((Arc::clone(&params.weight), Arc::clone(&params.bias)))
     }
@@ -123,18 +140,18 @@ impl Linear {
         } = &mut *params;
         let shared = || anyhow!("a layer's parameters are still shared at its update");
         adam(
-            Arc::get_mut(weight).ok_or_else(shared)?,
+            B::slice_mut(Arc::get_mut(weight).ok_or_else(shared)?),
             weight_grad,
-            mw,
-            vw,
+            B::slice_mut(mw),
+            B::slice_mut(vw),
             lr,
             t,
         );
         adam(
-            Arc::get_mut(bias).ok_or_else(shared)?,
+            B::slice_mut(Arc::get_mut(bias).ok_or_else(shared)?),
             bias_grad,
-            mb,
-            vb,
+            B::slice_mut(mb),
+            B::slice_mut(vb),
             lr,
             t,
         );
@@ -146,7 +163,7 @@ impl Linear {
 #[derive(Debug)]
 pub struct Trainer<'a, B: Backend> {
     backend: &'a B,
-    layers: Vec<Linear>,
+    layers: Vec<Linear<B>>,
     keep: Keep,
     threads: usize,
     teacher: Vec<f32>,
@@ -157,6 +174,10 @@ pub struct Trainer<'a, B: Backend> {
     labels: Vec<usize>,
     /// The step's threads, kept for the whole run (as a training runtime keeps its threads).
     workers: rayon::ThreadPool,
+    /// A dry run: the same buffers, of the same sizes, taken and given back in the same
+    /// order, but no kernel runs (each buffer is zeros). It finds what a step needs from the
+    /// memory in a fraction of a step's time; its losses mean nothing.
+    dry: bool,
 }
 
 /// Runs `f` with this thread's scratch arena, reset first (a new step: the last step's
@@ -181,6 +202,17 @@ thread_local! {
 impl<'a, B: Backend> Trainer<'a, B> {
     /// A fresh model; an error if its worker threads cannot start.
     pub fn new(backend: &'a B, args: &Args) -> anyhow::Result<Self> {
+        Self::with_kernels(backend, args, true)
+    }
+
+    /// A fresh model whose steps are dry (see [`Trainer::dry`]): it takes and gives back
+    /// the buffers a step of [`new`](Self::new)'s takes, in the same order, without
+    /// computing them.
+    pub fn dry(backend: &'a B, args: &Args) -> anyhow::Result<Self> {
+        Self::with_kernels(backend, args, false)
+    }
+
+    fn with_kernels(backend: &'a B, args: &Args, kernels: bool) -> anyhow::Result<Self> {
         let mut rng = Rng::seed_from_u64(args.seed);
         let teacher = (0..INPUT * CLASSES).map(|_| normal(&mut rng)).collect();
         let mut dims = Vec::new();
@@ -191,7 +223,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         dims.push(CLASSES);
         let layers = dims
             .windows(2)
-            .map(|w| Linear::new(w[0], w[1], &mut rng))
+            .map(|w| Linear::new(backend, w[0], w[1], kernels.then_some(&mut rng)))
             .collect::<anyhow::Result<_>>()?;
         let mut labels = Vec::new();
         labels
@@ -221,20 +253,56 @@ impl<'a, B: Backend> Trainer<'a, B> {
             lr: args.lr,
             labels,
             workers,
+            dry: !kernels,
         })
     }
 
-    /// `relu?(input * W + b)` for `rows` rows, fused; the GEMM's rows split over the threads.
-    fn linear(&self, l: usize, input: &[f32], rows: usize, relu: bool) -> anyhow::Result<B::Buf> {
-        let layer = &self.layers[l];
-        let (k, n) = (layer.inputs, layer.outputs);
-        let (weight, bias) = layer.shared()?;
-        // SAFETY: `kernels::linear` writes every element of its output.
-        unsafe {
-            self.backend.written(rows, n, |out| {
-                kernels::linear(rows, k, n, input, &weight, &bias, relu, out, self.threads)
-            })
+    /// Clips `grad` where the ReLU's `output` is zero (not in a dry run).
+    fn relu_mask(&self, grad: &mut B::Buf, output: &[f32]) {
+        if !self.dry {
+            relu_mask(B::slice_mut(grad), output);
         }
+    }
+
+    /// A `rows x cols` buffer that `kernel` writes; zeros in a dry run, which runs no kernel.
+    ///
+    /// # Safety
+    ///
+    /// `kernel` writes every element of the slice it is given.
+    unsafe fn written(
+        &self,
+        rows: usize,
+        cols: usize,
+        kernel: impl FnOnce(&mut [std::mem::MaybeUninit<f32>]),
+    ) -> anyhow::Result<B::Buf> {
+        if self.dry {
+            return self.backend.zeros(rows, cols);
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.backend.written(rows, cols, kernel) }
+    }
+
+    /// Layer `l` on `rows` rows of `input`: `relu?(input * W + b)`, fused (no ReLU for the
+    /// last layer); the GEMM's rows split over the threads.
+    fn linear(&self, l: usize, input: &[f32], rows: usize) -> anyhow::Result<B::Buf> {
+        let layer = self.forward_kernel(l, rows)?;
+        // SAFETY: `Forward::run` writes every element of its output.
+        unsafe { self.written(rows, layer.n, |out| layer.run(input, out)) }
+    }
+
+    /// What layer `l`'s forward kernel reads on `rows` rows, besides its input.
+    fn forward_kernel(&self, l: usize, rows: usize) -> anyhow::Result<Forward<B>> {
+        let layer = &self.layers[l];
+        let (weight, bias) = layer.shared()?;
+        Ok(Forward {
+            rows,
+            k: layer.inputs,
+            n: layer.outputs,
+            relu: l + 1 < self.layers.len(),
+            threads: self.threads,
+            weight,
+            bias,
+        })
     }
 
     /// One training step; returns the mean loss.
@@ -269,6 +337,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     /// A batch of inputs from the backend; its labels, from the teacher, in `labels`.
     fn batch(&mut self, batch: usize) -> anyhow::Result<B::Buf> {
+        if self.dry {
+            self.labels.clear();
+            self.labels.resize(batch, 0);
+            return self.backend.zeros(batch, INPUT);
+        }
         let rng = &mut self.rng;
         // SAFETY: the closure writes every element.
         let x = unsafe {
@@ -299,6 +372,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
     fn loss(&self, logits: &B::Buf, batch: usize) -> anyhow::Result<(B::Buf, f32)> {
         let mut grad = self.backend.zeros(batch, CLASSES)?;
         let mut loss = 0.0f32;
+        if self.dry {
+            return Ok((grad, loss));
+        }
         for ((row, g), &label) in B::slice(logits)
             .chunks_exact(CLASSES)
             .zip(B::slice_mut(&mut grad).chunks_exact_mut(CLASSES))
@@ -337,7 +413,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                     inputs.clear();
                     for l in start..end - 1 {
                         let input = inputs.last().map_or(first, |buf| B::slice(buf));
-                        let next = self.linear(l, input, batch, true)?;
+                        let next = self.linear(l, input, batch)?;
                         inputs.push(next);
                     }
                     for l in (start..end).rev() {
@@ -345,14 +421,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
                         // with once read), or the next segment's checkpoint.
                         if l + 1 == end && end < count {
                             B::with_saved(&B::checkpoint(&chain, end)?, |output| {
-                                relu_mask(B::slice_mut(&mut upstream), output);
+                                self.relu_mask(&mut upstream, output);
                                 Ok(())
                             })?;
                         } else if l + 1 < end {
                             let output = inputs
                                 .pop()
                                 .ok_or_else(|| anyhow!("layer {l}'s output was not recomputed"))?;
-                            relu_mask(B::slice_mut(&mut upstream), B::slice(&output));
+                            self.relu_mask(&mut upstream, B::slice(&output));
                         }
                         let input = inputs.last().map_or(first, |buf| B::slice(buf));
                         if let Some(next) = self.back_propagate(l, input, &upstream, batch)? {
@@ -385,7 +461,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 if let Some(mut next) = self.back_propagate(l, input, &upstream, batch)? {
                     // The gradient of layer l - 1's output, through its ReLU, whose output
                     // is this layer's input.
-                    relu_mask(B::slice_mut(&mut next), input);
+                    self.relu_mask(&mut next, input);
                     upstream = next;
                 }
                 Ok(())
@@ -414,29 +490,30 @@ impl<'a, B: Backend> Trainer<'a, B> {
         // dW = input^T * g, its output split over the threads, each summing every batch row.
         // SAFETY: `weight_grad` writes every element of its output.
         let wg = unsafe {
-            self.backend.written(k, n, |out| {
+            self.written(k, n, |out| {
                 kernels::weight_grad(rows, k, n, input, g, out, threads)
             })?
         };
         // SAFETY: `column_sums` writes every element of its output.
-        let bg = unsafe {
-            self.backend
-                .written(1, n, |out| kernels::column_sums(rows, n, g, out, threads))?
-        };
+        let bg =
+            unsafe { self.written(1, n, |out| kernels::column_sums(rows, n, g, out, threads))? };
         let next = if l == 0 {
             None
         } else {
             // d input = g * W^T (the transpose is a stride, no copy).
             let (weight, _) = layer.shared()?;
-            let (g, weight) = (Mat::rows(g, n), Mat::transposed(&weight, n));
+            let (g, weight) = (Mat::rows(g, n), Mat::transposed(B::slice(&weight), n));
             // SAFETY: `product` writes every element of its output.
             let next = unsafe {
-                self.backend.written(rows, k, |out| {
+                self.written(rows, k, |out| {
                     kernels::product(rows, n, k, g, weight, out, threads)
                 })?
             };
             Some(next)
         };
+        if self.dry {
+            return Ok(next);
+        }
         let _update = self.backend.span("optimizer (layer)");
         // Adam's step count (its bias corrections are 1 long before 2^31 steps).
         let t = i32::try_from(self.step).unwrap_or(i32::MAX);
@@ -452,10 +529,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.backend.push_checkpoint(&mut chain, 0, current.clone());
         let mut live: Option<B::Buf> = None;
         for l in 0..count {
-            let relu = l + 1 < count;
             let out = match &live {
-                Some(buf) => self.linear(l, B::slice(buf), batch, relu)?,
-                None => B::with_saved(&current, |input| self.linear(l, input, batch, relu))?,
+                Some(buf) => self.linear(l, B::slice(buf), batch)?,
+                None => B::with_saved(&current, |input| self.linear(l, input, batch))?,
             };
             if l + 1 < count && (l + 1) % every == 0 {
                 current = self.backend.save(out)?;
@@ -479,8 +555,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let mut current = self.backend.save(x)?;
         self.backend.push_checkpoint(&mut chain, 0, current.clone());
         for l in 0..count {
-            let relu = l + 1 < count;
-            let out = B::with_saved(&current, |input| self.linear(l, input, batch, relu))?;
+            let out = B::with_saved(&current, |input| self.linear(l, input, batch))?;
             if l + 1 == count {
                 return Ok((out, chain));
             }
@@ -500,16 +575,39 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// Layer `l` on `rows` rows as a recompute runs it: the forward pass's own computation
     /// (the same rows split over the same threads), so a recomputed value is bit-identical.
     fn kernel(&self, l: usize, rows: usize) -> anyhow::Result<Kernel> {
-        let layer = &self.layers[l];
-        let (k, n, relu, threads) = (
-            layer.inputs,
-            layer.outputs,
-            l + 1 < self.layers.len(),
+        if self.dry {
+            return Ok(Arc::new(|_, out| out.fill(std::mem::MaybeUninit::new(0.0))));
+        }
+        let layer = self.forward_kernel(l, rows)?;
+        Ok(Arc::new(move |input, out| layer.run(input, out)))
+    }
+}
+
+/// One layer's forward kernel on a number of rows: the shapes, the threads, and handles to
+/// the weight and bias (kept by a recompute for as long as its value lives).
+struct Forward<B: Backend> {
+    rows: usize,
+    k: usize,
+    n: usize,
+    relu: bool,
+    threads: usize,
+    weight: Shared<B>,
+    bias: Shared<B>,
+}
+
+impl<B: Backend> Forward<B> {
+    /// Writes every element of `out` from `input`.
+    fn run(&self, input: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) {
+        kernels::linear(
+            self.rows,
+            self.k,
+            self.n,
+            input,
+            B::slice(&self.weight),
+            B::slice(&self.bias),
+            self.relu,
+            out,
             self.threads,
         );
-        let (weight, bias) = layer.shared()?;
-        Ok(Arc::new(move |input, out| {
-            kernels::linear(rows, k, n, input, &weight, &bias, relu, out, threads);
-        }))
     }
 }

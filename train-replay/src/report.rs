@@ -5,7 +5,7 @@ use anyhow::anyhow;
 use std::io::IsTerminal;
 use std::time::Instant;
 
-use ferropool::{BufferPool, PoolAllocator, PoolConfig, PoolEvent};
+use ferropool::{BufferPool, PoolConfig, PoolEvent};
 
 use crate::allocator;
 use crate::args::{Args, Keep};
@@ -40,12 +40,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         return Ok(());
     }
     // The process-wide pool: the front end serves every crate's allocations of 4 KiB and
-    // more from it (GEMM packing buffers included) since the process started, and the
-    // training's tensors come from it too. So the budget is this pool's: a tensor it refuses
-    // ends the run with an error; the front end serves the other allocations past it from
-    // the system (`PoolAllocator::fallback_allocations`).
-    let pool = BufferPool::global();
-    pool.set_budget(args.budget);
+    // more from it (GEMM packing buffers included) since the process started. Without a
+    // budget the training's tensors, parameters and optimiser state come from it too. A
+    // budget is the training's: they then come from a pool of their own under it, so that
+    // what the front end serves the other crates neither shares the budget nor moves the
+    // least a run needs with the threads' timing (the GEMM's per-thread packing buffers
+    // appear as each thread first runs one); the table reports those bytes as outside the
+    // budget. A tensor the budget refuses ends the run with an error.
+    let pool = match args.budget {
+        Some(budget) => BufferPool::with_config(PoolConfig {
+            budget: Some(budget),
+            ..PoolConfig::default()
+        })?,
+        None => BufferPool::global().clone(),
+    };
+    let pool = &pool;
     // The ring comes from the system allocator, all of it now: it is resident for the whole
     // run, so it is taken out of the peak RSS below.
     let ring_bytes = if args.trace.is_some() || args.plot.is_some() {
@@ -55,7 +64,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     } else {
         0
     };
-    let backend = PoolBackend { pool };
+    let backend = PoolBackend { pool: pool.clone() };
     let quiet = args.json;
     if !quiet {
         announce(args);
@@ -215,10 +224,10 @@ fn memory_table(
             format!("{:.1}%", summary.recompute_share.unwrap_or(0.0) * 100.0),
         ));
     }
-    if args.budget.is_some() {
+    if let Some(outside) = summary.outside_peak_bytes {
         rows.push((
-            "allocations past the budget (glibc)",
-            PoolAllocator::fallback_allocations().to_string(),
+            "outside the budget (front end, peak live)",
+            bytes(outside).to_string(),
         ));
     }
     let mut memory = table(["memory (pool)", "value"]);
@@ -275,7 +284,7 @@ fn trace_capacity(args: &Args) -> usize {
 /// steps of the same run at budgets between the one refused and what the run holds without
 /// evicting anything.
 fn below_least(backend: &PoolBackend, args: &Args, refused: &anyhow::Error) -> anyhow::Error {
-    let pool = backend.pool;
+    let pool = &backend.pool;
     let budget = args.budget.unwrap_or(u64::MAX);
     match least_budget(backend, args, budget) {
         Ok(least) => anyhow!(
@@ -306,16 +315,17 @@ const LEAST_STEP: u64 = 1 << 20;
 /// (`--batch 8192 --layers 8`, 2 threads: 100 MiB failed three runs in three, 105 MiB
 /// completed; the search names 110 to 115 MiB). Leaves the pool trimmed and without a budget.
 fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
-    let pool = backend.pool;
+    let pool = &backend.pool;
     // Whether `TRY_STEPS` steps of a fresh run complete under `budget`.
     let fits = |budget: Option<u64>| -> anyhow::Result<bool> {
         pool.trim();
         pool.set_budget(budget);
         let mut trial = args.clone();
         trial.budget = Some(budget.unwrap_or(u64::MAX));
-        let mut trainer = Trainer::new(backend, &trial)?;
-        let outcome = (0..TRY_STEPS).try_for_each(|_| trainer.step(args.batch).map(drop));
-        drop(trainer);
+        // The parameters and the optimiser's state come from the budget too.
+        let outcome = Trainer::dry(backend, &trial).and_then(|mut trainer| {
+            (0..TRY_STEPS).try_for_each(|_| trainer.step(args.batch).map(drop))
+        });
         pool.trim();
         pool.set_budget(None);
         match outcome {
@@ -338,5 +348,5 @@ fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Res
             low = middle;
         }
     }
-    Ok((high + high.div_ceil(8)) * LEAST_STEP)
+    Ok(high * LEAST_STEP)
 }
