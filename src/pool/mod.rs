@@ -54,7 +54,8 @@ use observe::{chrome, counters, stats, tag, trace};
 pub use buffer::PoolBuffer;
 pub use config::PoolConfig;
 pub use error::{OutOfMemory, PoolError};
-pub(crate) use evict::value::{Evictable, NotPinned};
+pub(crate) use evict::handle::EvictionHandle;
+pub(crate) use evict::value::NotPinned;
 pub use front::global::PoolAllocator;
 pub use stats::{BlockInfo, ClassStats, PoolStats};
 pub use tag::{MemoryByTag, MemoryTag, TagScope};
@@ -136,7 +137,7 @@ impl BufferPool {
     }
 
     #[inline(always)]
-    pub(crate) fn inner(&self) -> &PoolInner {
+    pub(in crate::pool) fn inner(&self) -> &PoolInner {
         // SAFETY: invariant on `inner`: a handle keeps its pool alive.
         unsafe { self.inner.as_ref() }
     }

@@ -2,7 +2,8 @@
 //! a request, rebuilt from its inputs when a reader next needs it (Dynamic Tensor
 //! Rematerialization's model: online, greedy, recompute on access).
 //!
-//! The pool keeps the policy and each value's state (`crate::pool::Evictable`); this module
+//! The pool keeps the policy and each value's state, reached through one handle per value
+//! (`crate::pool::EvictionHandle`: pin, claim, fill, abandon, evict, read); this module
 //! keeps what a value is recomputed from ([`Recompute`]), the reads, and the recompute
 //! itself. A read of an evicted value recomputes its evicted inputs first, deepest first,
 //! with an explicit stack (no recursion, whatever the depth of the chain), each under the
@@ -16,7 +17,7 @@ use std::time::Instant;
 
 use super::{RetainedValue, RetentionContainer};
 use crate::error::{Error, ErrorPhase, Result};
-use crate::pool::{BufferPool, Evictable, NotPinned};
+use crate::pool::{BufferPool, EvictionHandle, NotPinned};
 use crate::sync::Arc;
 use crate::tensor::{pooled_bytes, DType, Layout, Tensor, TensorRead};
 
@@ -106,10 +107,9 @@ impl Recompute {
 /// # Ok::<(), ferropool::Error>(())
 /// ```
 pub struct EvictableTensor {
-    /// The pool the value's blocks come from, whose registry holds `core`: kept open while
-    /// the value lives, so that a recompute always has somewhere to go.
-    pool: BufferPool,
-    core: Arc<Evictable>,
+    /// The value as its pool's eviction sees it, and the pool its blocks come from (kept open
+    /// while the value lives, so that a recompute always has somewhere to go).
+    core: EvictionHandle,
     dtype: DType,
     /// The layout of every block the value has (compact).
     layout: Layout,
@@ -133,7 +133,8 @@ impl Drop for EvictableTensor {
     /// drop) and may panic: the walk goes on (every link and closure is dropped once) and
     /// the first panic is resumed at the end, when the thread is not unwinding already.
     fn drop(&mut self) {
-        self.pool.inner().unregister_evictable(&self.core);
+        // First: no eviction looks at the value while its chain is taken apart.
+        self.core.unregister();
         let mut first_panic = None;
         // A chain of evictable values owns its inputs through the recomputes: take it apart
         // one link at a time here, or dropping a long chain's last handle would recurse once
@@ -229,13 +230,10 @@ impl EvictableTensor {
             .inputs
             .iter()
             .filter_map(|input| input.evictable_tensor())
-            .filter(|input| input.pool.id() == pool.id())
-            .map(|input| Arc::clone(&input.core))
-            .collect();
+            .map(|input| &input.core);
         let cost = recompute.cost.unwrap_or(buffer.capacity() as u64);
-        let core = pool.inner().register_evictable(buffer, cost, parents);
+        let core = EvictionHandle::register(pool, buffer, cost, parents);
         Ok(Self {
-            pool: pool.clone(),
             core,
             dtype,
             layout,
@@ -256,7 +254,7 @@ impl EvictableTensor {
 
     /// The pool the value's blocks come from.
     pub fn pool(&self) -> &BufferPool {
-        &self.pool
+        self.core.pool()
     }
 
     /// How the value is recomputed.
@@ -266,7 +264,7 @@ impl EvictableTensor {
 
     /// Evicts the value now if it is resident and no read pins it; whether it did.
     pub(super) fn evict(&self) -> bool {
-        self.pool.inner().evict_now(&self.core)
+        self.core.evict()
     }
 
     pub(super) fn unpin(&self) {
@@ -287,7 +285,7 @@ impl EvictableTensor {
     /// Pins the value resident (one more reader, which the caller gives back with
     /// [`unpin`](Self::unpin)), recomputing it and its evicted inputs first if it was evicted.
     pub(super) fn pin(&self) -> Result<()> {
-        match self.pool.inner().pin_evictable(&self.core) {
+        match self.core.pin() {
             Ok(()) => return Ok(()),
             Err(NotPinned::RecomputingHere) => return Err(reentered()),
             Err(NotPinned::Evicted) => {}
@@ -310,8 +308,7 @@ impl EvictableTensor {
             let value = stack[top].value;
             // Each value is pinned and filled on its own pool's clock (inputs may come from
             // other pools).
-            let pool = value.pool.inner();
-            match pool.pin_evictable(&value.core) {
+            match value.core.pin() {
                 Ok(()) => {
                     // Resident: done with this frame (another thread recomputed it, or it
                     // was never evicted).
@@ -329,7 +326,7 @@ impl EvictableTensor {
                     stack[top].next += 1; // always readable
                     continue;
                 };
-                match input.pool.inner().pin_evictable(&input.core) {
+                match input.core.pin() {
                     Ok(()) => {
                         stack[top].pins.push(input);
                         stack[top].next += 1;
@@ -347,7 +344,7 @@ impl EvictableTensor {
             match value.run() {
                 Ok(buffer) => {
                     // Resident and pinned once, for this frame's parent (or the caller).
-                    pool.fill_evictable(&value.core, buffer);
+                    value.core.fill(buffer);
                     if Frame::finish(stack) {
                         return Ok(());
                     }
@@ -375,7 +372,7 @@ impl EvictableTensor {
                 None => input.tensor_read(),
             })
             .collect::<Result<Vec<_>>>()?;
-        let span = self.pool.trace_span("recompute");
+        let span = self.core.pool().trace_span("recompute");
         let started = Instant::now();
         // The caller's code runs in here, the drop of what it returned included (a refused
         // external payload's `Drop` may panic): a panic must not escape the claimed recompute.
@@ -401,9 +398,7 @@ impl EvictableTensor {
                 ));
             }
         };
-        self.pool
-            .inner()
-            .count_recompute(buffer.capacity() as u64, ns);
+        self.core.count_recompute(buffer.capacity() as u64, ns);
         Ok(buffer)
     }
 
@@ -428,7 +423,7 @@ impl EvictableTensor {
         if dtype != self.dtype || layout.shape() != self.layout.shape() {
             return Err(mismatch(dtype, layout.shape()));
         }
-        if buffer.pool_id() != self.pool.id() {
+        if buffer.pool_id() != self.core.pool().id() {
             return Err(Error::runtime_state(
                 READ,
                 ErrorPhase::Execution,

@@ -20,13 +20,13 @@ use std::ptr::NonNull;
 
 use super::super::inner::PoolInner;
 use super::super::{class, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
-use super::value::{Evictable, Held, NotPinned, Residence};
+use super::value::{Evictable, Held, Residence};
 use crate::sync::{Arc, Ordering};
 use crate::thread;
 
 impl PoolInner {
     /// Registers a resident value of `buffer`'s block, recomputed at `cost` from `parents`.
-    pub(crate) fn register_evictable(
+    pub(in crate::pool) fn register_evictable(
         &self,
         buffer: PoolBuffer,
         cost: u64,
@@ -55,19 +55,9 @@ impl PoolInner {
         value
     }
 
-    /// Pins `value` if it is resident (see [`Evictable::try_pin`]), on this pool's clock.
-    pub(crate) fn pin_evictable(&self, value: &Evictable) -> Result<(), NotPinned> {
-        value.try_pin(&self.evictor)
-    }
-
-    /// Ends the claimed recompute of `value` with its block (see [`Evictable::fill`]).
-    pub(crate) fn fill_evictable(&self, value: &Evictable, buffer: PoolBuffer) {
-        value.fill(&self.evictor, buffer);
-    }
-
     /// Takes a value out of the registry (its owner is dropping it); its block goes back to
     /// the pool when the last reference drops.
-    pub(crate) fn unregister_evictable(&self, value: &Evictable) {
+    pub(in crate::pool) fn unregister_evictable(&self, value: &Evictable) {
         let entry = {
             let _scope = thread::Bookkeeping::open();
             let mut registry = self.evictor.lock();
@@ -92,7 +82,7 @@ impl PoolInner {
     }
 
     /// Evicts the value of `value` now if it is resident and unpinned; whether it did.
-    pub(crate) fn evict_now(&self, value: &Evictable) -> bool {
+    pub(in crate::pool) fn evict_now(&self, value: &Evictable) -> bool {
         let taken = value.take(&mut value.lock());
         self.evicted(taken)
     }
@@ -113,7 +103,7 @@ impl PoolInner {
     }
 
     /// Counts a recompute of `bytes` that took `ns` nanoseconds.
-    pub(crate) fn count_recompute(&self, bytes: u64, ns: u64) {
+    pub(in crate::pool) fn count_recompute(&self, bytes: u64, ns: u64) {
         let evictor = &self.evictor;
         evictor.recomputations.fetch_add(1, Ordering::Relaxed);
         evictor.recomputed_bytes.fetch_add(bytes, Ordering::Relaxed);

@@ -17,7 +17,7 @@ use crate::sync::{
 
 /// Where an evictable value's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Residence {
+pub(in crate::pool) enum Residence {
     /// In a block of the pool.
     Resident,
     /// Given back to the pool; a reader must recompute it.
@@ -39,7 +39,7 @@ pub(in crate::pool) struct ValueState {
 
 /// One evictable value as the pool sees it: its block, while resident, and what the eviction
 /// policy weighs. Shared (`Arc`) by its owner and the pool's registry.
-pub(crate) struct Evictable {
+pub(in crate::pool) struct Evictable {
     /// Its entry in the pool's registry (fixed at registration).
     pub(in crate::pool) slot: usize,
     /// The class of its block and the block's bytes: those of the block it holds, or held
@@ -141,24 +141,24 @@ impl Evictable {
     }
 
     /// The block's bytes (its class size).
-    pub(crate) fn bytes(&self) -> u64 {
+    pub(in crate::pool) fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
 
     /// The block's class.
-    pub(crate) fn class(&self) -> usize {
+    pub(in crate::pool) fn class(&self) -> usize {
         self.class.load(Ordering::Relaxed)
     }
 
     /// Whether the bytes are in a block now (a snapshot). Reads the flag kept beside the
     /// state, without the lock: a query never holds up an eviction.
-    pub(crate) fn is_resident(&self) -> bool {
+    pub(in crate::pool) fn is_resident(&self) -> bool {
         self.resident.load(Ordering::Acquire)
     }
 
     /// Pins the value if it is resident (one more reader); else says why not, waiting first
     /// for a recompute another thread has in flight.
-    pub(crate) fn try_pin(&self, evictor: &Evictor) -> Result<(), NotPinned> {
+    pub(in crate::pool) fn try_pin(&self, evictor: &Evictor) -> Result<(), NotPinned> {
         let mut state = self.lock();
         loop {
             match state.phase {
@@ -179,7 +179,7 @@ impl Evictable {
     }
 
     /// Gives a pin back.
-    pub(crate) fn unpin(&self) {
+    pub(in crate::pool) fn unpin(&self) {
         let mut state = self.lock();
         // A hard check: an unpin without a pin would let an eviction take the bytes from
         // under a reader still reading them.
@@ -190,7 +190,7 @@ impl Evictable {
     /// Claims the recompute of an evicted value: true if the caller must now recompute it and
     /// then [`fill`](Self::fill) or [`abandon`](Self::abandon) it; false if it is no longer
     /// evicted (the caller tries to pin it again).
-    pub(crate) fn claim(&self) -> bool {
+    pub(in crate::pool) fn claim(&self) -> bool {
         let mut state = self.lock();
         if state.phase != Residence::Evicted {
             return false;
@@ -202,7 +202,7 @@ impl Evictable {
 
     /// Ends a claimed recompute with its block: the value is resident, pinned once for the
     /// caller, and the threads waiting for it wake.
-    pub(crate) fn fill(&self, evictor: &Evictor, buffer: PoolBuffer) {
+    pub(in crate::pool) fn fill(&self, evictor: &Evictor, buffer: PoolBuffer) {
         let mut state = self.lock();
         debug_assert_eq!(state.phase, Residence::Recomputing);
         self.class.store(buffer.class(), Ordering::Relaxed);
@@ -222,7 +222,7 @@ impl Evictable {
 
     /// Ends a claimed recompute that failed: the value is evicted again, and a waiting
     /// thread may try itself.
-    pub(crate) fn abandon(&self) {
+    pub(in crate::pool) fn abandon(&self) {
         let mut state = self.lock();
         debug_assert_eq!(state.phase, Residence::Recomputing);
         state.phase = Residence::Evicted;
@@ -237,7 +237,7 @@ impl Evictable {
     ///
     /// The caller holds a pin on the value (from [`try_pin`](Self::try_pin) or
     /// [`fill`](Self::fill)) for as long as it uses the reference.
-    pub(crate) unsafe fn pinned_buffer(&self) -> &PoolBuffer {
+    pub(in crate::pool) unsafe fn pinned_buffer(&self) -> &PoolBuffer {
         // SAFETY: the caller's pin keeps the phase `Resident`, so the buffer is `Some` and
         // nobody writes it (invariant on `buffer`).
         self.buffer
@@ -278,7 +278,7 @@ impl Evictable {
 }
 
 /// The registry of a pool's evictable values, and what eviction counts.
-pub(crate) struct Evictor {
+pub(in crate::pool) struct Evictor {
     pub(in crate::pool) registry: Mutex<Registry>,
     /// Values registered now (read without the lock to skip eviction when there are none).
     pub(in crate::pool) registered: AtomicUsize,
