@@ -323,7 +323,7 @@ impl PoolBuffer {
     /// As [`BufferPool::alloc`](super::BufferPool::alloc), and [`PoolError::Closed`] if the
     /// pool's last handle was dropped.
     pub fn alloc_sibling(&self, size: usize) -> Result<PoolBuffer, PoolError> {
-        PoolInner::alloc_or_evict(self.pool, size, false)
+        PoolInner::alloc(self.pool, size, false, true)
     }
 
     /// The block's size class.

@@ -160,7 +160,7 @@ impl BufferPool {
     /// [`PoolError::SystemAllocFailed`] when the system refuses.
     #[inline]
     pub fn alloc(&self, size: usize) -> Result<PoolBuffer, PoolError> {
-        PoolInner::alloc_or_evict(self.inner, size, false)
+        PoolInner::alloc(self.inner, size, false, true)
     }
 
     /// A buffer of `size` zero bytes. A reused block is cleared; a block new from the system
@@ -178,7 +178,7 @@ impl BufferPool {
     ///
     /// As [`alloc`](Self::alloc).
     pub fn alloc_zeroed(&self, size: usize) -> Result<PoolBuffer, PoolError> {
-        PoolInner::alloc_or_evict(self.inner, size, true)
+        PoolInner::alloc(self.inner, size, true, true)
     }
 
     /// Returns every cached block to the system now: the shared lists and every thread's

@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use super::super::counters::{
     solo_value, Writers, CACHELESS, SOLO_NONE, SOLO_SHARED, SOLO_SWITCHING,
 };
-use super::super::{class, lifetime, PoolBuffer, PoolError, PoolEventKind};
+use super::super::{class, lifetime, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
 use super::blocks::Record;
 use super::cache::{Entry, PoolThreadCache};
 use super::inner::{PoolInner, CACHELESS_SHARD, LIST_SHARDS};
@@ -182,17 +182,23 @@ impl PoolInner {
         solo.store(SOLO_SHARED, Ordering::Release);
     }
 
-    /// Allocates a buffer from the pool at `this`: from the calling thread's cache when it
-    /// has a block of the class at hand, else through [`alloc_uncached`](Self::alloc_uncached).
+    /// Allocates a buffer from the pool at `this`: the pool's one allocation entry. From the
+    /// calling thread's cache when it has a block of the class at hand, else through
+    /// [`alloc_uncached`](Self::alloc_uncached). With `evict` (every door of a handle), a
+    /// request the budget refuses evicts values to make room
+    /// ([`alloc_evicting`](Self::alloc_evicting)); without (the global allocator's front
+    /// end, which must not run the eviction inside the process's allocator, and a retry
+    /// after an eviction), it fails.
     #[inline]
     pub(in crate::pool) fn alloc(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
+        evict: bool,
     ) -> Result<PoolBuffer, PoolError> {
         match Self::alloc_cached(this, size, zeroed) {
             Some(buffer) => Ok(buffer),
-            None => Self::alloc_uncached(this, size, zeroed),
+            None => Self::alloc_uncached(this, size, zeroed, evict),
         }
     }
 
@@ -239,12 +245,40 @@ impl PoolInner {
     /// a cache, and blocks from the shared lists or the system.
     #[cold]
     #[inline(never)]
-    pub(in crate::pool) fn alloc_uncached(
+    fn alloc_uncached(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,
+        evict: bool,
     ) -> Result<PoolBuffer, PoolError> {
-        Self::serve_uncached(this, size, zeroed, false)
+        Self::serve_uncached(this, size, zeroed, evict)
+    }
+
+    /// A request the budget refused with `report`, from a door that evicts: the eviction's
+    /// hook ([`make_room`](Self::make_room)) evicts values until the request may fit, and
+    /// the request tries again (the thread's cache first: an evicted block of its class may
+    /// be there), until it is served or no value is left to evict; then it fails with the
+    /// last try's report, which says what the values still held.
+    #[cold]
+    #[inline(never)]
+    fn alloc_evicting(
+        this: NonNull<PoolInner>,
+        size: usize,
+        zeroed: bool,
+        mut report: Box<OutOfMemory>,
+    ) -> Result<PoolBuffer, PoolError> {
+        // SAFETY: the caller holds a handle or a live buffer of the pool, which keeps it alive.
+        let inner = unsafe { this.as_ref() };
+        let class = class::class_of(size).expect("a request the budget refused has a class");
+        let mut first = true;
+        while inner.make_room(class, &report, first) {
+            first = false;
+            match Self::alloc(this, size, zeroed, false) {
+                Err(PoolError::BudgetExceeded(again)) => report = again,
+                served => return served,
+            }
+        }
+        Err(inner.refused(report))
     }
 
     /// The body of [`alloc_uncached`](Self::alloc_uncached), inlined into each cold caller,
@@ -255,7 +289,7 @@ impl PoolInner {
     /// refusal is met (a caller that matched the returned result instead copied it the same
     /// way).
     #[inline(always)]
-    pub(in crate::pool) fn serve_uncached(
+    fn serve_uncached(
         this: NonNull<PoolInner>,
         size: usize,
         zeroed: bool,

@@ -5,7 +5,8 @@
 //! The pool keeps a registry of them. When an allocation through a handle
 //! ([`BufferPool::alloc`](super::super::BufferPool::alloc) and friends, never the global allocator's
 //! front end) is refused by the budget, the pool evicts one value at a time, the one with the
-//! lowest score among those no reader pins, and tries again: first among the values whose
+//! lowest score among those no reader pins, and tries again (the allocation entry in
+//! `engine/ops.rs` calls this file's one hook, `make_room`, and retries): first among the values whose
 //! block is of the class the request needs (the freed block serves it directly, so what the
 //! pool reserves stays what is live), then among all. The score is Dynamic Tensor
 //! Rematerialization's: the cost of recomputing the value, evicted inputs included, over its
@@ -16,10 +17,8 @@
 //! so no lock is held across a recursive request. The allocation fast path is untouched:
 //! eviction starts only once the budget has refused a request.
 
-use std::ptr::NonNull;
-
 use super::super::inner::PoolInner;
-use super::super::{class, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
+use super::super::{OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
 use super::value::{Evictable, Held, Residence};
 use crate::sync::{Arc, Ordering};
 use crate::thread;
@@ -191,84 +190,59 @@ impl PoolInner {
         held
     }
 
-    /// Allocates through a handle (or a buffer's `alloc_sibling`): a request the budget
-    /// refuses evicts values until it fits (see [`alloc_evicting`](Self::alloc_evicting)).
-    /// The fast path is [`alloc_cached`](Self::alloc_cached), as in [`alloc`](Self::alloc).
-    #[inline]
-    pub(in crate::pool) fn alloc_or_evict(
-        this: NonNull<PoolInner>,
-        size: usize,
-        zeroed: bool,
-    ) -> Result<PoolBuffer, PoolError> {
-        match PoolInner::alloc_cached(this, size, zeroed) {
-            Some(buffer) => Ok(buffer),
-            None => PoolInner::alloc_uncached_or_evict(this, size, zeroed),
-        }
-    }
-
-    /// [`alloc_or_evict`](Self::alloc_or_evict) past the thread's cache.
-    #[cold]
-    #[inline(never)]
-    fn alloc_uncached_or_evict(
-        this: NonNull<PoolInner>,
-        size: usize,
-        zeroed: bool,
-    ) -> Result<PoolBuffer, PoolError> {
-        PoolInner::serve_uncached(this, size, zeroed, true)
-    }
-
-    /// An allocation the budget refused with `report`: evicts values until it is served or
-    /// none is left to evict, then fails with the report of the last try, which says what
-    /// the values still held.
-    #[cold]
-    #[inline(never)]
-    pub(in crate::pool) fn alloc_evicting(
-        this: NonNull<PoolInner>,
-        size: usize,
-        zeroed: bool,
-        mut report: Box<OutOfMemory>,
-    ) -> Result<PoolBuffer, PoolError> {
-        // SAFETY: the caller holds a handle or a live buffer of the pool.
-        let inner = unsafe { this.as_ref() };
+    /// The eviction's hook in the allocation path (see `engine/ops.rs`): a request of
+    /// `class` that the budget refused with `report`, from a door that evicts. Evicts values
+    /// until the request may fit: what the budget lacked, unless a block of the class itself
+    /// comes back (it serves the request directly). Whether the request should try again:
+    /// false once no value is left to evict, and at once (`first`) for a request that would
+    /// not fit with every unpinned value evicted, which evicts none: what no eviction can
+    /// free (plain buffers, pinned values) plus the request must fit.
+    pub(in crate::pool) fn make_room(
+        &self,
+        class: usize,
+        report: &OutOfMemory,
+        first: bool,
+    ) -> bool {
         // Whatever the eviction allocates (the search's short list) goes to the global
         // front end's fallback, if that front end is ferropool's: never back into this pool
         // while this thread holds the registry's lock.
         let _scope = thread::Bookkeeping::open();
-        let class = class::class_of(size).expect("a request the budget refused has a class");
-        // A request that would not fit with every unpinned value evicted evicts none: what
-        // no eviction can free (plain buffers, pinned values) plus the request must fit.
-        let evictable = inner.evictables_held().evictable;
-        let short =
-            inner.short_with_every_eviction(report.block_bytes as u64, report.budget, evictable);
-        if inner.evictor.registered.load(Ordering::Relaxed) > 0 && short == 0 {
-            // Bytes to free before the next try: what the budget lacked, unless a block of
-            // the class itself comes back (it serves the request directly).
-            let mut freed = 0u64;
-            while let Some((bytes, evicted_class)) = inner.evict_one(class) {
-                freed = freed.saturating_add(bytes);
-                let short = report
-                    .reserved
-                    .saturating_add(report.block_bytes as u64)
-                    .saturating_sub(report.budget.unwrap_or(u64::MAX));
-                if evicted_class != class && freed < short {
-                    continue;
-                }
-                freed = 0;
-                match PoolInner::alloc(this, size, zeroed) {
-                    Err(PoolError::BudgetExceeded(again)) => report = again,
-                    served => return served,
-                }
+        let block_bytes = report.block_bytes as u64;
+        if first {
+            if self.evictor.registered.load(Ordering::Relaxed) == 0 {
+                return false;
+            }
+            let evictable = self.evictables_held().evictable;
+            if self.short_with_every_eviction(block_bytes, report.budget, evictable) > 0 {
+                return false;
             }
         }
-        let held = inner.evictables_held();
+        let short = report
+            .reserved
+            .saturating_add(block_bytes)
+            .saturating_sub(report.budget.unwrap_or(u64::MAX));
+        let mut freed = 0u64;
+        while let Some((bytes, evicted_class)) = self.evict_one(class) {
+            freed = freed.saturating_add(bytes);
+            if evicted_class == class || freed >= short {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The error of a request the budget refused with `report` and no eviction served: the
+    /// report says what the evictable values still hold.
+    pub(in crate::pool) fn refused(&self, mut report: Box<OutOfMemory>) -> PoolError {
+        let held = self.evictables_held();
         report.evictable_pinned = held.pinned;
         report.evictable_unpinned = held.evictable;
-        report.short_with_every_eviction = inner.short_with_every_eviction(
+        report.short_with_every_eviction = self.short_with_every_eviction(
             report.block_bytes as u64,
             report.budget,
             held.evictable,
         );
-        Err(PoolError::BudgetExceeded(report))
+        PoolError::BudgetExceeded(report)
     }
 
     /// The bytes a request of `block_bytes` lacks under `budget` even were every unpinned

@@ -220,11 +220,7 @@ impl PoolInner {
                 requested: layout.size(),
                 max: super::super::class::MAX_SIZE,
             })?;
-        let mut buffer = if evict {
-            PoolInner::alloc_or_evict(this, total, zeroed)?
-        } else {
-            PoolInner::alloc(this, total, zeroed)?
-        };
+        let mut buffer = PoolInner::alloc(this, total, zeroed, evict)?;
         let colour = colour(&buffer, total, layout.align());
         let ptr = user_pointer(buffer.as_mut_ptr(), layout.align()).wrapping_add(colour);
         if zeroed && colour > 0 {
