@@ -251,7 +251,7 @@ impl BufferPool {
         let Some(cache) = inner.my_existing_cache() else {
             return 0;
         };
-        cache.drain_own(|class, record| inner.push_list(cache.shard, class, record))
+        cache.drain_own(|class, record| inner.lists.push(cache.shard, class, record))
     }
 
     /// A snapshot of the counters.

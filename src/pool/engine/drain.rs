@@ -8,8 +8,8 @@ use super::super::{class, PoolEventKind};
 use super::blocks::Record;
 use super::cache::PoolThreadCache;
 use super::inner::PoolInner;
+use super::lists::LIST_SHARDS;
 use super::reserve::CacheSnapshot;
-use crate::stack::NIL;
 use crate::sync::{asymmetric, Ordering};
 
 impl PoolInner {
@@ -24,13 +24,13 @@ impl PoolInner {
             return false;
         };
         for class in (0..class::CLASSES).rev() {
-            for list in self.lists.iter().map(|shard| &shard[class]) {
+            for shard in 0..LIST_SHARDS {
                 loop {
                     let reserved = self.counters.reserved.load(Ordering::Relaxed);
                     if reserved.saturating_add(need) <= budget {
                         return true;
                     }
-                    match list.pop(|i| &self.blocks.record(i).next) {
+                    match self.lists.pop_from(&self.blocks, shard, class) {
                         Some(record) => self.release_block(record, class),
                         None => break,
                     }
@@ -43,17 +43,10 @@ impl PoolInner {
     /// Releases every block on the lists of `class`, every shard's. Returns the bytes
     /// released.
     pub(in crate::pool) fn release_list(&self, class: usize) -> u64 {
-        let mut released = 0;
-        for shard in &self.lists {
-            let mut link = shard[class].take_all();
-            while link != NIL {
-                let record = link - 1;
-                link = self.blocks.record(record).next.load(Ordering::Relaxed);
-                released += class::class_size(class) as u64;
-                self.release_block(record, class);
-            }
-        }
-        released
+        let blocks = self.lists.take_all(&self.blocks, class, |record| {
+            self.release_block(record, class);
+        });
+        blocks * class::class_size(class) as u64
     }
 
     /// Calls `f` with every cache: one per thread index that used the pool (see
@@ -126,23 +119,11 @@ impl PoolInner {
         picture
     }
 
-    /// Records that an allocation drew on `class` in the current idle round. Stores only on
-    /// a change, so a class in steady use keeps its line shared instead of bouncing it.
-    pub(in crate::pool) fn note_class_drawn(&self, class: usize) {
-        let round = self.idle_round.load(Ordering::Relaxed);
-        if self.last_drawn[class].load(Ordering::Relaxed) != round {
-            self.last_drawn[class].store(round, Ordering::Relaxed);
-        }
-    }
-
     pub(in crate::pool) fn trim_idle(&self) -> u64 {
-        let round = self.idle_round.fetch_add(1, Ordering::Relaxed) + 1;
+        let round = self.lists.next_round();
         let idle_rounds = u64::from(self.config.idle_rounds);
         let mut released: u64 = (0..class::CLASSES)
-            .filter(|&class| {
-                // Saturating: a racing call may have advanced the round already.
-                round.saturating_sub(self.last_drawn[class].load(Ordering::Relaxed)) > idle_rounds
-            })
+            .filter(|&class| self.lists.idle(class, round, idle_rounds))
             .map(|class| self.release_list(class))
             .sum();
         // A thread's cache is idle once the thread made no operation during `idle_rounds`

@@ -12,26 +12,12 @@ use super::super::counters::{OpCounters, PoolCounters, CACHELESS};
 use super::super::evict::value::Evictor;
 use super::super::pages::PageLayer;
 use super::super::trace::{PoolEventKind, Trace};
-use super::super::{class, PoolConfig};
+use super::super::PoolConfig;
 use super::blocks::BlockTable;
 use super::cache::PoolThreadCache;
+use super::lists::SharedLists;
 use crate::roster::Roster;
-use crate::stack::TaggedStack;
 use crate::sync::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize};
-
-/// Shards of the shared lists (a power of two; two under loom, whose models run two or three
-/// threads, so that a model still sees a block cross shards).
-#[cfg(not(loom))]
-pub(in crate::pool) const LIST_SHARDS: usize = 8;
-#[cfg(loom)]
-pub(in crate::pool) const LIST_SHARDS: usize = 2;
-
-/// The shard of threads without a cache (they have no cache number).
-pub(in crate::pool) const CACHELESS_SHARD: usize = 0;
-
-/// One shard of the shared lists: a list per size class, packed (each shard on cache lines
-/// of its own; classes of one shard share lines, as the shard's threads write them).
-pub(in crate::pool) type ClassLists = [TaggedStack; class::CLASSES];
 
 /// The shared state of one pool.
 pub(crate) struct PoolInner {
@@ -47,17 +33,9 @@ pub(crate) struct PoolInner {
     /// Live blocks after the close, less the frees since: see `lifetime`.
     pub(in crate::pool) remaining: AtomicI64,
     pub(in crate::pool) blocks: BlockTable,
-    /// The shared lists: [`LIST_SHARDS`] shards of one list of blocks per size class.
-    /// Invariant: every block on a shard's list `c` holds `class_size(c)` bytes and is owned
-    /// by the list. A thread pushes the blocks it frees to its own shard (its cache's
-    /// [`PoolThreadCache::shard`]) and pops from its own shard first, then from the others: any
-    /// thread can take any listed block, and threads on different shards share no list head.
-    pub(in crate::pool) lists: [CachePadded<ClassLists>; LIST_SHARDS],
-    /// Per class, the `idle_round` in which an allocation last drew on its list or the
-    /// system: a heuristic for `trim_idle`, never a safety matter.
-    pub(in crate::pool) last_drawn: [AtomicU64; class::CLASSES],
-    /// Calls of `trim_idle` so far.
-    pub(in crate::pool) idle_round: AtomicU64,
+    /// The shared lists of blocks no thread cache holds, by class, and the idle policy's
+    /// record of the classes drawn on (`lists.rs`, which keeps their invariant).
+    pub(in crate::pool) lists: SharedLists,
     /// Classes below this one go through the thread caches (from the configuration).
     pub(in crate::pool) cached_classes: usize,
     /// Thread caches, one per thread index that used the pool (see `cache` and `crate::roster`).

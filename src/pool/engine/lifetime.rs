@@ -25,18 +25,16 @@
 use std::alloc::Layout;
 use std::ptr::{addr_of_mut, NonNull};
 
-use crossbeam_utils::CachePadded;
-
 use super::super::counters::{OpCounters, PoolCounters};
 use super::super::evict::value::Evictor;
 use super::super::pages::PageLayer;
 use super::super::trace::Trace;
 use super::super::{class, PoolConfig};
 use super::blocks::BlockTable;
-use super::inner::{ClassLists, PoolInner, LIST_SHARDS};
+use super::inner::PoolInner;
+use super::lists::SharedLists;
 use crate::identity::next_identity;
 use crate::roster::Roster;
-use crate::stack::TaggedStack;
 use crate::sync::{
     asymmetric, system, AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
@@ -84,16 +82,7 @@ pub(in crate::pool) fn allocate_control_block(
         addr_of_mut!((*p).closed).write(AtomicBool::new(false));
         addr_of_mut!((*p).remaining).write(AtomicI64::new(0));
         addr_of_mut!((*p).blocks).write(BlockTable::new());
-        let lists = addr_of_mut!((*p).lists).cast::<CachePadded<ClassLists>>();
-        for shard in 0..LIST_SHARDS {
-            let empty: ClassLists = std::array::from_fn(|_| TaggedStack::new());
-            lists.add(shard).write(CachePadded::new(empty));
-        }
-        let last_drawn = addr_of_mut!((*p).last_drawn).cast::<AtomicU64>();
-        for class in 0..class::CLASSES {
-            last_drawn.add(class).write(AtomicU64::new(0));
-        }
-        addr_of_mut!((*p).idle_round).write(AtomicU64::new(0));
+        SharedLists::init(addr_of_mut!((*p).lists));
         addr_of_mut!((*p).caches).write(Roster::new(4));
         addr_of_mut!((*p).drain_tokens).write(AtomicU32::new(1));
         addr_of_mut!((*p).cacheless_busy).write(AtomicUsize::new(0));
@@ -116,8 +105,6 @@ pub(in crate::pool) fn allocate_control_block(
             remaining: _,
             blocks: _,
             lists: _,
-            last_drawn: _,
-            idle_round: _,
             cached_classes: _,
             caches: _,
             drain_tokens: _,

@@ -9,5 +9,6 @@ pub(super) mod cache;
 pub(super) mod drain;
 pub(super) mod inner;
 pub(super) mod lifetime;
+pub(super) mod lists;
 pub(super) mod ops;
 pub(super) mod reserve;

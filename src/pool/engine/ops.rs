@@ -13,7 +13,8 @@ use super::super::counters::{
 use super::super::{class, lifetime, OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
 use super::blocks::Record;
 use super::cache::{Entry, PoolThreadCache};
-use super::inner::{PoolInner, CACHELESS_SHARD, LIST_SHARDS};
+use super::inner::PoolInner;
+use super::lists::{CACHELESS_SHARD, LIST_SHARDS};
 use crate::sync::Ordering;
 use crate::thread;
 
@@ -343,7 +344,7 @@ impl PoolInner {
         thread: u32,
         tag: u32,
     ) -> Result<Taken<'_>, PoolError> {
-        self.note_class_drawn(class);
+        self.lists.note_drawn(class);
         let taken = match self.pop_list_or_larger(cache.shard, class) {
             Some(taken) => {
                 self.note_lender_drawn(&taken, class);
@@ -514,7 +515,7 @@ impl PoolInner {
                 if merge {
                     self.release_block(record.index, class);
                 } else if !cached {
-                    self.push_list(cache.shard, class, record);
+                    self.lists.push(cache.shard, class, record);
                 }
                 self.count_free(cache, thread, class_bytes, requested);
                 // Inside the operation: after `end_operation`, a closing thread may free the pool.
@@ -552,7 +553,7 @@ impl PoolInner {
         if !self.begin_cacheless() {
             return Err(PoolError::Closed);
         }
-        self.note_class_drawn(class);
+        self.lists.note_drawn(class);
         let taken = self
             .pop_list_or_larger(CACHELESS_SHARD, class)
             .inspect(|taken| self.note_lender_drawn(taken, class))
@@ -604,7 +605,8 @@ impl PoolInner {
         if self.merges_on_free(class_bytes) {
             self.release_block(record, class);
         } else {
-            self.push_list(CACHELESS_SHARD, class, self.blocks.record(record));
+            self.lists
+                .push(CACHELESS_SHARD, class, self.blocks.record(record));
         }
         self.count_cacheless(class_bytes, requested, false);
         self.cacheless_busy.fetch_sub(1, Ordering::Release);
@@ -622,19 +624,7 @@ impl PoolInner {
     /// more block.
     #[inline(always)]
     fn pop_list_leaving(&self, shard: usize, class: usize, spare: bool) -> Option<Taken<'_>> {
-        let next = |i| &self.blocks.record(i).next;
-        let mut popped = None;
-        for k in 0..LIST_SHARDS {
-            let list = &self.lists[(shard + k) & (LIST_SHARDS - 1)][class];
-            popped = if spare {
-                list.pop_spare(next)
-            } else {
-                list.pop(next)
-            };
-            if popped.is_some() {
-                break;
-            }
-        }
+        let popped = self.lists.pop(&self.blocks, shard, class, spare);
         // A listed record holds its block's address, written before the Release push that
         // our Acquire pop synchronises with.
         Some(Taken::new(self.blocks.record(popped?), class, false))
@@ -691,7 +681,7 @@ impl PoolInner {
     /// when it is another one: not idle, it serves its neighbour.
     fn note_lender_drawn(&self, taken: &Taken<'_>, class: usize) {
         if taken.class() != class {
-            self.note_class_drawn(taken.class());
+            self.lists.note_drawn(taken.class());
         }
     }
 
@@ -708,11 +698,5 @@ impl PoolInner {
         class_bytes >= MERGE_MIN_BLOCK
             && self.paged(class_bytes)
             && self.budget.load(Ordering::Relaxed) != u64::MAX
-    }
-
-    /// Puts a block on `shard`'s shared list of its class.
-    #[inline]
-    pub(in crate::pool) fn push_list(&self, shard: usize, class: usize, record: &Record) {
-        self.lists[shard][class].push_chain(record.index + 1, &record.next);
     }
 }
