@@ -621,17 +621,16 @@ impl BufferPool {
 impl Clone for BufferPool {
     fn clone(&self) -> Self {
         // Relaxed: a new handle is made from a live one, like `Arc::clone`.
-        self.inner().handles.fetch_add(1, Ordering::Relaxed);
+        self.inner().life.add_handle();
         Self { inner: self.inner }
     }
 }
 
 impl Drop for BufferPool {
     fn drop(&mut self) {
-        if self.inner().handles.fetch_sub(1, Ordering::Release) != 1 {
+        if !self.inner().life.drop_handle() {
             return;
         }
-        crate::sync::fence(Ordering::Acquire);
         // SAFETY: this was the last handle; `close` is the pool's close, run once.
         unsafe { lifetime::close(self.inner) };
     }

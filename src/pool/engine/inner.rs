@@ -15,9 +15,10 @@ use super::super::trace::{PoolEventKind, Trace};
 use super::super::PoolConfig;
 use super::blocks::BlockTable;
 use super::cache::PoolThreadCache;
+use super::lifetime::Lifecycle;
 use super::lists::SharedLists;
 use crate::roster::Roster;
-use crate::sync::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize};
+use crate::sync::{AtomicU32, AtomicU64};
 
 /// The shared state of one pool.
 pub(crate) struct PoolInner {
@@ -26,12 +27,9 @@ pub(crate) struct PoolInner {
     /// Whether blocks come from `System` directly rather than from the global allocator (for
     /// the pool behind ferropool's own global allocator, which must not call itself).
     pub(in crate::pool) system_blocks: bool,
-    /// `BufferPool` handles alive; the last one to drop closes the pool.
-    pub(in crate::pool) handles: AtomicUsize,
-    /// Set once, when the last handle drops.
-    pub(in crate::pool) closed: AtomicBool,
-    /// Live blocks after the close, less the frees since: see `lifetime`.
-    pub(in crate::pool) remaining: AtomicI64,
+    /// The handles, the close, and the buffers still out after it (`lifetime.rs`, whose
+    /// protocol is the only code that touches its fields).
+    pub(in crate::pool) life: Lifecycle,
     pub(in crate::pool) blocks: BlockTable,
     /// The shared lists of blocks no thread cache holds, by class, and the idle policy's
     /// record of the classes drawn on (`lists.rs`, which keeps their invariant).
@@ -42,10 +40,6 @@ pub(crate) struct PoolInner {
     pub(in crate::pool) caches: Roster<CachePadded<PoolThreadCache>>,
     /// Tokens of drains (see `reserve::drain_token`).
     pub(in crate::pool) drain_tokens: AtomicU32,
-    /// Operations of threads that hold no thread index (their thread-locals are being
-    /// destroyed) and so have no cache: they count here, with read-modify-writes, and the
-    /// close waits for `cacheless_busy` to fall to zero as it waits for each cache's owner.
-    pub(in crate::pool) cacheless_busy: AtomicUsize,
     pub(in crate::pool) cacheless: OpCounters,
     pub(in crate::pool) counters: PoolCounters,
     /// The byte budget (`u64::MAX` for none): the configuration's, until `set_budget`.

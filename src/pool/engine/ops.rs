@@ -225,7 +225,8 @@ impl PoolInner {
         }
         let class_bytes = class::class_size(class);
         let (cache, thread, tag) = inner.my_cache()?;
-        let Entry::Open { cache_usable, busy } = cache.begin_operation(&inner.closed) else {
+        let Entry::Open { cache_usable, busy } = cache.begin_operation(inner.life.closed_flag())
+        else {
             return None;
         };
         let Some(record) = cache_usable
@@ -314,7 +315,7 @@ impl PoolInner {
         };
         // A closed pool refuses before a block is taken (`alloc_slow` checks again, under
         // the cache's operation, for a close that comes meanwhile).
-        if inner.closed.load(Ordering::Acquire) {
+        if inner.life.is_closed() {
             return Err(PoolError::Closed);
         }
         let taken = match inner.alloc_slow(cache, class, class_bytes, size, zeroed, thread, tag) {
@@ -352,7 +353,7 @@ impl PoolInner {
             }
             None => self.system_alloc(class, class_bytes, size, zeroed)?,
         };
-        match cache.begin_operation(&self.closed) {
+        match cache.begin_operation(self.life.closed_flag()) {
             Entry::Closed => {
                 // Only a buffer's `alloc_sibling` allocates without a handle; the pool
                 // closed meanwhile, and its lists are drained for good: release the block.
@@ -399,11 +400,11 @@ impl PoolInner {
                 self.cacheless.count_resize(old, new, Writers::Shared);
                 self.counters
                     .exact_resize(&self.config, old as u64, new as u64, Writers::Shared);
-                self.cacheless_busy.fetch_sub(1, Ordering::Release);
+                self.life.end_cacheless();
             }
             return;
         };
-        if let Entry::Open { busy, .. } = cache.begin_operation(&self.closed) {
+        if let Entry::Open { busy, .. } = cache.begin_operation(self.life.closed_flag()) {
             cache.counters.count_resize(old, new, Writers::Owner);
             let writers = self.counters.exact_writers(&self.config, thread);
             self.counters
@@ -437,7 +438,8 @@ impl PoolInner {
             return false;
         }
         let class_bytes = class::class_size(class);
-        let Entry::Open { cache_usable, busy } = cache.begin_operation(&self.closed) else {
+        let Entry::Open { cache_usable, busy } = cache.begin_operation(self.life.closed_flag())
+        else {
             return false;
         };
         if !(cache_usable && self.bin(cache, class, class_bytes, record)) {
@@ -500,7 +502,7 @@ impl PoolInner {
         let Some((cache, thread, _)) = self.my_cache() else {
             return self.free_cacheless(record.index, class, requested);
         };
-        match cache.begin_operation(&self.closed) {
+        match cache.begin_operation(self.life.closed_flag()) {
             Entry::Closed => {
                 lifetime::release_after_close(self, record.index, class);
                 true
@@ -530,12 +532,7 @@ impl PoolInner {
     /// counted, so the close waits for it), or closed.
     pub(in crate::pool) fn begin_cacheless(&self) -> bool {
         self.join_exact_counters(None);
-        self.cacheless_busy.fetch_add(1, Ordering::SeqCst);
-        if self.closed.load(Ordering::SeqCst) {
-            self.cacheless_busy.fetch_sub(1, Ordering::Release);
-            return false;
-        }
-        true
+        self.life.begin_cacheless()
     }
 
     /// [`alloc`](Self::alloc) for a thread without a cache: from the shared lists or the
@@ -563,7 +560,7 @@ impl PoolInner {
             taken.record.hand_out(CACHELESS, tag, taken.class(), size);
             self.count_cacheless(block_bytes, size, true);
         }
-        self.cacheless_busy.fetch_sub(1, Ordering::Release);
+        self.life.end_cacheless();
         let taken = taken?;
         self.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class());
         Ok(taken.into_buffer(this, size, zeroed))
@@ -609,7 +606,7 @@ impl PoolInner {
                 .push(CACHELESS_SHARD, class, self.blocks.record(record));
         }
         self.count_cacheless(class_bytes, requested, false);
-        self.cacheless_busy.fetch_sub(1, Ordering::Release);
+        self.life.end_cacheless();
         false
     }
 
