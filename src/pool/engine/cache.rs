@@ -21,15 +21,79 @@
 //! write); readers sum them across caches. Closing the pool reads them for the last time once
 //! every owner is out of its operation (see `lifetime`).
 
+use crossbeam_utils::CachePadded;
+
 use super::super::config::BIN_CLASSES;
 use super::super::counters::{bump, OpCounters};
 use super::blocks::Record;
+use super::lists::LIST_SHARDS;
 use crate::handshake::{Busy, Handshake};
+use crate::roster::Roster;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// The drain token of an owner draining its own cache (drainers' tokens are odd; see
-/// `PoolInner::drain_token`).
+/// [`ThreadCaches::drain_token`]).
 const OWN_DRAIN: u32 = 2;
+
+/// The thread caches of one pool: one per thread index that used it (see `crate::roster`),
+/// which classes they keep, and the tokens of the drains that take them.
+pub(in crate::pool) struct ThreadCaches {
+    roster: Roster<CachePadded<PoolThreadCache>>,
+    /// Drain tokens handed out so far (see [`drain_token`](Self::drain_token)).
+    tokens: AtomicU32,
+    /// Classes below this one go through the thread caches (from the configuration).
+    cached_classes: usize,
+}
+
+impl ThreadCaches {
+    /// No cache yet; the caches keep the classes below `cached_classes`.
+    pub(in crate::pool) fn new(cached_classes: usize) -> Self {
+        Self {
+            roster: Roster::new(4),
+            tokens: AtomicU32::new(1),
+            cached_classes,
+        }
+    }
+
+    /// Whether blocks of `class` go through the thread caches.
+    #[inline(always)]
+    pub(in crate::pool) fn keep(&self, class: usize) -> bool {
+        class < self.cached_classes
+    }
+
+    /// The cache of thread index `thread`, if that thread made one.
+    #[inline]
+    pub(in crate::pool) fn get(&self, thread: u32) -> Option<&PoolThreadCache> {
+        self.roster.get(thread).map(|cache| &**cache)
+    }
+
+    /// The cache of thread index `thread`, made now if it has none (on the shard its number
+    /// names); `None` if the roster cannot grow.
+    pub(in crate::pool) fn get_or_make(&self, thread: u32) -> Option<&PoolThreadCache> {
+        self.roster
+            .get_or_claim(thread, |number| {
+                let shard = number as usize & (LIST_SHARDS - 1);
+                CachePadded::new(PoolThreadCache::new(shard))
+            })
+            .map(|cache| &**cache)
+    }
+
+    /// Calls `f` with every cache, whatever the thread indices.
+    pub(in crate::pool) fn for_each(&self, f: impl FnMut(&PoolThreadCache)) {
+        self.roster.iter().map(|cache| &**cache).for_each(f);
+    }
+
+    /// A token no other drain of this pool holds now (odd: never 0, the free flag, nor the
+    /// owner's own drain).
+    pub(in crate::pool) fn drain_token(&self) -> u32 {
+        self.tokens.fetch_add(2, Ordering::Relaxed) | 1
+    }
+
+    /// The bytes the caches and their table take.
+    pub(in crate::pool) fn footprint(&self) -> usize {
+        self.roster.footprint()
+    }
+}
 
 /// One thread's cache in one pool.
 pub(in crate::pool) struct PoolThreadCache {

@@ -52,13 +52,7 @@ impl PoolInner {
     /// Calls `f` with every cache: one per thread index that used the pool (see
     /// `crate::roster`), whatever the indices.
     pub(in crate::pool) fn for_each_cache(&self, f: impl FnMut(&PoolThreadCache)) {
-        self.caches.iter().map(|cache| &**cache).for_each(f);
-    }
-
-    /// A token no other drain of this pool holds now (odd: never 0, the free flag, nor the
-    /// owner's own drain).
-    fn drain_token(&self) -> u32 {
-        self.drain_tokens.fetch_add(2, Ordering::Relaxed) | 1
+        self.caches.for_each(f);
     }
 
     /// Takes the cached blocks of every cache that caches any and that `pick` picks, whatever
@@ -72,7 +66,7 @@ impl PoolInner {
         mut pick: impl FnMut(&PoolThreadCache) -> bool,
         mut each: impl FnMut(usize, &Record),
     ) -> u64 {
-        let token = self.drain_token();
+        let token = self.caches.drain_token();
         let mut claimed = false;
         self.for_each_cache(|cache| {
             claimed |= pick(cache) && cache.claim_if_holding(token);

@@ -6,19 +6,16 @@
 
 use std::fmt;
 
-use crossbeam_utils::CachePadded;
-
 use super::super::counters::{OpCounters, PoolCounters, CACHELESS};
 use super::super::evict::value::Evictor;
 use super::super::pages::PageLayer;
 use super::super::trace::{PoolEventKind, Trace};
 use super::super::PoolConfig;
 use super::blocks::BlockTable;
-use super::cache::PoolThreadCache;
+use super::cache::ThreadCaches;
 use super::lifetime::Lifecycle;
 use super::lists::SharedLists;
-use crate::roster::Roster;
-use crate::sync::{AtomicU32, AtomicU64};
+use crate::sync::AtomicU64;
 
 /// The shared state of one pool.
 pub(crate) struct PoolInner {
@@ -34,12 +31,8 @@ pub(crate) struct PoolInner {
     /// The shared lists of blocks no thread cache holds, by class, and the idle policy's
     /// record of the classes drawn on (`lists.rs`, which keeps their invariant).
     pub(in crate::pool) lists: SharedLists,
-    /// Classes below this one go through the thread caches (from the configuration).
-    pub(in crate::pool) cached_classes: usize,
-    /// Thread caches, one per thread index that used the pool (see `cache` and `crate::roster`).
-    pub(in crate::pool) caches: Roster<CachePadded<PoolThreadCache>>,
-    /// Tokens of drains (see `reserve::drain_token`).
-    pub(in crate::pool) drain_tokens: AtomicU32,
+    /// The thread caches, the classes they keep and the drains' tokens (`cache.rs`).
+    pub(in crate::pool) caches: ThreadCaches,
     pub(in crate::pool) cacheless: OpCounters,
     pub(in crate::pool) counters: PoolCounters,
     /// The byte budget (`u64::MAX` for none): the configuration's, until `set_budget`.

@@ -31,13 +31,11 @@ use super::super::pages::PageLayer;
 use super::super::trace::Trace;
 use super::super::{class, PoolConfig};
 use super::blocks::BlockTable;
+use super::cache::ThreadCaches;
 use super::inner::PoolInner;
 use super::lists::SharedLists;
 use crate::identity::next_identity;
-use crate::roster::Roster;
-use crate::sync::{
-    asymmetric, system, AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-};
+use crate::sync::{asymmetric, system, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 /// Where a pool is in its life: the handles alive, the close, and the buffers still out
 /// after it. Its fields are private to this file, whose protocol (above) is the only code
@@ -148,14 +146,12 @@ pub(in crate::pool) fn allocate_control_block(
     // fields element by element.
     unsafe {
         addr_of_mut!((*p).id).write(next_identity().get());
-        addr_of_mut!((*p).cached_classes).write(config.cached_classes());
+        addr_of_mut!((*p).caches).write(ThreadCaches::new(config.cached_classes()));
         addr_of_mut!((*p).config).write(config);
         addr_of_mut!((*p).system_blocks).write(system_blocks);
         addr_of_mut!((*p).life).write(Lifecycle::new());
         addr_of_mut!((*p).blocks).write(BlockTable::new());
         SharedLists::init(addr_of_mut!((*p).lists));
-        addr_of_mut!((*p).caches).write(Roster::new(4));
-        addr_of_mut!((*p).drain_tokens).write(AtomicU32::new(1));
         addr_of_mut!((*p).cacheless).write(OpCounters::default());
         addr_of_mut!((*p).counters).write(PoolCounters::default());
         addr_of_mut!((*p).budget).write(budget);
@@ -173,9 +169,7 @@ pub(in crate::pool) fn allocate_control_block(
             life: _,
             blocks: _,
             lists: _,
-            cached_classes: _,
             caches: _,
-            drain_tokens: _,
             cacheless: _,
             counters: _,
             budget: _,

@@ -5,8 +5,6 @@
 
 use std::ptr::NonNull;
 
-use crossbeam_utils::CachePadded;
-
 use super::super::counters::{
     solo_value, Writers, CACHELESS, SOLO_NONE, SOLO_SHARED, SOLO_SWITCHING,
 };
@@ -14,7 +12,7 @@ use super::super::{class, lifetime, OutOfMemory, PoolBuffer, PoolError, PoolEven
 use super::blocks::Record;
 use super::cache::{Entry, PoolThreadCache};
 use super::inner::PoolInner;
-use super::lists::{CACHELESS_SHARD, LIST_SHARDS};
+use super::lists::CACHELESS_SHARD;
 use crate::sync::Ordering;
 use crate::thread;
 
@@ -114,17 +112,14 @@ impl PoolInner {
             return Some(unsafe { &*cache.cast::<PoolThreadCache>() });
         }
         let thread = u32::try_from(thread::index()?).ok()?;
-        self.caches.get(thread).map(|cache| &**cache)
+        self.caches.get(thread)
     }
 
     #[cold]
     #[inline(never)]
     pub(in crate::pool) fn my_cache_slow(&self) -> Option<(&PoolThreadCache, u32, u32)> {
         let thread = u32::try_from(thread::index()?).ok()?;
-        let cache = self.caches.get_or_claim(thread, |number| {
-            let shard = number as usize & (LIST_SHARDS - 1);
-            CachePadded::new(PoolThreadCache::new(shard))
-        })?;
+        let cache = self.caches.get_or_make(thread)?;
         self.join_exact_counters(Some(thread));
         thread::remember_pool_cache(self.id, std::ptr::from_ref::<PoolThreadCache>(cache).cast());
         Some((cache, thread, thread::tag()))
@@ -220,7 +215,7 @@ impl PoolInner {
         // SAFETY: the caller holds a handle or a live buffer of the pool, which keeps it alive.
         let inner = unsafe { this.as_ref() };
         let class = class::class_of(size)?;
-        if class >= inner.cached_classes {
+        if !inner.caches.keep(class) {
             return None;
         }
         let class_bytes = class::class_size(class);
@@ -428,7 +423,7 @@ impl PoolInner {
         class: usize,
         requested: usize,
     ) -> bool {
-        if class >= self.cached_classes || self.trace.get().is_some() {
+        if !self.caches.keep(class) || self.trace.get().is_some() {
             return false;
         }
         let Some((cache, thread, _)) = self.my_remembered_cache() else {
@@ -512,7 +507,7 @@ impl PoolInner {
                 let cached = !merge
                     && cache_usable
                     && allocator == thread
-                    && class < self.cached_classes
+                    && self.caches.keep(class)
                     && self.bin(cache, class, class_bytes, record);
                 if merge {
                     self.release_block(record.index, class);
@@ -666,10 +661,10 @@ impl PoolInner {
         // Nor does a block cross the thread caches' limit: a class they keep, served by
         // blocks of a class they skip, would never find one in its bin again (each goes back
         // to its own class's list when freed), so every allocation of it would miss.
-        let cached = class < self.cached_classes;
+        let cached = self.caches.keep(class);
         (class + 1..class::CLASSES)
             .take_while(|&larger| {
-                class::class_size(larger) <= limit && (larger < self.cached_classes) == cached
+                class::class_size(larger) <= limit && self.caches.keep(larger) == cached
             })
             .find_map(|larger| self.pop_list_leaving(shard, larger, true))
     }
