@@ -115,6 +115,63 @@ fn producer_consumers(pool: &Pool, glibc: &System) {
     producer_consumer(glibc, &|| 0);
 }
 
+/// The training-step trace with overlap: a producer thread allocates a step's 48 buffers
+/// (touching one byte a page) and hands them over; a consumer thread frees them in reverse
+/// order while the producer already runs the next step (a channel of one step: at most two
+/// steps' buffers out at once), for 400 steps. Prints the last step at which the pool took
+/// memory from the system, how many steps did, and the step times.
+fn overlap_table() {
+    const STEPS: usize = 400;
+    let pool = BufferPool::new();
+    let sizes = step_sizes();
+    let (send, receive) = std::sync::mpsc::sync_channel::<Vec<ferropool::PoolBuffer>>(1);
+    let consumer = std::thread::spawn(move || {
+        for mut bufs in receive {
+            while let Some(buf) = bufs.pop() {
+                drop(buf);
+            }
+        }
+    });
+    let mut grew = Vec::new();
+    let mut peaks = Vec::new();
+    let mut times = Vec::with_capacity(STEPS);
+    for step in 0..STEPS {
+        let before = pool.stats().system_allocations;
+        let peak_before = pool.stats().peak_in_use_bytes;
+        let started = std::time::Instant::now();
+        let bufs: Vec<_> = sizes
+            .iter()
+            .map(|&size| {
+                let mut buf = pool.alloc(size).unwrap();
+                touch(buf.as_mut_ptr(), size);
+                buf
+            })
+            .collect();
+        send.send(bufs).unwrap();
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+        let after = pool.stats();
+        if after.system_allocations > before {
+            grew.push(step + 1);
+            peaks.push(after.peak_in_use_bytes > peak_before);
+        }
+    }
+    drop(send);
+    consumer.join().unwrap();
+    let steady = &mut times[20..];
+    steady.sort_by(f64::total_cmp);
+    let stats = pool.stats();
+    println!(
+        "overlapped steps, 400 of 48 buffers (16 KiB-48 MiB): system allocations in {} steps ({} of them a new peak in use), the last at step {}; after step 20: median {:.2} ms, max {:.2} ms a step; peak reserved {} MiB, peak in use {} MiB",
+        grew.len(),
+        peaks.iter().filter(|&&p| p).count(),
+        grew.last().copied().unwrap_or(0),
+        steady[steady.len() / 2],
+        steady[steady.len() - 1],
+        stats.peak_reserved_bytes >> 20,
+        stats.peak_in_use_bytes >> 20,
+    );
+}
+
 /// Alloc + free on one thread, the pool and glibc's `Vec` alternated size by size, each
 /// called directly from the timing loop (criterion's groups add their own loop's cost).
 fn pair_table() {
@@ -385,6 +442,10 @@ fn main() {
     }
     if std::env::var_os("FERROPOOL_BENCH_ONLY_CROSS").is_some() {
         cross_thread_table();
+        return;
+    }
+    if std::env::var_os("FERROPOOL_BENCH_ONLY_OVERLAP").is_some() {
+        overlap_table();
         return;
     }
     let pool = Pool(BufferPool::new());
