@@ -272,8 +272,8 @@ fn a_reader_waiting_for_a_failed_recompute_takes_it_over() {
 /// evicted value through a clone (recomputing it from the group's tensor) while another
 /// drops the input's handle and the group, and the main thread asks to evict the value
 /// again, then drops its handle.
-/// The eviction waits for the recompute to end (a value being recomputed is not resident);
-/// the read sees the value's bytes; the input's block and the value's go back exactly once,
+/// An eviction asked for while the value is being recomputed does nothing (the value is not
+/// resident); the read sees the value's bytes; the input's block and the value's go back exactly once,
 /// on whichever thread drops last.
 ///
 /// Planted bug caught: `evict_recomputing` (an eviction asked for looks at the pins but not

@@ -52,9 +52,11 @@ pub struct Summary {
     /// pool).
     #[serde(default)]
     pub recompute_share: Option<f64>,
-    /// Under a budget, the peak bytes in use of the process-wide pool that the global
-    /// allocator's front end serves (GEMM packing buffers, the scratch arena): what stays
-    /// outside the budget (`None`: no budget, or no pool).
+    /// The peak bytes in use of the process-wide pool that the global allocator's front end
+    /// serves (GEMM packing buffers, the scratch arena): what stays outside the training's
+    /// pool and its budget. An upper bound: the training's pool takes its blocks under 32
+    /// KiB through the global allocator, so those count here too (the last layer's weight,
+    /// moments and gradients: a few hundred KiB). `None`: no pool.
     #[serde(default)]
     pub outside_peak_bytes: Option<u64>,
 }
@@ -82,13 +84,13 @@ pub fn train<B: Backend>(
     mut on_step: impl FnMut(usize, f32),
 ) -> anyhow::Result<Summary> {
     let stats = || pool.map(BufferPool::stats);
-    // The front end's pool, when the training has a pool of its own (under a budget).
+    // The front end's pool (the training has a pool of its own).
     let front = pool
         .filter(|_| allocator::choice().is_pool())
         .map(|_| BufferPool::global())
         .filter(|front| pool.is_some_and(|pool| pool.id() != front.id()));
     // The pools' calls to the OS (maps, unmaps and purges of their pages), and the requests
-    // past a budget that went to the fallback allocator.
+    // a pool refused that went to the front end's fallback allocator.
     let system_calls = || {
         stats().map_or(0, |s| s.os_calls)
             + front.map_or(0, |front| front.stats().os_calls)

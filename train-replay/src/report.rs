@@ -39,21 +39,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!("{}", summary.line());
         return Ok(());
     }
-    // The process-wide pool: the front end serves every crate's allocations of 4 KiB and
-    // more from it (GEMM packing buffers included) since the process started. Without a
-    // budget the training's tensors, parameters and optimiser state come from it too. A
-    // budget is the training's: they then come from a pool of their own under it, so that
-    // what the front end serves the other crates neither shares the budget nor moves the
-    // least a run needs with the threads' timing (the GEMM's per-thread packing buffers
-    // appear as each thread first runs one); the table reports those bytes as outside the
-    // budget. A tensor the budget refuses ends the run with an error.
-    let pool = match args.budget {
-        Some(budget) => BufferPool::with_config(PoolConfig {
-            budget: Some(budget),
-            ..PoolConfig::default()
-        })?,
-        None => BufferPool::global().clone(),
-    };
+    // The training's tensors, parameters and optimiser state come from a pool of their own,
+    // with the budget if there is one. The process-wide pool, which the front end serves
+    // every crate's allocations of 4 KiB and more from (the GEMM's packing buffers, the
+    // scratch arena's chunks), stays outside it: those bytes come and go as the threads run
+    // (a thread's packing buffer appears at its first GEMM), and inside the budget they
+    // would move the least a run needs with the threads' timing. The table reports that
+    // pool's peak apart. A tensor the budget refuses ends the run with an error.
+    let pool = BufferPool::with_config(PoolConfig {
+        budget: args.budget,
+        ..PoolConfig::default()
+    })?;
     let pool = &pool;
     // The ring comes from the system allocator, all of it now: it is resident for the whole
     // run, so it is taken out of the peak RSS below.
@@ -116,7 +112,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     println!();
     println!("{}", memory_table(args, &summary, &stats, ring_bytes));
     println!();
-    println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pool's calls to the system: the maps, unmaps and purges of its own pages, and the requests past its budget, which its fallback, mimalloc, serves)");
+    println!("(steady state after warm-up; small calls: below the front end's 4 KiB threshold, served by mimalloc under the pool; the pools' calls to the system: the maps, unmaps and purges of their own pages, the training's pool's and the front end's; the front end's pool also serves the training's pool its blocks under 32 KiB, which count in both)");
     // The exports come after every figure above was read (and from outside the pool).
     export(pool, args, ring_bytes, &boundaries)
 }
@@ -226,7 +222,7 @@ fn memory_table(
     }
     if let Some(outside) = summary.outside_peak_bytes {
         rows.push((
-            "outside the budget (front end, peak live)",
+            "the front end's pool, peak live (GEMM packing, scratch; outside the budget)",
             bytes(outside).to_string(),
         ));
     }
@@ -308,12 +304,11 @@ const TRY_STEPS: usize = 2;
 /// The search's resolution.
 const LEAST_STEP: u64 = 1 << 20;
 
-/// The least budget (a whole number of MiB) at which [`TRY_STEPS`] steps of this run complete,
-/// above `refused`, by bisection between `refused` and the peak a run without eviction
-/// reserves; plus an eighth for the threads' timing: the GEMMs' packing buffers share the
-/// pool and come and go as the threads run, so the least that fits moves from run to run
-/// (`--batch 8192 --layers 8`, 2 threads: 100 MiB failed three runs in three, 105 MiB
-/// completed; the search names 110 to 115 MiB). Leaves the pool trimmed and without a budget.
+/// The least budget (a whole number of MiB) at which [`TRY_STEPS`] dry steps of this run
+/// complete (see [`Trainer::dry`]), by bisection between `refused` (which failed) and the
+/// peak a run without eviction reserves. What a budget holds depends only on the order of
+/// the step's requests, which a dry step keeps, so the run completes at the MiB named and
+/// fails a MiB below. Leaves the pool trimmed and without a budget.
 fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
     let pool = &backend.pool;
     // Whether `TRY_STEPS` steps of a fresh run complete under `budget`.
@@ -338,7 +333,8 @@ fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Res
     // over the process is at least that.
     fits(None)?;
     let unbounded = pool.stats().peak_reserved_bytes;
-    let mut low = refused.div_ceil(LEAST_STEP); // MiB that do not fit
+    // MiB that do not fit: at most `refused`, which failed (a budget need not be whole MiB).
+    let mut low = refused / LEAST_STEP;
     let mut high = unbounded.div_ceil(LEAST_STEP).max(low + 1); // MiB that fit
     while high - low > 1 {
         let middle = low + (high - low) / 2;
