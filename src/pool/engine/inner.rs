@@ -13,7 +13,7 @@ use super::super::trace::{PoolEventKind, Trace};
 use super::super::PoolConfig;
 use super::blocks::BlockTable;
 use super::cache::ThreadCaches;
-use super::lifetime::Lifecycle;
+use super::life::Lifecycle;
 use super::lists::SharedLists;
 use crate::sync::AtomicU64;
 
@@ -24,8 +24,8 @@ pub(crate) struct PoolInner {
     /// Whether blocks come from `System` directly rather than from the global allocator (for
     /// the pool behind ferropool's own global allocator, which must not call itself).
     pub(in crate::pool) system_blocks: bool,
-    /// The handles, the close, and the buffers still out after it (`lifetime.rs`, whose
-    /// protocol is the only code that touches its fields).
+    /// The handles, the close, and the buffers still out after it (`life.rs`; the close
+    /// protocol in `lifetime.rs` goes through its methods).
     pub(in crate::pool) life: Lifecycle,
     pub(in crate::pool) blocks: BlockTable,
     /// The shared lists of blocks no thread cache holds, by class, and the idle policy's

@@ -33,82 +33,10 @@ use super::super::{class, PoolConfig};
 use super::blocks::BlockTable;
 use super::cache::ThreadCaches;
 use super::inner::PoolInner;
+use super::life::Lifecycle;
 use super::lists::SharedLists;
 use crate::identity::next_identity;
-use crate::sync::{asymmetric, system, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-
-/// Where a pool is in its life: the handles alive, the close, and the buffers still out
-/// after it. Its fields are private to this file, whose protocol (above) is the only code
-/// that reads or writes them; the rest of the pool goes through the methods.
-pub(in crate::pool) struct Lifecycle {
-    /// `BufferPool` handles alive; the last one to drop closes the pool.
-    handles: AtomicUsize,
-    /// Set once, when the last handle drops (step 1).
-    closed: AtomicBool,
-    /// Live blocks after the close, less the frees since: whoever brings it to zero frees
-    /// the control block.
-    remaining: AtomicI64,
-    /// Operations of threads that hold no thread index (their thread-locals are being
-    /// destroyed) and so have no cache: they count here, with read-modify-writes, and the
-    /// close waits for it to fall to zero as it waits for each cache's owner.
-    cacheless_busy: AtomicUsize,
-}
-
-impl Lifecycle {
-    /// A pool's life as it starts: one handle, open.
-    fn new() -> Self {
-        Self {
-            handles: AtomicUsize::new(1),
-            closed: AtomicBool::new(false),
-            remaining: AtomicI64::new(0),
-            cacheless_busy: AtomicUsize::new(0),
-        }
-    }
-
-    /// The flag a thread cache's operation looks at as it begins (see `cache`).
-    #[inline(always)]
-    pub(in crate::pool) fn closed_flag(&self) -> &AtomicBool {
-        &self.closed
-    }
-
-    /// Whether the pool is closed (an operation that sees it open may still meet the close:
-    /// the thread cache's operation is what the close waits out).
-    #[inline]
-    pub(in crate::pool) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    /// One more handle, made from a live one (relaxed, like `Arc::clone`).
-    pub(in crate::pool) fn add_handle(&self) {
-        self.handles.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// One handle less; whether it was the last (the caller then runs [`close`]).
-    pub(in crate::pool) fn drop_handle(&self) -> bool {
-        if self.handles.fetch_sub(1, Ordering::Release) != 1 {
-            return false;
-        }
-        crate::sync::fence(Ordering::Acquire);
-        true
-    }
-
-    /// Starts an operation of a thread without a cache: true if the pool is open (the
-    /// operation counted, so the close waits for it; the caller ends it with
-    /// [`end_cacheless`](Self::end_cacheless)), false if it is closed.
-    pub(in crate::pool) fn begin_cacheless(&self) -> bool {
-        self.cacheless_busy.fetch_add(1, Ordering::SeqCst);
-        if self.closed.load(Ordering::SeqCst) {
-            self.cacheless_busy.fetch_sub(1, Ordering::Release);
-            return false;
-        }
-        true
-    }
-
-    /// Ends an operation begun by [`begin_cacheless`](Self::begin_cacheless).
-    pub(in crate::pool) fn end_cacheless(&self) {
-        self.cacheless_busy.fetch_sub(1, Ordering::Release);
-    }
-}
+use crate::sync::{asymmetric, system, AtomicU64, Ordering};
 
 /// Control blocks allocated and not yet freed, in the whole process. Bookkeeping outside any
 /// protocol (it counts, it synchronises nothing), hence `std`'s atomic even under loom.
@@ -207,20 +135,18 @@ pub(in crate::pool) unsafe fn close(pool: NonNull<PoolInner>) {
         // SAFETY: the pool is alive: `remaining` cannot reach zero before this close adds
         // the live count.
         let inner = unsafe { pool.as_ref() };
-        inner.life.closed.store(true, Ordering::SeqCst);
+        inner.life.mark_closed();
         asymmetric::heavy();
         // Every operation that saw the pool open ends here, so the counts below are final.
         inner.for_each_cache(|cache| cache.wait_out());
-        while inner.life.cacheless_busy.load(Ordering::Acquire) != 0 {
-            crate::sync::yield_now();
-        }
+        inner.life.wait_out_cacheless();
         let totals = inner.op_totals(Ordering::Acquire);
         let (allocations, frees) = (totals.allocations(), totals.frees);
         // Every owner is out and sees the pool closed: no second heavy fence is needed.
         inner.release_cached_fenced(false);
         inner.pages.trim();
         let live = allocations.wrapping_sub(frees) as i64;
-        inner.life.remaining.fetch_add(live, Ordering::AcqRel) + live == 0
+        inner.life.add_live(live)
     };
     if last {
         // SAFETY: no handle is left and no buffer is alive (`remaining` is zero).
@@ -245,10 +171,9 @@ pub(in crate::pool) fn release_after_close(inner: &PoolInner, record: u32, class
 /// released with [`release_after_close`]), and the caller holds no reference into the
 /// pool: from the decrement on, this call or another thread's may free it.
 pub(in crate::pool) unsafe fn count_out(pool: NonNull<PoolInner>) {
-    // SAFETY: the pool is alive until the decrement (the caller's buffer is counted); the
-    // only reference made is to the atomic itself, for the decrement, its last use.
-    let remaining = unsafe { &*std::ptr::addr_of!((*pool.as_ptr()).life.remaining) };
-    if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+    // SAFETY: the pool is alive until the decrement (the caller's buffer is counted), and
+    // `count_out` makes no reference but to the counter itself.
+    if unsafe { Lifecycle::count_out(std::ptr::addr_of!((*pool.as_ptr()).life)) } {
         // SAFETY: no handle is left and no buffer is alive (`remaining` is zero).
         unsafe { destroy(pool) };
     }

@@ -8,6 +8,7 @@ pub(super) mod blocks;
 pub(super) mod cache;
 pub(super) mod drain;
 pub(super) mod inner;
+pub(super) mod life;
 pub(super) mod lifetime;
 pub(super) mod lists;
 pub(super) mod ops;
