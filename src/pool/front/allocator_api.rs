@@ -6,7 +6,6 @@ use std::ptr::NonNull;
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
-use super::super::inner::PoolInner;
 use super::super::BufferPool;
 use super::raw::{self, MAX_ALIGN};
 
@@ -47,7 +46,7 @@ unsafe impl Allocator for BufferPool {
         if layout.size() != 0 {
             // SAFETY: the caller's contract: `ptr` came from `allocate` with this layout, so
             // it is a raw pool block.
-            unsafe { PoolInner::dealloc_raw(ptr) };
+            unsafe { raw::dealloc_raw(ptr) };
         }
     }
 
@@ -59,10 +58,10 @@ unsafe impl Allocator for BufferPool {
     ) -> Result<NonNull<[u8]>, AllocError> {
         if old_layout.size() != 0 && old_layout.align() == new_layout.align() {
             // SAFETY: a raw pool block from `allocate` (the caller's contract), in use.
-            let capacity = unsafe { PoolInner::raw_capacity(ptr) };
+            let capacity = unsafe { raw::raw_capacity(ptr) };
             if raw::resizes_in_place(capacity, new_layout.size(), false) {
                 // SAFETY: a raw pool block in use, which holds `new_layout.size()` bytes.
-                unsafe { PoolInner::resize_raw(ptr, new_layout.align(), new_layout.size()) };
+                unsafe { raw::resize_raw(ptr, new_layout.align(), new_layout.size()) };
                 return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
             }
         }
@@ -94,8 +93,8 @@ unsafe impl Allocator for BufferPool {
             // SAFETY: a raw pool block from `allocate` (the caller's contract), in use; it
             // holds `new_layout.size() <= old_layout.size()` bytes.
             let capacity = unsafe {
-                PoolInner::resize_raw(ptr, new_layout.align(), new_layout.size());
-                PoolInner::raw_capacity(ptr)
+                raw::resize_raw(ptr, new_layout.align(), new_layout.size());
+                raw::raw_capacity(ptr)
             };
             return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
         }
@@ -143,11 +142,11 @@ fn allocate_block(
         return Err(AllocError);
     }
     // Evicting, as every door of a pool handle does (see `RetainedValue::evictable`).
-    let ptr = PoolInner::alloc_raw(pool.inner, layout, zeroed, true).map_err(|_| AllocError)?;
+    let ptr = raw::alloc_raw(pool.inner, layout, zeroed, true).map_err(|_| AllocError)?;
     if zeroed {
         return Ok(NonNull::slice_from_raw_parts(ptr, layout.size()));
     }
     // SAFETY: just allocated by `alloc_raw`.
-    let capacity = unsafe { PoolInner::raw_capacity(ptr) };
+    let capacity = unsafe { raw::raw_capacity(ptr) };
     Ok(NonNull::slice_from_raw_parts(ptr, capacity))
 }

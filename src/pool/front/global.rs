@@ -9,7 +9,6 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::mem::ManuallyDrop;
 use std::ptr::{self, NonNull};
 
-use super::super::inner::PoolInner;
 use super::super::{BufferPool, PoolConfig, PoolError};
 use super::raw::{self, Origin, MAX_ALIGN};
 
@@ -257,7 +256,7 @@ impl<F: GlobalAlloc> PoolAllocator<F> {
         if tried_pool {
             // Never evicting: eviction must not run inside the process's allocator.
             let pool = BufferPool::global().inner;
-            if let Ok(ptr) = PoolInner::alloc_raw(pool, layout, zeroed, false) {
+            if let Ok(ptr) = raw::alloc_raw(pool, layout, zeroed, false) {
                 return ptr.as_ptr();
             }
         }
@@ -364,9 +363,7 @@ unsafe impl<F: GlobalAlloc> GlobalAlloc for PoolAllocator<F> {
             {
                 // SAFETY: a raw pool block that holds `new_size` bytes; the caller gives it
                 // to us for the call.
-                unsafe {
-                    PoolInner::resize_raw(NonNull::new_unchecked(ptr), layout.align(), new_size)
-                };
+                unsafe { raw::resize_raw(NonNull::new_unchecked(ptr), layout.align(), new_size) };
                 ptr
             }
             _ => {

@@ -150,7 +150,7 @@ impl Origin {
 ///
 /// # Safety
 ///
-/// `ptr` came from [`PoolInner::alloc_raw`] or [`alloc_fallback`] and is still in use; a
+/// `ptr` came from [`alloc_raw`] or [`alloc_fallback`] and is still in use; a
 /// `Pooled` buffer returned is dropped at most once, and only when the block is given back.
 pub(in crate::pool) unsafe fn origin(ptr: NonNull<u8>) -> Origin {
     // SAFETY: both writers put a `Header` right before `ptr`, in the same block (the caller's
@@ -200,106 +200,104 @@ pub(in crate::pool) fn alloc_fallback(
     ptr
 }
 
-impl PoolInner {
-    /// A raw block for `layout` (non-zero size, alignment at most [`MAX_ALIGN`]). With
-    /// `evict`, a request the budget refuses evicts values as [`BufferPool::alloc`]'s does
-    /// (the `Allocator` front end); without, it fails (the global allocator's front end,
-    /// which must not run eviction inside the process's allocator).
-    ///
-    /// [`BufferPool::alloc`]: super::super::BufferPool::alloc
-    pub(in crate::pool) fn alloc_raw(
-        this: NonNull<PoolInner>,
-        layout: Layout,
-        zeroed: bool,
-        evict: bool,
-    ) -> Result<NonNull<u8>, PoolError> {
-        let total = layout
-            .size()
-            .checked_add(overhead(layout))
-            .ok_or(PoolError::TooLarge {
-                requested: layout.size(),
-                max: super::super::class::MAX_SIZE,
-            })?;
-        let mut buffer = PoolInner::alloc(this, total, zeroed, evict)?;
-        let colour = colour(&buffer, total, layout.align());
-        let ptr = user_pointer(buffer.as_mut_ptr(), layout.align()).wrapping_add(colour);
-        if zeroed && colour > 0 {
-            // SAFETY: `[total, total + colour)` of the block (`colour` fits its capacity
-            // past `total`), which the pool zeroed only up to `total`; the block is ours.
-            unsafe { buffer.as_mut_ptr().add(total).write_bytes(0, colour) };
-        }
-        // SAFETY: `ptr - start >= HEADER` and `ptr + layout.size() <= start + total + colour
-        // <= start + capacity`, the block's bytes, exclusively ours. The header goes in
-        // `[ptr - HEADER, ptr)`, written unaligned (the pointer has only the layout's
-        // alignment).
-        unsafe {
-            ptr.sub(HEADER).cast::<Header>().write_unaligned(Header {
-                body: Body {
-                    pooled: ManuallyDrop::new(buffer),
-                },
-                kind: POOLED | colour,
-            });
-            Ok(NonNull::new_unchecked(ptr))
-        }
+/// A raw block for `layout` (non-zero size, alignment at most [`MAX_ALIGN`]). With
+/// `evict`, a request the budget refuses evicts values as [`BufferPool::alloc`]'s does
+/// (the `Allocator` front end); without, it fails (the global allocator's front end,
+/// which must not run eviction inside the process's allocator).
+///
+/// [`BufferPool::alloc`]: super::super::BufferPool::alloc
+pub(in crate::pool) fn alloc_raw(
+    this: NonNull<PoolInner>,
+    layout: Layout,
+    zeroed: bool,
+    evict: bool,
+) -> Result<NonNull<u8>, PoolError> {
+    let total = layout
+        .size()
+        .checked_add(overhead(layout))
+        .ok_or(PoolError::TooLarge {
+            requested: layout.size(),
+            max: super::super::class::MAX_SIZE,
+        })?;
+    let mut buffer = PoolInner::alloc(this, total, zeroed, evict)?;
+    let colour = colour(&buffer, total, layout.align());
+    let ptr = user_pointer(buffer.as_mut_ptr(), layout.align()).wrapping_add(colour);
+    if zeroed && colour > 0 {
+        // SAFETY: `[total, total + colour)` of the block (`colour` fits its capacity
+        // past `total`), which the pool zeroed only up to `total`; the block is ours.
+        unsafe { buffer.as_mut_ptr().add(total).write_bytes(0, colour) };
     }
+    // SAFETY: `ptr - start >= HEADER` and `ptr + layout.size() <= start + total + colour
+    // <= start + capacity`, the block's bytes, exclusively ours. The header goes in
+    // `[ptr - HEADER, ptr)`, written unaligned (the pointer has only the layout's
+    // alignment).
+    unsafe {
+        ptr.sub(HEADER).cast::<Header>().write_unaligned(Header {
+            body: Body {
+                pooled: ManuallyDrop::new(buffer),
+            },
+            kind: POOLED | colour,
+        });
+        Ok(NonNull::new_unchecked(ptr))
+    }
+}
 
-    /// Gives back a raw pool block (for the `Allocator` front end, whose blocks are all pool
-    /// blocks).
-    ///
-    /// # Safety
-    ///
-    /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is not used afterwards.
-    #[cfg(feature = "allocator-api2")]
-    pub(in crate::pool) unsafe fn dealloc_raw(ptr: NonNull<u8>) {
-        // SAFETY: the caller's contract; the buffer is dropped once, here.
-        if let Origin::Pooled(buffer) = unsafe { origin(ptr) } {
-            drop(ManuallyDrop::into_inner(buffer));
-        } else {
-            debug_assert!(false, "a fallback block given back as a pool block");
-        }
+/// Gives back a raw pool block (for the `Allocator` front end, whose blocks are all pool
+/// blocks).
+///
+/// # Safety
+///
+/// `ptr` came from [`alloc_raw`](alloc_raw) and is not used afterwards.
+#[cfg(feature = "allocator-api2")]
+pub(in crate::pool) unsafe fn dealloc_raw(ptr: NonNull<u8>) {
+    // SAFETY: the caller's contract; the buffer is dropped once, here.
+    if let Origin::Pooled(buffer) = unsafe { origin(ptr) } {
+        drop(ManuallyDrop::into_inner(buffer));
+    } else {
+        debug_assert!(false, "a fallback block given back as a pool block");
     }
+}
 
-    /// Bytes a raw pool block can hold for its caller's pointer without moving.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is still in use.
-    #[cfg(feature = "allocator-api2")]
-    pub(in crate::pool) unsafe fn raw_capacity(ptr: NonNull<u8>) -> usize {
-        // SAFETY: the caller's contract; the copy is only looked at (never dropped).
-        unsafe { origin(ptr) }.pooled_capacity(ptr).unwrap_or(0)
-    }
+/// Bytes a raw pool block can hold for its caller's pointer without moving.
+///
+/// # Safety
+///
+/// `ptr` came from [`alloc_raw`](alloc_raw) and is still in use.
+#[cfg(feature = "allocator-api2")]
+pub(in crate::pool) unsafe fn raw_capacity(ptr: NonNull<u8>) -> usize {
+    // SAFETY: the caller's contract; the copy is only looked at (never dropped).
+    unsafe { origin(ptr) }.pooled_capacity(ptr).unwrap_or(0)
+}
 
-    /// Records that a raw pool block now holds `new_size` bytes with alignment `align` for
-    /// its caller, in place (an in-place `realloc`, `grow` or `shrink`): its requested length
-    /// in the header and in the pool's counters, what an allocation of that layout counts.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` came from [`alloc_raw`](Self::alloc_raw) and is still in use; `new_size` fits
-    /// the block (its pooled capacity for `ptr` is at least `new_size`), and nothing else
-    /// uses the block meanwhile.
-    pub(in crate::pool) unsafe fn resize_raw(ptr: NonNull<u8>, align: usize, new_size: usize) {
-        // SAFETY: `alloc_raw` wrote the header right before `ptr`, in the same block (the
-        // caller's contract); it is written back below, the block ours meanwhile.
-        let at = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>() };
-        // SAFETY: as above.
-        let mut header = unsafe { at.read_unaligned() };
-        // SAFETY: a pool block's header holds its buffer.
-        let buffer = unsafe { &mut *header.body.pooled };
-        // The buffer's length counts the header and padding beside the caller's bytes, as
-        // an allocation of `new_size` with `align` counts them (`overhead`), whatever earlier
-        // resizes counted; at least what lies before the pointer (after a shrink to a smaller
-        // alignment), less the colour, which the length never counts.
-        let colour = header.kind & COLOUR_BITS;
-        let prefix = ptr.as_ptr() as usize - buffer.as_ptr() as usize - colour;
-        let overhead = HEADER.saturating_add(align - 1).max(prefix);
-        let len = overhead.saturating_add(new_size);
-        buffer.resize_requested(len.min(buffer.capacity()));
-        // SAFETY: the same place, in the block; the copy read above is forgotten in favour of
-        // this one (the header owns the buffer).
-        unsafe { at.write_unaligned(header) };
-    }
+/// Records that a raw pool block now holds `new_size` bytes with alignment `align` for
+/// its caller, in place (an in-place `realloc`, `grow` or `shrink`): its requested length
+/// in the header and in the pool's counters, what an allocation of that layout counts.
+///
+/// # Safety
+///
+/// `ptr` came from [`alloc_raw`](alloc_raw) and is still in use; `new_size` fits
+/// the block (its pooled capacity for `ptr` is at least `new_size`), and nothing else
+/// uses the block meanwhile.
+pub(in crate::pool) unsafe fn resize_raw(ptr: NonNull<u8>, align: usize, new_size: usize) {
+    // SAFETY: `alloc_raw` wrote the header right before `ptr`, in the same block (the
+    // caller's contract); it is written back below, the block ours meanwhile.
+    let at = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>() };
+    // SAFETY: as above.
+    let mut header = unsafe { at.read_unaligned() };
+    // SAFETY: a pool block's header holds its buffer.
+    let buffer = unsafe { &mut *header.body.pooled };
+    // The buffer's length counts the header and padding beside the caller's bytes, as
+    // an allocation of `new_size` with `align` counts them (`overhead`), whatever earlier
+    // resizes counted; at least what lies before the pointer (after a shrink to a smaller
+    // alignment), less the colour, which the length never counts.
+    let colour = header.kind & COLOUR_BITS;
+    let prefix = ptr.as_ptr() as usize - buffer.as_ptr() as usize - colour;
+    let overhead = HEADER.saturating_add(align - 1).max(prefix);
+    let len = overhead.saturating_add(new_size);
+    buffer.resize_requested(len.min(buffer.capacity()));
+    // SAFETY: the same place, in the block; the copy read above is forgotten in favour of
+    // this one (the header owns the buffer).
+    unsafe { at.write_unaligned(header) };
 }
 
 #[cfg(all(test, not(loom)))]
@@ -340,7 +338,7 @@ mod tests {
         let layout = Layout::from_size_align(64 << 10, 64).unwrap();
         // Blocks written in full, then given back: the zeroed ones below reuse them.
         let dirty: Vec<NonNull<u8>> = (0..8)
-            .map(|_| PoolInner::alloc_raw(pool.inner, layout, false, false).unwrap())
+            .map(|_| alloc_raw(pool.inner, layout, false, false).unwrap())
             .collect();
         for ptr in dirty {
             // SAFETY: from `alloc_raw`, given back once, here; the block is ours meanwhile.
@@ -352,7 +350,7 @@ mod tests {
             }
         }
         let blocks: Vec<NonNull<u8>> = (0..8)
-            .map(|_| PoolInner::alloc_raw(pool.inner, layout, true, false).unwrap())
+            .map(|_| alloc_raw(pool.inner, layout, true, false).unwrap())
             .collect();
         // Where each caller's pointer sits in its block (the blocks themselves may sit
         // anywhere in their pages, wherever the system put them).
