@@ -338,11 +338,12 @@ fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Res
     let mut high = unbounded.div_ceil(LEAST_STEP).max(low + 1); // MiB that fit
     while high - low > 1 {
         let middle = low + (high - low) / 2;
-        if fits(Some(middle * LEAST_STEP))? {
+        // Saturating: a budget within a MiB of `u64::MAX` has no whole MiB above it.
+        if fits(Some(middle.saturating_mul(LEAST_STEP)))? {
             high = middle;
         } else {
             low = middle;
         }
     }
-    Ok(high * LEAST_STEP)
+    Ok(high.saturating_mul(LEAST_STEP))
 }
