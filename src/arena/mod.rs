@@ -61,7 +61,7 @@ use panics::Panics;
 use recycle::ReadyLists;
 use shard::Shard;
 use slot::{OCCUPIED, REMOVED, VACANT};
-use table::{ArenaInner, CHUNK};
+use table::{ArenaInner, Shape, CHUNK};
 
 /// A lock-free arena of generational slots whose removed values are reclaimed through
 /// crossbeam-epoch.
@@ -213,13 +213,15 @@ impl<T: Send + 'static> SlotArena<T> {
         );
         Ok(Self {
             arena: ArenaInner {
-                id: next_identity(),
-                removal_batch: config.removal_batch,
-                chunk: CHUNK.min(config.first_page_len),
-                max_slots: u64::from(config.max_slots),
-                growth_before_stealing: (config.growth_before_stealing
-                    / std::mem::size_of::<slot::Slot<T>>())
-                    as u64,
+                shape: Shape {
+                    id: next_identity(),
+                    removal_batch: config.removal_batch,
+                    chunk: CHUNK.min(config.first_page_len),
+                    max_slots: u64::from(config.max_slots),
+                    growth_before_stealing: (config.growth_before_stealing
+                        / std::mem::size_of::<slot::Slot<T>>())
+                        as u64,
+                },
                 page_floor: (0..slots.page_count()).map(|_| AtomicU32::new(0)).collect(),
                 links,
                 chains: PagedTable::new(config.first_page_len),
@@ -278,7 +280,7 @@ impl<T: Send + 'static> SlotArena<T> {
     /// # Ok::<(), ferropool::ArenaError>(())
     /// ```
     pub fn id(&self) -> u64 {
-        self.arena.id.get()
+        self.arena.shape.id.get()
     }
 
     /// Inserts `value` and returns its key. Lock-free; needs no pin.
@@ -352,7 +354,7 @@ impl<T: Send + 'static> SlotArena<T> {
         });
         slot.state
             .store(slot::state(generation, OCCUPIED), Ordering::Release);
-        Ok(Key::new(arena.id, index, generation))
+        Ok(Key::new(arena.shape.id, index, generation))
     }
 
     /// [`try_insert`](Self::try_insert) when the calling thread's hand is empty: a vacant
@@ -723,7 +725,10 @@ impl<T: Send + 'static> SlotArena<T> {
                 // SAFETY: as in `get`: OCCUPIED seen with Acquire, and the drop waits for
                 // `guard`.
                 let value = slot.value.with(|p| unsafe { (*p).assume_init_ref() });
-                f(Key::new(arena.id, index, slot::generation(state)), value);
+                f(
+                    Key::new(arena.shape.id, index, slot::generation(state)),
+                    value,
+                );
             }
         });
         Ok(())
@@ -778,7 +783,7 @@ impl<T: Send + 'static> SlotArena<T> {
     /// ```
     pub fn thread_state_bytes(&self) -> usize {
         let batches = self.arena.caches.records_allocated() as usize
-            * self.arena.removal_batch as usize
+            * self.arena.shape.removal_batch as usize
             * std::mem::size_of::<AtomicU32>();
         self.arena.caches.footprint() + batches
     }
@@ -906,12 +911,12 @@ impl<T: Send + 'static> Default for SlotArena<T> {
 impl<T: Send + 'static> fmt::Debug for SlotArena<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SlotArena")
-            .field("id", &self.arena.id)
+            .field("id", &self.arena.shape.id)
             .field("capacity", &self.capacity())
-            .field("removal_batch", &self.arena.removal_batch)
+            .field("removal_batch", &self.arena.shape.removal_batch)
             .field(
                 "growth_before_stealing_slots",
-                &self.arena.growth_before_stealing,
+                &self.arena.shape.growth_before_stealing,
             )
             .field("shards", &self.arena.shards.len())
             .finish_non_exhaustive()
@@ -1018,7 +1023,7 @@ mod tests {
         let last = u32::MAX;
         slot.state
             .store(slot::state(last, OCCUPIED), Ordering::SeqCst);
-        let old = Key::new(arena.arena.id, first.index(), last);
+        let old = Key::new(arena.arena.shape.id, first.index(), last);
         arena.remove(old, &arena.pin()).unwrap();
         arena.shrink(); // exclusive: recycles the removal now
         let slot = arena.arena.slots.at(first.index());

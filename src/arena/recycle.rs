@@ -278,6 +278,7 @@ impl<T: Send + 'static> super::SlotArena<T> {
         let grown = &arena.shards[shard].grown;
         let allowance = || {
             arena
+                .shape
                 .growth_before_stealing
                 .saturating_sub(grown.load(Ordering::Relaxed))
         };
@@ -458,7 +459,7 @@ impl<T: Send + 'static> super::SlotArena<T> {
         self.defer_batch(shard, slots, guard);
         // An arena with a cap pushes every batch: one left in an idle thread's bag would
         // keep its slots from an insert at the cap for as long as that thread stays idle.
-        if flush_due() || self.arena.max_slots < u64::from(u32::MAX) {
+        if flush_due() || self.arena.shape.max_slots < u64::from(u32::MAX) {
             guard.flush();
         }
     }

@@ -27,9 +27,12 @@ pub(super) const FROZEN: u64 = 1 << 63;
 /// never straddles two pages). Chunks keep one thread's slots on cache lines of their own.
 pub(super) const CHUNK: u32 = 64;
 
-/// Slots, links and lists: the arena less its collector.
-pub(super) struct ArenaInner<T> {
+/// What an arena fixes when it is made: its identity (in every key), and the sizes of its
+/// tables that its configuration sets, in slots.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Shape {
     pub(super) id: NonZeroU64,
+    /// Removed slots a thread gathers before it hands them to the collector.
     pub(super) removal_batch: u32,
     /// Fresh slots claimed at once.
     pub(super) chunk: u32,
@@ -40,6 +43,12 @@ pub(super) struct ArenaInner<T> {
     /// Fresh slots each shard may claim while other shards have vacant ones
     /// (`ArenaConfig::growth_before_stealing`, in slots).
     pub(super) growth_before_stealing: u64,
+}
+
+/// Slots, links and lists: the arena less its collector.
+pub(super) struct ArenaInner<T> {
+    /// Its identity and the sizes its configuration fixed (never change).
+    pub(super) shape: Shape,
     /// The slots.
     ///
     /// Invariant: a page is released only by `trim`, when every slot in it below the
@@ -148,7 +157,7 @@ impl<T> ArenaInner<T> {
     /// The slot of `key` if the key is this arena's and its page is allocated.
     #[inline(always)]
     pub(super) fn resolve(&self, key: Key) -> Result<&Slot<T>, ArenaError> {
-        if key.arena() != self.id {
+        if key.arena() != self.shape.id {
             return Err(self.foreign(key));
         }
         let place = self.slots.locate(key.index());
@@ -165,7 +174,7 @@ impl<T> ArenaInner<T> {
     fn foreign(&self, key: Key) -> ArenaError {
         ArenaError::ForeignKey {
             key_arena: key.arena_id(),
-            arena: self.id.get(),
+            arena: self.shape.id.get(),
         }
     }
 
@@ -215,7 +224,7 @@ impl<T> ArenaInner<T> {
     /// Calls `f` on every slot below the frontier in an allocated page. The caller keeps
     /// the pages alive (a pin, or exclusive access).
     pub(super) fn for_each_slot<'a>(&'a self, mut f: impl FnMut(u32, &'a Slot<T>)) {
-        let frontier = (self.frontier.load(Ordering::Acquire) & !FROZEN).min(self.max_slots);
+        let frontier = (self.frontier.load(Ordering::Acquire) & !FROZEN).min(self.shape.max_slots);
         for k in 0..self.slots.page_count() {
             let start = self.slots.page_start(k);
             if start >= frontier {
@@ -279,7 +288,7 @@ impl<T> ArenaInner<T> {
             Some((index, _)) => Ok(self.first_of_chain(index, cache, shard)),
             // No claim costs more than `u64::MAX` slots: never reached.
             None => Err(ArenaError::Full {
-                capacity: self.max_slots,
+                capacity: self.shape.max_slots,
             }),
         }
     }
@@ -295,7 +304,7 @@ impl<T> ArenaInner<T> {
         shard: usize,
         allowance: u64,
     ) -> Result<Option<(u32, u64)>, ArenaError> {
-        let chunk = u64::from(self.chunk);
+        let chunk = u64::from(self.shape.chunk);
         let mut frontier = self.frontier.load(Ordering::Acquire);
         let (start, cost) = loop {
             if frontier & FROZEN != 0 {
@@ -307,9 +316,9 @@ impl<T> ArenaInner<T> {
                 frontier = self.frontier.load(Ordering::Acquire);
                 continue;
             }
-            if frontier >= self.max_slots {
+            if frontier >= self.shape.max_slots {
                 return Err(ArenaError::Full {
-                    capacity: self.max_slots,
+                    capacity: self.shape.max_slots,
                 });
             }
             // Checked against the frontier the compare-exchange below claims from. A trim
@@ -340,7 +349,7 @@ impl<T> ArenaInner<T> {
                 Err(actual) => frontier = actual,
             }
         };
-        let end = (start + chunk).min(self.max_slots) as u32;
+        let end = (start + chunk).min(self.shape.max_slots) as u32;
         let start = start as u32;
         // A chunk lies within one page: pages start at multiples of the first page's length,
         // which the chunk divides.
@@ -394,7 +403,7 @@ impl<T> ArenaInner<T> {
                 crate::sync::yield_now();
                 continue;
             }
-            if frontier < self.max_slots {
+            if frontier < self.shape.max_slots {
                 return Ok(None);
             }
             // Acquire (on success): the slots a trim gave back before it unfroze the frontier
@@ -433,7 +442,7 @@ impl<T> ArenaInner<T> {
             return match found {
                 Some(index) => Ok(Some(index)),
                 None => Err(ArenaError::Full {
-                    capacity: self.max_slots,
+                    capacity: self.shape.max_slots,
                 }),
             };
         }
@@ -512,7 +521,7 @@ impl<T> ArenaInner<T> {
             });
             // Chains of a chunk at most (a thread takes a whole chain into its hand), each
             // published once every value in it is dropped.
-            if vacant_len == self.chunk {
+            if vacant_len == self.shape.chunk {
                 self.push_chain(shard, vacant_head);
                 (vacant_head, vacant_len) = (NIL, 0);
             }
@@ -539,7 +548,7 @@ impl<T> ArenaInner<T> {
     /// The calling thread's cache, and its shard; `None` for a thread without an index.
     #[inline]
     pub(super) fn my_cache(&self) -> Option<(&ArenaThreadCache, usize)> {
-        if let Some((cache, _)) = crate::thread::remembered_arena_cache(self.id.get()) {
+        if let Some((cache, _)) = crate::thread::remembered_arena_cache(self.shape.id.get()) {
             // SAFETY: this thread cached the pointer for this arena's identity (never reused,
             // so this arena, which `&self` keeps alive) and its current index (the cache is
             // cleared when the index is given back); a cache page stays allocated, at the same
@@ -559,10 +568,10 @@ impl<T> ArenaInner<T> {
         let cache: &ArenaThreadCache = self.caches.get_or_claim(index, |number| {
             CachePadded::new(ArenaThreadCache::new(
                 number as usize & (shards - 1),
-                self.removal_batch,
+                self.shape.removal_batch,
             ))
         })?;
-        crate::thread::remember_arena_cache(self.id.get(), std::ptr::from_ref(cache).cast());
+        crate::thread::remember_arena_cache(self.shape.id.get(), std::ptr::from_ref(cache).cast());
         Some((cache, cache.shard))
     }
 
@@ -675,7 +684,7 @@ impl<T> ArenaInner<T> {
         loop {
             let batch = SharedBatch(current);
             next.store(batch.head(), Ordering::Relaxed);
-            let (new, full) = if batch.count() + 1 >= self.removal_batch {
+            let (new, full) = if batch.count() + 1 >= self.shape.removal_batch {
                 (SharedBatch::EMPTY, true)
             } else {
                 (SharedBatch::new(batch.count() + 1, link), false)

@@ -65,7 +65,7 @@ impl<T> ArenaInner<T> {
         }
         // Unlink trailing pages whose used slots we hold all of. The last chunk claimed may
         // reach past `max_slots`; it stopped there.
-        let claimed = frontier.min(self.max_slots);
+        let claimed = frontier.min(self.shape.max_slots);
         let mut lowered = frontier;
         let mut released = 0;
         for k in (0..self.slots.page_count()).rev() {
@@ -111,7 +111,7 @@ impl<T> ArenaInner<T> {
                 .filter(|&i| u64::from(i) < lowered)
                 .collect();
             // In chains of a chunk at most: a thread takes a whole chain into its hand.
-            for chain in kept.chunks(self.chunk as usize) {
+            for chain in kept.chunks(self.shape.chunk as usize) {
                 let mut head = NIL;
                 for &index in chain.iter().rev() {
                     self.links.at(index).store(head, Relaxed);

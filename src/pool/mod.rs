@@ -194,9 +194,9 @@ impl BufferPool {
     /// ```
     pub fn trim(&self) -> u64 {
         let inner = self.inner();
-        inner.counters.trims.fetch_add(1, Ordering::Relaxed);
+        inner.books.counters.trims.fetch_add(1, Ordering::Relaxed);
         let released = inner.release_cached();
-        inner.pages.trim();
+        inner.memory.pages.trim();
         inner.trace(PoolEventKind::Trim, released, 0);
         released
     }
@@ -226,7 +226,7 @@ impl BufferPool {
     pub fn trim_idle(&self) -> u64 {
         let inner = self.inner();
         let released = inner.trim_idle();
-        inner.pages.tick();
+        inner.memory.pages.tick();
         released
     }
 
@@ -265,7 +265,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn stats(&self) -> PoolStats {
-        self.inner().stats()
+        PoolStats::read(self.inner())
     }
 
     /// Starts every peak statistic again from its current value (as
@@ -282,9 +282,9 @@ impl BufferPool {
     /// ```
     pub fn reset_peak_stats(&self) {
         let inner = self.inner();
-        inner.counters.reset_peaks(&inner.config);
-        let committed = inner.counters.reserved.load(Ordering::Relaxed) + inner.pages.dirty_bytes();
-        inner.pages.reset_peak(committed);
+        inner.books.counters.reset_peaks(&inner.config);
+        let committed = inner.memory.reset_peak();
+        inner.memory.pages.reset_peak(committed);
     }
 
     /// The blocks of every size class the pool holds, in use or cached (classes it holds
@@ -302,7 +302,7 @@ impl BufferPool {
     pub fn class_stats(&self) -> Vec<ClassStats> {
         let _bookkeeping = thread::Bookkeeping::open();
         let mut by_class: HashMap<usize, ClassStats> = HashMap::new();
-        self.inner().blocks.for_each(|record| {
+        self.inner().memory.blocks.for_each(|record| {
             if let Some((class, in_use)) = record.picture() {
                 let entry = by_class.entry(class).or_insert_with(|| ClassStats {
                     block_bytes: class::class_size(class),
@@ -334,7 +334,7 @@ impl BufferPool {
     pub fn snapshot(&self) -> Vec<BlockInfo> {
         let _bookkeeping = thread::Bookkeeping::open();
         let mut live = Vec::new();
-        self.inner().blocks.for_each(|record| {
+        self.inner().memory.blocks.for_each(|record| {
             if let Some(info) = record.live_info() {
                 live.push(info);
             }
@@ -376,6 +376,7 @@ impl BufferPool {
     pub fn trace_events(&self) -> Vec<PoolEvent> {
         let _bookkeeping = thread::Bookkeeping::open();
         self.inner()
+            .books
             .trace
             .get()
             .map_or_else(Vec::new, Trace::events)
@@ -393,7 +394,7 @@ impl BufferPool {
     /// assert!(now >= Some(pool.trace_events()[0].at_ns));
     /// ```
     pub fn trace_now_ns(&self) -> Option<u64> {
-        self.inner().trace.get().map(Trace::now_ns)
+        self.inner().books.trace.get().map(Trace::now_ns)
     }
 
     /// Records a caller's own moment in the trace (a [`PoolEventKind::Mark`] event carrying
@@ -409,7 +410,7 @@ impl BufferPool {
     /// ```
     pub fn trace_mark(&self, value: u64) {
         let inner = self.inner();
-        if inner.trace.get().is_some() {
+        if inner.books.trace.get().is_some() {
             trace::name_this_thread();
             inner.trace(PoolEventKind::Mark, value, 0);
         }
@@ -437,7 +438,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn trace_span(&self, name: &'static str) -> SpanGuard<'_> {
-        SpanGuard::begin(self.inner().trace.get(), name)
+        SpanGuard::begin(self.inner().books.trace.get(), name)
     }
 
     /// The traced events in the Chrome Trace Event format, which Perfetto
@@ -512,7 +513,7 @@ impl BufferPool {
     /// assert_eq!(pool.config().budget, None); // the configuration stays as given
     /// ```
     pub fn budget(&self) -> Option<u64> {
-        self.inner().budget()
+        self.inner().memory.budget()
     }
 
     /// Changes the byte budget (`None`: no limit). A lower budget than the memory held
@@ -529,13 +530,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn set_budget(&self, budget: Option<u64>) {
-        let inner = self.inner();
-        let budget = budget.unwrap_or(u64::MAX);
-        inner.budget.store(budget, Ordering::Relaxed);
-        inner.pages.fit(pages::Room {
-            budget,
-            outside: inner.counters.heap_held.load(Ordering::Relaxed),
-        });
+        self.inner().memory.set_budget(budget);
     }
 
     /// Starts tracing with a ring of `capacity` events (at most [`PoolConfig::MAX_TRACE_EVENTS`]: a
@@ -552,7 +547,7 @@ impl BufferPool {
     /// ```
     pub fn enable_trace(&self, capacity: usize) -> bool {
         let capacity = capacity.min(PoolConfig::MAX_TRACE_EVENTS);
-        capacity > 0 && self.inner().trace.set(Trace::new(capacity)).is_ok()
+        capacity > 0 && self.inner().books.trace.set(Trace::new(capacity)).is_ok()
     }
 
     /// Bytes the pool holds for per-thread state: the caches and counters of the threads

@@ -24,7 +24,7 @@
 use crossbeam_utils::CachePadded;
 
 use super::super::config::BIN_CLASSES;
-use super::super::counters::{bump, OpCounters};
+use super::super::counters::{bump, OpCounters, OpTotals};
 use super::blocks::Record;
 use super::lists::LIST_SHARDS;
 use crate::handshake::{Busy, Handshake};
@@ -81,6 +81,21 @@ impl ThreadCaches {
     /// Calls `f` with every cache, whatever the thread indices.
     pub(in crate::pool) fn for_each(&self, f: impl FnMut(&PoolThreadCache)) {
         self.roster.iter().map(|cache| &**cache).for_each(f);
+    }
+
+    /// Every thread's counts of its operations added up, the caches' and `cacheless` (those
+    /// of threads without a cache): the frees of every set first (with acquire loads), then
+    /// the allocations with `order`. A block is freed after its allocation was counted, and
+    /// a free read with acquire brings that allocation's count along, so no sum counts more
+    /// frees or freed bytes than allocations. The one place that adds the counts up: for
+    /// the statistics, the bytes in use without exact counters, and the close.
+    pub(in crate::pool) fn op_totals(&self, cacheless: &OpCounters, order: Ordering) -> OpTotals {
+        let mut totals = OpTotals::default();
+        self.for_each(|cache| cache.counters.add_frees_to(&mut totals));
+        cacheless.add_frees_to(&mut totals);
+        self.for_each(|cache| cache.counters.add_allocations_to(&mut totals, order));
+        cacheless.add_allocations_to(&mut totals, order);
+        totals
     }
 
     /// A token no other drain of this pool holds now (odd: never 0, the free flag, nor the

@@ -4,12 +4,11 @@
 //! A drain claims each thread cache through the owner/drainer handshake (`cache.rs`) and
 //! walks every shard of the shared lists.
 
-use super::super::{class, PoolEventKind};
+use super::super::{class, OutOfMemory, PoolEventKind};
 use super::blocks::Record;
 use super::cache::PoolThreadCache;
 use super::inner::PoolInner;
 use super::lists::LIST_SHARDS;
-use super::reserve::CacheSnapshot;
 use crate::sync::{asymmetric, Ordering};
 
 impl PoolInner {
@@ -20,17 +19,16 @@ impl PoolInner {
     /// give back and fault in again all it cached (a fitted run of the main job at 90% of
     /// its peak: about 1,200 minor faults a step when every cached block went back).
     pub(in crate::pool) fn release_listed_for(&self, need: u64) -> bool {
-        let Some(budget) = self.budget() else {
+        let Some(budget) = self.memory.budget() else {
             return false;
         };
         for class in (0..class::CLASSES).rev() {
             for shard in 0..LIST_SHARDS {
                 loop {
-                    let reserved = self.counters.reserved.load(Ordering::Relaxed);
-                    if reserved.saturating_add(need) <= budget {
+                    if self.memory.has_room(need, budget) {
                         return true;
                     }
-                    match self.lists.pop_from(&self.blocks, shard, class) {
+                    match self.lists.pop_from(&self.memory.blocks, shard, class) {
                         Some(record) => self.release_block(record, class),
                         None => break,
                     }
@@ -43,7 +41,7 @@ impl PoolInner {
     /// Releases every block on the lists of `class`, every shard's. Returns the bytes
     /// released.
     pub(in crate::pool) fn release_list(&self, class: usize) -> u64 {
-        let blocks = self.lists.take_all(&self.blocks, class, |record| {
+        let blocks = self.lists.take_all(&self.memory.blocks, class, |record| {
             self.release_block(record, class);
         });
         blocks * class::class_size(class) as u64
@@ -113,6 +111,75 @@ impl PoolInner {
         picture
     }
 
+    /// Bytes in use and requested now: the exact counters the configuration keeps, else the
+    /// sums of every thread's counts (exact when no other thread is using the pool; see
+    /// [`PoolStats`](super::super::PoolStats) for what it is otherwise).
+    pub(in crate::pool) fn in_use_now(&self) -> (u64, u64) {
+        let (config, live) = (&self.config, &self.books.counters.live);
+        let (mut in_use, mut requested) = if config.exact_peaks && config.exact_requested {
+            (0, 0)
+        } else {
+            let t = self
+                .caches
+                .op_totals(&self.books.cacheless, Ordering::Relaxed);
+            (
+                t.allocated_bytes.saturating_sub(t.freed_bytes),
+                t.allocated_requested.saturating_sub(t.freed_requested),
+            )
+        };
+        if config.exact_peaks {
+            in_use = live.in_use.load(Ordering::Relaxed);
+        }
+        if config.exact_requested {
+            requested = live.requested.load(Ordering::Relaxed);
+        }
+        (in_use, requested)
+    }
+
+    /// Where cached memory is, for an out-of-memory report.
+    pub(in crate::pool) fn cache_snapshot(&self) -> CacheSnapshot {
+        let mut in_threads = 0;
+        self.for_each_cache(|cache| in_threads += cache.binned());
+        let mut largest = 0;
+        self.memory.blocks.for_each(|record| {
+            if let Some((class, false)) = record.picture() {
+                largest = largest.max(class::class_size(class));
+            }
+        });
+        let (in_use, _) = self.in_use_now();
+        let reserved = self.memory.held();
+        CacheSnapshot {
+            in_threads,
+            in_lists: reserved.saturating_sub(in_use).saturating_sub(in_threads),
+            largest,
+        }
+    }
+
+    pub(in crate::pool) fn out_of_memory(
+        &self,
+        requested: usize,
+        block_bytes: usize,
+        released: Option<CacheSnapshot>,
+    ) -> OutOfMemory {
+        let before = released.unwrap_or_else(|| self.cache_snapshot());
+        let (in_use, _) = self.in_use_now();
+        let (reserved, peak_reserved) = self.memory.held_and_peak();
+        OutOfMemory {
+            requested,
+            block_bytes,
+            budget: self.memory.budget(),
+            in_use,
+            cached_in_threads: before.in_threads,
+            cached_in_lists: before.in_lists,
+            reserved,
+            peak_reserved,
+            largest_cached_block: before.largest,
+            evictable_pinned: 0,
+            evictable_unpinned: 0,
+            short_with_every_eviction: 0,
+        }
+    }
+
     pub(in crate::pool) fn trim_idle(&self) -> u64 {
         let round = self.lists.next_round();
         let idle_rounds = u64::from(self.config.idle_rounds);
@@ -142,6 +209,14 @@ impl PoolInner {
         self.trace(PoolEventKind::Trim, released, 0);
         released
     }
+}
+
+/// Where cached memory was before a release.
+#[derive(Clone, Copy)]
+pub(in crate::pool) struct CacheSnapshot {
+    pub(in crate::pool) in_threads: u64,
+    pub(in crate::pool) in_lists: u64,
+    pub(in crate::pool) largest: usize,
 }
 
 #[cfg(all(test, not(loom)))]

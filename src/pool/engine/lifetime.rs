@@ -25,18 +25,16 @@
 use std::alloc::Layout;
 use std::ptr::{addr_of_mut, NonNull};
 
-use super::super::counters::{OpCounters, PoolCounters};
 use super::super::evict::value::Evictor;
-use super::super::pages::PageLayer;
-use super::super::trace::Trace;
+use super::super::observe::books::Books;
 use super::super::{class, PoolConfig};
-use super::blocks::BlockTable;
 use super::cache::ThreadCaches;
 use super::inner::PoolInner;
 use super::life::Lifecycle;
 use super::lists::SharedLists;
+use super::memory::Memory;
 use crate::identity::next_identity;
-use crate::sync::{asymmetric, system, AtomicU64, Ordering};
+use crate::sync::{asymmetric, system, Ordering};
 
 /// Control blocks allocated and not yet freed, in the whole process. Bookkeeping outside any
 /// protocol (it counts, it synchronises nothing), hence `std`'s atomic even under loom.
@@ -61,31 +59,18 @@ pub(in crate::pool) fn allocate_control_block(
         std::alloc::handle_alloc_error(layout);
     };
     let p = ptr.as_ptr();
-    let trace = std::sync::OnceLock::new();
-    // The ring comes from the system allocator directly (never from a pool, this one
-    // included, whatever the global allocator).
-    if config.trace_capacity > 0 {
-        let _ = trace.set(Trace::new(config.trace_capacity));
-    }
-    let budget = AtomicU64::new(config.budget.unwrap_or(u64::MAX));
-    let decay_ms = config.decay_ms;
     // SAFETY: `p` is fresh memory for one `PoolInner`; each field is written exactly once,
     // through raw pointers (no reference to the uninitialised whole is made), and the array
     // fields element by element.
     unsafe {
         addr_of_mut!((*p).id).write(next_identity().get());
         addr_of_mut!((*p).caches).write(ThreadCaches::new(config.cached_classes()));
+        addr_of_mut!((*p).memory).write(Memory::new(&config, system_blocks));
+        addr_of_mut!((*p).books).write(Books::new(config.trace_capacity));
         addr_of_mut!((*p).config).write(config);
-        addr_of_mut!((*p).system_blocks).write(system_blocks);
         addr_of_mut!((*p).life).write(Lifecycle::new());
-        addr_of_mut!((*p).blocks).write(BlockTable::new());
         SharedLists::init(addr_of_mut!((*p).lists));
-        addr_of_mut!((*p).cacheless).write(OpCounters::default());
-        addr_of_mut!((*p).counters).write(PoolCounters::default());
-        addr_of_mut!((*p).budget).write(budget);
-        addr_of_mut!((*p).trace).write(trace);
         addr_of_mut!((*p).evictor).write(Evictor::new());
-        addr_of_mut!((*p).pages).write(PageLayer::new(decay_ms));
     }
     // Every field is written above: this exhaustive pattern stops compiling when a field is
     // added to `PoolInner`, until it is listed here (and written above).
@@ -93,17 +78,12 @@ pub(in crate::pool) fn allocate_control_block(
         let PoolInner {
             id: _,
             config: _,
-            system_blocks: _,
             life: _,
-            blocks: _,
+            memory: _,
             lists: _,
             caches: _,
-            cacheless: _,
-            counters: _,
-            budget: _,
-            trace: _,
+            books: _,
             evictor: _,
-            pages: _,
         } = inner;
     };
     ALIVE.add(1);
@@ -138,13 +118,15 @@ pub(in crate::pool) unsafe fn close(pool: NonNull<PoolInner>) {
         inner.life.mark_closed();
         asymmetric::heavy();
         // Every operation that saw the pool open ends here, so the counts below are final.
-        inner.for_each_cache(|cache| cache.wait_out());
+        inner.caches.for_each(|cache| cache.wait_out());
         inner.life.wait_out_cacheless();
-        let totals = inner.op_totals(Ordering::Acquire);
+        let totals = inner
+            .caches
+            .op_totals(&inner.books.cacheless, Ordering::Acquire);
         let (allocations, frees) = (totals.allocations(), totals.frees);
         // Every owner is out and sees the pool closed: no second heavy fence is needed.
         inner.release_cached_fenced(false);
-        inner.pages.trim();
+        inner.memory.pages.trim();
         let live = allocations.wrapping_sub(frees) as i64;
         inner.life.add_live(live)
     };

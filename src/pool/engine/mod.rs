@@ -1,7 +1,7 @@
-//! The pool's engine: its shared state (`inner`), block records (`blocks`), thread caches
-//! (`cache`), allocation and free (`ops`), memory from the system within the budget
-//! (`reserve`, with the OS advice of `advise`), what goes back (`drain`), and the close
-//! (`lifetime`).
+//! The pool's engine: its shared state with allocation and free (`inner`), its parts
+//! (`life`, the thread caches of `cache`, the shared `lists`, and `memory`: the budget, the
+//! block records of `blocks` and the pages, with the OS advice of `advise`), what goes back
+//! (`drain`), and the close (`lifetime`).
 
 pub(super) mod advise;
 pub(super) mod blocks;
@@ -11,5 +11,4 @@ pub(super) mod inner;
 pub(super) mod life;
 pub(super) mod lifetime;
 pub(super) mod lists;
-pub(super) mod ops;
-pub(super) mod reserve;
+pub(super) mod memory;

@@ -43,7 +43,10 @@ impl EvictionHandle {
             .filter(|parent| parent.pool.id() == pool.id())
             .map(|parent| Arc::clone(&parent.value))
             .collect();
-        let value = pool.inner().register_evictable(buffer, cost, parents);
+        let value = pool
+            .inner()
+            .evictor
+            .register_evictable(buffer, cost, parents);
         Self {
             pool: pool.clone(),
             value,
@@ -93,12 +96,13 @@ impl EvictionHandle {
 
     /// Evicts the value now if it is resident and no reader pins it; whether it did.
     pub(crate) fn evict(&self) -> bool {
-        self.pool.inner().evict_now(&self.value)
+        let pool = self.pool.inner();
+        pool.evictor.evict_now(pool, &self.value)
     }
 
     /// Counts a recompute of `bytes` that took `ns` nanoseconds in the pool's statistics.
     pub(crate) fn count_recompute(&self, bytes: u64, ns: u64) {
-        self.pool.inner().count_recompute(bytes, ns);
+        self.pool.inner().evictor.count_recompute(bytes, ns);
     }
 
     /// The block of a pinned value.
@@ -116,6 +120,6 @@ impl EvictionHandle {
     /// its block goes back to the pool when the last reference to it drops. Once is enough:
     /// a second call finds nothing to take.
     pub(crate) fn unregister(&self) {
-        self.pool.inner().unregister_evictable(&self.value);
+        self.pool.inner().evictor.unregister_evictable(&self.value);
     }
 }

@@ -6,7 +6,7 @@
 //! ([`BufferPool::alloc`](super::super::BufferPool::alloc) and friends, never the global allocator's
 //! front end) is refused by the budget, the pool evicts one value at a time, the one with the
 //! lowest score among those no reader pins, and tries again (the allocation entry in
-//! `engine/ops.rs` calls this file's one hook, `make_room`, and retries): first among the values whose
+//! `engine/inner.rs` calls this file's one hook, `make_room`, and retries): first among the values whose
 //! block is of the class the request needs (the freed block serves it directly, so what the
 //! pool reserves stays what is live), then among all. The score is Dynamic Tensor
 //! Rematerialization's: the cost of recomputing the value, evicted inputs included, over its
@@ -19,11 +19,11 @@
 
 use super::super::inner::PoolInner;
 use super::super::{OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
-use super::value::{Evictable, Held, Residence};
+use super::value::{Evictable, Evictor, Held, Residence};
 use crate::sync::{Arc, Ordering};
 use crate::thread;
 
-impl PoolInner {
+impl Evictor {
     /// Registers a resident value of `buffer`'s block, recomputed at `cost` from `parents`.
     pub(in crate::pool) fn register_evictable(
         &self,
@@ -34,7 +34,7 @@ impl PoolInner {
         // The registry's own tables are bookkeeping: never from this pool (or any pool
         // behind the global allocator).
         let _scope = thread::Bookkeeping::open();
-        let mut registry = self.evictor.lock();
+        let mut registry = self.lock();
         let slot = match registry.vacant.pop() {
             Some(slot) => slot,
             None => {
@@ -42,15 +42,9 @@ impl PoolInner {
                 registry.slots.len() - 1
             }
         };
-        let value = Arc::new(Evictable::new(
-            slot,
-            buffer,
-            cost,
-            parents,
-            self.evictor.tick(),
-        ));
+        let value = Arc::new(Evictable::new(slot, buffer, cost, parents, self.tick()));
         registry.slots[slot] = Some(Arc::clone(&value));
-        self.evictor.registered.fetch_add(1, Ordering::Relaxed);
+        self.registered.fetch_add(1, Ordering::Relaxed);
         value
     }
 
@@ -59,7 +53,7 @@ impl PoolInner {
     pub(in crate::pool) fn unregister_evictable(&self, value: &Evictable) {
         let entry = {
             let _scope = thread::Bookkeeping::open();
-            let mut registry = self.evictor.lock();
+            let mut registry = self.lock();
             // Only this value's own entry (its slot is fixed at registration, and vacant
             // slots are reused).
             let entry = registry
@@ -73,7 +67,7 @@ impl PoolInner {
                 .and_then(Option::take);
             if entry.is_some() {
                 registry.vacant.push(value.slot);
-                self.evictor.registered.fetch_sub(1, Ordering::Relaxed);
+                self.registered.fetch_sub(1, Ordering::Relaxed);
             }
             entry
         };
@@ -81,42 +75,39 @@ impl PoolInner {
     }
 
     /// Evicts the value of `value` now if it is resident and unpinned; whether it did.
-    pub(in crate::pool) fn evict_now(&self, value: &Evictable) -> bool {
+    pub(in crate::pool) fn evict_now(&self, pool: &PoolInner, value: &Evictable) -> bool {
         let taken = value.take(&mut value.lock());
-        self.evicted(taken)
+        self.evicted(pool, taken)
     }
 
     /// Counts an eviction and gives its block back (no lock held).
-    fn evicted(&self, taken: Option<PoolBuffer>) -> bool {
+    fn evicted(&self, pool: &PoolInner, taken: Option<PoolBuffer>) -> bool {
         let Some(buffer) = taken else {
             return false;
         };
         let (bytes, class) = (buffer.capacity() as u64, buffer.class());
         drop(buffer);
-        self.evictor.evictions.fetch_add(1, Ordering::Relaxed);
-        self.evictor
-            .evicted_bytes
-            .fetch_add(bytes, Ordering::Relaxed);
-        self.trace(PoolEventKind::Evict, bytes, class);
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        self.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
+        pool.trace(PoolEventKind::Evict, bytes, class);
         true
     }
 
     /// Counts a recompute of `bytes` that took `ns` nanoseconds.
     pub(in crate::pool) fn count_recompute(&self, bytes: u64, ns: u64) {
-        let evictor = &self.evictor;
-        evictor.recomputations.fetch_add(1, Ordering::Relaxed);
-        evictor.recomputed_bytes.fetch_add(bytes, Ordering::Relaxed);
-        evictor.recompute_ns.fetch_add(ns, Ordering::Relaxed);
+        self.recomputations.fetch_add(1, Ordering::Relaxed);
+        self.recomputed_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.recompute_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// Evicts the unpinned resident value with the lowest score, preferring blocks of
     /// `class`; the bytes and class of the block given back, or `None` if no value could be
     /// evicted. The look waits for each value's lock; a value that a reader pins between the
     /// choice and the take makes it look again, a bounded number of times.
-    fn evict_one(&self, class: usize) -> Option<(u64, usize)> {
+    fn evict_one(&self, pool: &PoolInner, class: usize) -> Option<(u64, usize)> {
         const LOOKS: usize = 64;
         for _ in 0..LOOKS {
-            match self.try_evict_one(class) {
+            match self.try_evict_one(pool, class) {
                 Looked::Evicted(freed) => return Some(freed),
                 Looked::Nothing => return None,
                 Looked::Busy => crate::sync::yield_now(),
@@ -126,10 +117,10 @@ impl PoolInner {
     }
 
     /// One look at the registry for [`evict_one`](Self::evict_one).
-    fn try_evict_one(&self, class: usize) -> Looked {
+    fn try_evict_one(&self, pool: &PoolInner, class: usize) -> Looked {
         let buffer = {
-            let registry = self.evictor.lock();
-            let now = self.evictor.clock.load(Ordering::Relaxed);
+            let registry = self.lock();
+            let now = self.clock.load(Ordering::Relaxed);
             // (score, same class, value): the lowest score among the values of `class`, or
             // among all if none of `class` can go.
             let mut best: Option<(f64, bool, &Arc<Evictable>)> = None;
@@ -168,17 +159,17 @@ impl PoolInner {
             buffer
         };
         let freed = (buffer.capacity() as u64, buffer.class());
-        self.evicted(Some(buffer));
+        self.evicted(pool, Some(buffer));
         Looked::Evicted(freed)
     }
 
     /// What the registered values hold: pinned bytes, and unpinned resident bytes.
     pub(in crate::pool) fn evictables_held(&self) -> Held {
         let mut held = Held::default();
-        if self.evictor.registered.load(Ordering::Relaxed) == 0 {
+        if self.registered.load(Ordering::Relaxed) == 0 {
             return held;
         }
-        let registry = self.evictor.lock();
+        let registry = self.lock();
         for value in registry.slots.iter().flatten() {
             let state = value.lock();
             match (state.phase, state.readers) {
@@ -190,7 +181,7 @@ impl PoolInner {
         held
     }
 
-    /// The eviction's hook in the allocation path (see `engine/ops.rs`): a request of
+    /// The eviction's hook in the allocation path (see `engine/inner.rs`): a request of
     /// `class` that the budget refused with `report`, from a door that evicts. Evicts values
     /// until the request may fit: what the budget lacked, unless a block of the class itself
     /// comes back (it serves the request directly). Whether the request should try again:
@@ -199,6 +190,7 @@ impl PoolInner {
     /// free (plain buffers, pinned values) plus the request must fit.
     pub(in crate::pool) fn make_room(
         &self,
+        pool: &PoolInner,
         class: usize,
         report: &OutOfMemory,
         first: bool,
@@ -209,11 +201,11 @@ impl PoolInner {
         let _scope = thread::Bookkeeping::open();
         let block_bytes = report.block_bytes as u64;
         if first {
-            if self.evictor.registered.load(Ordering::Relaxed) == 0 {
+            if self.registered.load(Ordering::Relaxed) == 0 {
                 return false;
             }
             let evictable = self.evictables_held().evictable;
-            if self.short_with_every_eviction(block_bytes, report.budget, evictable) > 0 {
+            if self.short_with_every_eviction(pool, block_bytes, report.budget, evictable) > 0 {
                 return false;
             }
         }
@@ -222,7 +214,7 @@ impl PoolInner {
             .saturating_add(block_bytes)
             .saturating_sub(report.budget.unwrap_or(u64::MAX));
         let mut freed = 0u64;
-        while let Some((bytes, evicted_class)) = self.evict_one(class) {
+        while let Some((bytes, evicted_class)) = self.evict_one(pool, class) {
             freed = freed.saturating_add(bytes);
             if evicted_class == class || freed >= short {
                 return true;
@@ -233,11 +225,16 @@ impl PoolInner {
 
     /// The error of a request the budget refused with `report` and no eviction served: the
     /// report says what the evictable values still hold.
-    pub(in crate::pool) fn refused(&self, mut report: Box<OutOfMemory>) -> PoolError {
+    pub(in crate::pool) fn refused(
+        &self,
+        pool: &PoolInner,
+        mut report: Box<OutOfMemory>,
+    ) -> PoolError {
         let held = self.evictables_held();
         report.evictable_pinned = held.pinned;
         report.evictable_unpinned = held.evictable;
         report.short_with_every_eviction = self.short_with_every_eviction(
+            pool,
             report.block_bytes as u64,
             report.budget,
             held.evictable,
@@ -251,11 +248,12 @@ impl PoolInner {
     /// plain buffers and pinned values, plus the request.
     fn short_with_every_eviction(
         &self,
+        pool: &PoolInner,
         block_bytes: u64,
         budget: Option<u64>,
         evictable: u64,
     ) -> u64 {
-        let (in_use, _) = self.in_use_now();
+        let (in_use, _) = pool.in_use_now();
         in_use
             .saturating_sub(evictable)
             .saturating_add(block_bytes)

@@ -47,24 +47,24 @@ pub(in crate::pool) struct Evictable {
     /// class: one borrowed from a neighbour's list while the pool had no budget), with
     /// `state` locked; read with the lock, or of a value found resident and unpinned, which
     /// no recompute can be filling.
-    pub(in crate::pool) class: AtomicUsize,
-    pub(in crate::pool) bytes: AtomicU64,
+    class: AtomicUsize,
+    bytes: AtomicU64,
     /// The cost of recomputing it, in the owner's unit.
-    pub(in crate::pool) cost: u64,
+    cost: u64,
     /// The evictable values it is recomputed from: their cost counts in its score while
     /// they are evicted too.
-    pub(in crate::pool) parents: Box<[Arc<Evictable>]>,
-    pub(in crate::pool) state: Mutex<ValueState>,
+    parents: Box<[Arc<Evictable>]>,
+    state: Mutex<ValueState>,
     /// Signalled when a recompute ends (in success or failure).
-    pub(in crate::pool) ready: Condvar,
+    ready: Condvar,
     /// Whether the phase is `Resident`, for the policy's estimates read without the lock.
-    pub(in crate::pool) resident: AtomicBool,
+    resident: AtomicBool,
     /// The pool clock at its last pin.
     pub(in crate::pool) last_use: AtomicU64,
     /// Invariant: `Some` exactly while the phase is `Resident`. Written only with `state`
     /// locked and no reader (an eviction taking it, a recompute storing it); read by whoever
     /// holds a pin (`readers` counts it for the whole read) or the lock.
-    pub(in crate::pool) buffer: UnsafeCell<Option<PoolBuffer>>,
+    buffer: UnsafeCell<Option<PoolBuffer>>,
 }
 
 // SAFETY: the buffer is written only under the lock with no reader, and read only under a pin

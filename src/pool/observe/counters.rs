@@ -1,7 +1,7 @@
 //! The pool's counters. Every thread cache has one [`OpCounters`] of its operations, written
 //! by its owner alone; the threads without a cache share one more, written with
-//! read-modify-writes. `stats()`, `sum_in_use` and the close add them up through one
-//! function, [`PoolInner::op_totals`](super::super::PoolInner::op_totals). The pool-wide
+//! read-modify-writes. The statistics, the bytes in use without exact counters and the
+//! close add them up through one function, `ThreadCaches::op_totals` (`engine/cache.rs`). The pool-wide
 //! [`PoolCounters`] hold the slow paths' counts and the exact bytes in use with their peaks.
 
 use crossbeam_utils::CachePadded;
@@ -185,33 +185,16 @@ mod tests {
 }
 
 /// Pool-wide counters: those of the slow paths (read-modify-writes are fine there), and the
-/// exact bytes in use with their peaks.
+/// exact bytes in use with their peaks. (What the pool holds from the system, and its peak,
+/// are the memory's books: `engine/memory.rs`.)
 #[derive(Default, Debug)]
 pub(in crate::pool) struct PoolCounters {
-    /// Bytes held from the system, reservations in flight included: what the budget
-    /// counts (moved by `reserve` and `unreserve` only).
-    pub(in crate::pool) reserved: AtomicU64,
-    /// Bytes held from the system, reservations in flight left out: what reads report.
-    /// Raised by a system allocation once the system granted its block, lowered by a
-    /// release; never above `reserved`.
-    pub(in crate::pool) held: AtomicU64,
-    /// Invariant: at least every value `held` took since the last reset once its mover or
-    /// a reader raised it, and no more than the largest of them: a system allocation raises
-    /// it with the value its add wrote, and every read of `held` that is reported raises it
-    /// with the value read first. So it never decreases, and it never counts a block the
-    /// system has not granted (a request the system refuses leaves it as it was).
-    pub(in crate::pool) peak_reserved: AtomicU64,
     /// The bytes in use (with `exact_peaks`) and requested (with `exact_requested`), on a
     /// cache line of their own: the hot path writes them.
     pub(in crate::pool) live: CachePadded<LiveBytes>,
-    pub(in crate::pool) system_allocations: AtomicU64,
-    pub(in crate::pool) system_frees: AtomicU64,
     pub(in crate::pool) trims: AtomicU64,
     pub(in crate::pool) retries: AtomicU64,
     pub(in crate::pool) budget_failures: AtomicU64,
-    /// Of `held`, the bytes of blocks from the heap (those below the page layer's smallest
-    /// block, or all with `os_pages` off): what the page layer's budget check adds to its own.
-    pub(in crate::pool) heap_held: AtomicU64,
 }
 
 /// `LiveBytes::solo` before any thread counted in the exact counters.
@@ -360,19 +343,6 @@ impl PoolCounters {
         }
     }
 
-    /// `reserved` now, with its peak raised to it (so that no later read reports a lower
-    /// peak than this value).
-    pub(in crate::pool) fn reserved_and_peak(&self) -> (u64, u64) {
-        let held = self.held.load(Ordering::Relaxed);
-        (held, raise(&self.peak_reserved, held))
-    }
-
-    /// Counts a block of `bytes` the system granted, and raises the peak with the sum.
-    pub(in crate::pool) fn hold(&self, bytes: u64) {
-        let held = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        raise(&self.peak_reserved, held);
-    }
-
     /// Starts the peaks again from the current values. A concurrent allocation may raise a
     /// peak just before the store, and lose that raise: the peak then starts from the value
     /// the reset read, and the next allocation or read raises it again.
@@ -381,7 +351,6 @@ impl PoolCounters {
             peak.store(current.load(Ordering::Relaxed), Ordering::Relaxed);
             raise(peak, current.load(Ordering::Relaxed));
         };
-        restart(&self.peak_reserved, &self.held);
         if config.exact_peaks {
             restart(&self.live.peak_in_use, &self.live.in_use);
         }

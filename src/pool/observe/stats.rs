@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use super::counters::{raise, OpTotals};
+use super::super::inner::PoolInner;
+use super::counters::raise;
 use super::tag::MemoryTag;
 use crate::sync::Ordering;
 
@@ -379,51 +380,14 @@ mod tests {
     }
 }
 
-impl super::super::inner::PoolInner {
-    /// Every thread's counts of its operations added up: the frees of every set first (with
-    /// acquire loads), then the allocations with `order`. A block is freed after its
-    /// allocation was counted, and a free read with acquire brings that allocation's count
-    /// along, so no sum counts more frees or freed bytes than allocations.
-    pub(in crate::pool) fn op_totals(&self, order: Ordering) -> OpTotals {
-        let mut totals = OpTotals::default();
-        self.for_each_cache(|cache| cache.counters.add_frees_to(&mut totals));
-        self.cacheless.add_frees_to(&mut totals);
-        self.for_each_cache(|cache| cache.counters.add_allocations_to(&mut totals, order));
-        self.cacheless.add_allocations_to(&mut totals, order);
-        totals
-    }
-
-    /// Bytes in use and requested, summed over the threads' counters: exact when no other
-    /// thread is using the pool (see [`PoolStats`] for what it is otherwise).
-    pub(in crate::pool) fn sum_in_use(&self) -> (u64, u64) {
-        let t = self.op_totals(Ordering::Relaxed);
-        (
-            t.allocated_bytes.saturating_sub(t.freed_bytes),
-            t.allocated_requested.saturating_sub(t.freed_requested),
-        )
-    }
-
-    /// Bytes in use and requested now: the exact counters the configuration keeps, else
-    /// [`sum_in_use`](Self::sum_in_use).
-    pub(in crate::pool) fn in_use_now(&self) -> (u64, u64) {
-        let (config, live) = (&self.config, &self.counters.live);
-        let (mut in_use, mut requested) = if config.exact_peaks && config.exact_requested {
-            (0, 0)
-        } else {
-            self.sum_in_use()
-        };
-        if config.exact_peaks {
-            in_use = live.in_use.load(Ordering::Relaxed);
-        }
-        if config.exact_requested {
-            requested = live.requested.load(Ordering::Relaxed);
-        }
-        (in_use, requested)
-    }
-
-    pub(in crate::pool) fn stats(&self) -> PoolStats {
+impl PoolStats {
+    /// The statistics of `pool` now (see [`PoolStats`] for what each figure is, and how
+    /// exact).
+    pub(in crate::pool) fn read(pool: &PoolInner) -> PoolStats {
         let mut s = PoolStats::default();
-        let t = self.op_totals(Ordering::Relaxed);
+        let t = pool
+            .caches
+            .op_totals(&pool.books.cacheless, Ordering::Relaxed);
         s.frees = t.frees;
         s.freed_bytes_total = t.freed_bytes;
         s.cache_hits = t.hits;
@@ -431,19 +395,20 @@ impl super::super::inner::PoolInner {
         s.allocations = t.allocations();
         s.allocated_bytes_total = t.allocated_bytes;
         let (allocated_requested, freed_requested) = (t.allocated_requested, t.freed_requested);
-        self.for_each_cache(|cache| s.cached_in_threads_bytes += cache.binned());
-        let c = &self.counters;
+        pool.caches
+            .for_each(|cache| s.cached_in_threads_bytes += cache.binned());
+        let (c, memory) = (&pool.books.counters, &pool.memory);
         // An exact counter is one load: the figure at one instant, and its peak is raised
         // with it, so no later read reports a peak below a figure reported before. Sums of
         // counters read one after another are never fed into a peak.
         let live = &c.live;
-        if self.config.exact_peaks {
+        if pool.config.exact_peaks {
             s.in_use_bytes = live.in_use.load(Ordering::Relaxed);
             s.peak_in_use_bytes = raise(&live.peak_in_use, s.in_use_bytes);
         } else {
             s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
         }
-        if self.config.exact_requested {
+        if pool.config.exact_requested {
             s.requested_bytes = live.requested.load(Ordering::Relaxed);
             s.peak_requested_bytes = raise(&live.peak_requested, s.requested_bytes);
         } else {
@@ -454,7 +419,7 @@ impl super::super::inner::PoolInner {
         // looks make that race rare (a read that still loses it reports no cached bytes).
         let mut looks = 0;
         loop {
-            (s.reserved_bytes, s.peak_reserved_bytes) = c.reserved_and_peak();
+            (s.reserved_bytes, s.peak_reserved_bytes) = memory.held_and_peak();
             looks += 1;
             if s.reserved_bytes >= s.in_use_bytes || looks == 4 {
                 break;
@@ -464,18 +429,17 @@ impl super::super::inner::PoolInner {
         s.cached_bytes = s.reserved_bytes.saturating_sub(s.in_use_bytes);
         s.cached_in_threads_bytes = s.cached_in_threads_bytes.min(s.cached_bytes);
         s.cached_in_lists_bytes = s.cached_bytes - s.cached_in_threads_bytes;
-        s.system_allocations = c.system_allocations.load(Ordering::Relaxed);
-        s.system_frees = c.system_frees.load(Ordering::Relaxed);
+        (s.system_allocations, s.system_frees) = memory.system_calls();
         s.alloc_retries = c.retries.load(Ordering::Relaxed);
         s.budget_failures = c.budget_failures.load(Ordering::Relaxed);
         s.trims = c.trims.load(Ordering::Relaxed);
-        let e = &self.evictor;
+        let e = &pool.evictor;
         s.evictions = e.evictions.load(Ordering::Relaxed);
         s.evicted_bytes = e.evicted_bytes.load(Ordering::Relaxed);
         s.recomputations = e.recomputations.load(Ordering::Relaxed);
         s.recomputed_bytes = e.recomputed_bytes.load(Ordering::Relaxed);
         s.recompute_ns = e.recompute_ns.load(Ordering::Relaxed);
-        let pages = &self.pages;
+        let pages = &memory.pages;
         s.dirty_bytes = pages.dirty_bytes();
         s.committed_bytes = s.reserved_bytes + s.dirty_bytes;
         s.peak_committed_bytes = pages.peak_committed().max(s.peak_reserved_bytes);
