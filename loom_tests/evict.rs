@@ -166,6 +166,61 @@ fn an_eviction_for_a_refused_request_racing_a_pin() {
     });
 }
 
+/// **a window eviction racing a pin**: as the model above, with blocks of 256 KiB, which
+/// under a budget go straight back to the page layer: the refused request takes the
+/// eviction's window step (the run of values whose pages make its range) before DTR's.
+/// Either the read pinned the value first and the request is refused, or the window took
+/// it and the read fails; every read that succeeds sees the value's bytes.
+///
+/// Planted bug caught: `evict_pinned` (its window hunk: the window's look and the take
+/// ignore the pins).
+#[test]
+fn a_window_eviction_racing_a_pin() {
+    const LARGE: usize = 256 << 10;
+    let large_sevens = |pool: &BufferPool| -> ferropool::Result<Tensor> {
+        Ok(Tensor::from_iter_in(
+            pool,
+            std::iter::repeat_n(7.0f32, LARGE / 4),
+            &[LARGE / 4],
+        )?)
+    };
+    model(move || {
+        let pool = BufferPool::with_config(PoolConfig {
+            thread_cache_bytes: 0,
+            budget: Some(2 * LARGE as u64),
+            ..PoolConfig::default()
+        })
+        .unwrap();
+        let recompute = Recompute::new([], |_| Err(unavailable()));
+        let value =
+            RetainedValue::evictable(&pool, large_sevens(&pool).unwrap(), recompute).unwrap();
+        let reader = {
+            let mine = value.clone();
+            thread::spawn(move || match mine.read() {
+                Ok(guard) => {
+                    thread::yield_now();
+                    let elements = guard.tensor().as_slice::<f32>().unwrap();
+                    assert!(
+                        elements.iter().all(|&x| x == 7.0),
+                        "a read saw another buffer's bytes"
+                    );
+                }
+                Err(error) => assert!(error.to_string().contains("not available"), "{error}"),
+            })
+        };
+        let held = pool.alloc(LARGE).unwrap();
+        match pool.alloc(LARGE) {
+            Ok(buffer) => scribble(buffer),
+            Err(error) => assert!(error.to_string().contains("budget"), "{error}"),
+        }
+        reader.join().unwrap();
+        drop(held);
+        assert!(pool.stats().peak_reserved_bytes <= 2 * LARGE as u64);
+        drop(value);
+        assert_eq!(pool.stats().in_use_bytes, 0, "every block is back");
+    });
+}
+
 /// **queries racing an eviction for a refused request**: two threads ask whether the value
 /// is resident while the main thread holds one block and asks for another that only fits
 /// once the value is evicted. No reader pins the value, so the request is served however the

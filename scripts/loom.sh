@@ -61,6 +61,7 @@ planted_cases=(
   "loom_checkpoint:shared_chains_dropped_on_two_threads:chain_drop_leaks"
   "loom_evict:an_eviction_asked_for_racing_a_pin:evict_pinned"
   "loom_evict:an_eviction_for_a_refused_request_racing_a_pin:evict_pinned"
+  "loom_evict:a_window_eviction_racing_a_pin:evict_pinned"
   "loom_evict:queries_racing_an_eviction_never_refuse_the_request:query_pins"
   "loom_evict:two_readers_of_an_evicted_value_recompute_it_once:claim_twice"
   "loom_evict:a_reader_waiting_for_a_failed_recompute_takes_it_over:abandon_without_waking"

@@ -223,6 +223,36 @@ fn staleness_and_cost_choose_the_victim() {
 }
 
 #[test]
+fn a_large_request_evicts_neighbours_whose_pages_make_its_range() {
+    // Four 1 MiB values fill the pool's first 4 MiB of pages, end to end: a, b, c, d. A and c
+    // are the stalest, so DTR's score alone would evict them, and their two free MiB, apart,
+    // could not hold a 2 MiB block: the pool would map new pages and purge the freed ones.
+    // The window step evicts two neighbours instead, whose pages make the request's range.
+    const MIB: usize = 1 << 20;
+    let pool = pool_with_budget(4 * MIB);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let values: Vec<RetainedValue> = (0..4).map(|k| leaf(&pool, MIB, k as f32, &calls)).collect();
+    let mapped = pool.stats().mapped_bytes;
+    assert_eq!(pool.stats().reserved_bytes, 4 * MIB as u64);
+    for _ in 0..3 {
+        let _ = (first_element(&values[1]), first_element(&values[3]));
+    }
+    let served = pool.alloc(2 * MIB).unwrap();
+    let evicted: Vec<usize> = (0..4).filter(|&k| !values[k].is_resident()).collect();
+    assert_eq!(evicted.len(), 2, "evicted {evicted:?}");
+    assert_eq!(evicted[1], evicted[0] + 1, "not neighbours: {evicted:?}");
+    let stats = pool.stats();
+    assert_eq!(stats.mapped_bytes, mapped, "new pages were mapped");
+    assert_eq!(stats.purged_bytes, 0, "freed pages were purged");
+    assert_eq!(stats.reserved_bytes, 4 * MIB as u64);
+    drop(served);
+    // The evicted ones recompute with their contents.
+    for (k, value) in values.iter().enumerate() {
+        assert_eq!(first_element(value), k as f32);
+    }
+}
+
+#[test]
 fn a_chain_of_evicted_values_is_recomputed_without_recursion() {
     // 2,000 values, each its predecessor plus one, all evicted: a read of the last one
     // recomputes every one, on a thread with a small stack (recursion would overflow it).

@@ -282,8 +282,8 @@ impl BufferPool {
     /// ```
     pub fn reset_peak_stats(&self) {
         let inner = self.inner();
-        inner.books.counters.reset_peaks(&inner.config);
         let committed = inner.memory.reset_peak();
+        inner.books.counters.reset_peaks(&inner.config);
         inner.memory.pages.reset_peak(committed);
     }
 

@@ -3,6 +3,9 @@
 //! threads; budget pressure takes listed blocks only until a request fits, then everything.
 //! A drain claims each thread cache through the owner/drainer handshake (`cache.rs`) and
 //! walks every shard of the shared lists.
+//!
+//! Also here, the cold reads across the pool's parts: the bytes in use now
+//! (`in_use_now`), and where cached memory is for an out-of-memory report.
 
 use super::super::{class, OutOfMemory, PoolEventKind};
 use super::blocks::Record;

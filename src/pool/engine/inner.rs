@@ -19,7 +19,7 @@ use super::super::counters::{
 use super::super::evict::value::Evictor;
 use super::super::observe::books::Books;
 use super::super::PoolEventKind;
-use super::super::{class, lifetime, OutOfMemory, PoolBuffer, PoolConfig, PoolError};
+use super::super::{class, OutOfMemory, PoolBuffer, PoolConfig, PoolError};
 use super::blocks::Record;
 use super::cache::{Entry, PoolThreadCache, ThreadCaches};
 use super::life::Lifecycle;
@@ -31,9 +31,8 @@ use crate::thread;
 /// The shared state of one pool: the composition of its parts.
 ///
 /// In declaration order (`repr(C)`): the fields every cached allocation and free reads
-/// first, together, then the cold parts. (Left to the compiler's order, the pool's
-/// one-thread alloc+free took 16.5 ns where the 13-field struct this one replaced took
-/// 15.5; in this order, 15.8-15.9: `benches/README.md`.)
+/// first, together, then the cold parts: left to the compiler's order, the pool's one-thread
+/// alloc+free was about 5% slower (`benches/README.md`).
 #[repr(C)]
 pub(crate) struct PoolInner {
     pub(in crate::pool) id: u64,
@@ -613,7 +612,7 @@ impl PoolInner {
     /// Gives a buffer's block back (its `Drop`, through `give_back_uncached`, once
     /// [`free_cached`](Self::free_cached) declined). Returns whether the
     /// pool was closed: the block then went back to the system, and the caller must count
-    /// the buffer out with [`lifetime::count_out`] once no reference into the pool is left
+    /// the buffer out with `lifetime::count_out` once no reference into the pool is left
     /// (this call's frame included), since the pool may be freed from then on.
     #[inline]
     pub(in crate::pool) fn free(&self, record: &Record, class: usize, requested: usize) -> bool {
@@ -624,7 +623,7 @@ impl PoolInner {
         };
         match cache.begin_operation(self.life.closed_flag()) {
             Entry::Closed => {
-                lifetime::release_after_close(self, record.index, class);
+                self.release_block(record.index, class);
                 true
             }
             Entry::Open { cache_usable, busy } => {
@@ -719,7 +718,7 @@ impl PoolInner {
         requested: usize,
     ) -> bool {
         if !self.begin_cacheless() {
-            lifetime::release_after_close(self, record, class);
+            self.release_block(record, class);
             return true;
         }
         let class_bytes = class::class_size(class);
@@ -806,6 +805,13 @@ impl PoolInner {
         }
     }
 
+    /// Whether a block of `class`, freed by any thread, goes straight back to the page layer
+    /// (where it merges with its free neighbours): one that merges on free and that no
+    /// thread cache keeps.
+    pub(in crate::pool) fn freed_to_pages(&self, class: usize) -> bool {
+        !self.caches.keep(class) && self.merges_on_free(class::class_size(class))
+    }
+
     /// Whether a freed block of `class_bytes` goes straight back to the page layer, past the
     /// thread caches and the shared lists: under a budget, blocks of 256 KiB and more of the
     /// page layer. There it merges with the free pages beside it; under a budget the pool
@@ -815,7 +821,7 @@ impl PoolInner {
     /// listed, 0-4,200 without). Against the bytes of such a block, the page layer's lock and
     /// search cost little; smaller blocks keep the caches.
     #[inline]
-    fn merges_on_free(&self, class_bytes: usize) -> bool {
+    pub(in crate::pool) fn merges_on_free(&self, class_bytes: usize) -> bool {
         class_bytes >= MERGE_MIN_BLOCK && self.memory.paged(class_bytes) && self.memory.budgeted()
     }
 }

@@ -27,7 +27,7 @@ use std::ptr::{addr_of_mut, NonNull};
 
 use super::super::evict::value::Evictor;
 use super::super::observe::books::Books;
-use super::super::{class, PoolConfig};
+use super::super::PoolConfig;
 use super::cache::ThreadCaches;
 use super::inner::PoolInner;
 use super::life::Lifecycle;
@@ -136,21 +136,13 @@ pub(in crate::pool) unsafe fn close(pool: NonNull<PoolInner>) {
     }
 }
 
-/// A free after the close, first step: the block goes back to the system. The buffer is
-/// still counted in `remaining`, so the pool stays alive until the caller's
-/// [`count_out`].
-pub(in crate::pool) fn release_after_close(inner: &PoolInner, record: u32, class: usize) {
-    debug_assert!(class < class::CLASSES);
-    inner.release_block(record, class);
-}
-
 /// A free after the close, last step: tells the pool one buffer less is out, and frees the
 /// pool if that was the last one (and the close is done).
 ///
 /// # Safety
 ///
 /// `pool` is alive, the caller's buffer is one of those counted in `remaining` (its block
-/// released with [`release_after_close`]), and the caller holds no reference into the
+/// released by the free that saw the pool closed), and the caller holds no reference into the
 /// pool: from the decrement on, this call or another thread's may free it.
 pub(in crate::pool) unsafe fn count_out(pool: NonNull<PoolInner>) {
     // SAFETY: the pool is alive until the decrement (the caller's buffer is counted), and

@@ -1,7 +1,7 @@
 //! The pool's memory: the budget, what the pool holds from the system within it, the block
 //! records, and the page layer or heap that the blocks come from and go back to. [`Memory`]
-//! keeps its books private: the engine reserves, obtains and releases through its methods,
-//! and nothing else moves `reserved`, `held` or their peak.
+//! keeps its books private: the engine reserves, takes new blocks and releases through its
+//! methods, and nothing else moves `reserved`, `held` or their peak.
 //!
 //! What decides *which* blocks go back (trim, the idle policy, budget pressure, the close)
 //! is the engine's (`drain.rs`); this layer only does as it is told.
@@ -102,7 +102,10 @@ impl Memory {
     pub(in crate::pool) fn set_budget(&self, budget: Option<u64>) {
         let budget = budget.unwrap_or(u64::MAX);
         self.budget.store(budget, Ordering::Relaxed);
-        self.pages.fit(self.room());
+        self.pages.fit(Room {
+            budget,
+            outside: self.heap_held.load(Ordering::Relaxed),
+        });
     }
 
     /// What the budget leaves the page layer: the budget, and the bytes held outside it.
@@ -267,10 +270,12 @@ impl Memory {
     /// # Safety
     ///
     /// The caller owns the block (taken off a list or bin, or handed back), which
-    /// [`new_block`](Self::new_block) gave with a class of `class_bytes`; nothing uses it afterwards.
+    /// [`new_block`](Self::new_block) gave with a class of `class_bytes`; nothing uses it
+    /// afterwards.
     pub(in crate::pool) unsafe fn release(&self, record: u32, class_bytes: usize) {
         let rec = self.blocks.record(record);
-        // SAFETY: the caller's contract; `obtain` allocated the block with this layout.
+        // SAFETY: the caller's contract; `allocate_block` (through `new_block`) allocated the
+        // block with this layout.
         unsafe { self.dealloc_block(rec.addr().as_ptr(), self.layout(class_bytes)) };
         rec.clear_block();
         self.blocks.retire(record);

@@ -3,14 +3,18 @@
 //! [`RetainedValue::evictable`](crate::RetainedValue::evictable), which builds on this).
 //!
 //! The pool keeps a registry of them. When an allocation through a handle
-//! ([`BufferPool::alloc`](super::super::BufferPool::alloc) and friends, never the global allocator's
-//! front end) is refused by the budget, the pool evicts one value at a time, the one with the
-//! lowest score among those no reader pins, and tries again (the allocation entry in
-//! `engine/inner.rs` calls this file's one hook, `make_room`, and retries): first among the values whose
-//! block is of the class the request needs (the freed block serves it directly, so what the
-//! pool reserves stays what is live), then among all. The score is Dynamic Tensor
-//! Rematerialization's: the cost of recomputing the value, evicted inputs included, over its
-//! bytes times its staleness (pool clock ticks since its last pin).
+//! ([`BufferPool::alloc`](super::super::BufferPool::alloc) and friends, never the global
+//! allocator's front end) is refused by the budget, the allocation entry in
+//! `engine/inner.rs` calls this file's one hook, `make_room`, and retries. `make_room`
+//! first takes Coop's step for a request served from the page layer: it evicts the
+//! cheapest *window*, a run of values whose blocks, with the free pages beside and between
+//! them, make one free range the request fits in (so it takes resident pages, and nothing
+//! is purged to make room for clean ones). Then, until the budget has room, it evicts one
+//! value at a time, the one with the lowest score among those no reader pins: first among
+//! the values whose block is of the class the request needs (the freed block serves it
+//! directly, so what the pool reserves stays what is live), then among all. The score is
+//! Dynamic Tensor Rematerialization's: the cost of recomputing the value, evicted inputs
+//! included, over its bytes times its staleness (pool clock ticks since its last pin).
 //!
 //! Each value's state is a small lock (`Mutex` and `Condvar`), taken by readers, the
 //! recomputing thread and the evicting thread, never while allocating or running user code,
@@ -18,6 +22,7 @@
 //! eviction starts only once the budget has refused a request.
 
 use super::super::inner::PoolInner;
+use super::super::pages::Beside;
 use super::super::{OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
 use super::value::{Evictable, Evictor, Held, Residence};
 use crate::sync::{Arc, Ordering};
@@ -163,6 +168,63 @@ impl Evictor {
         Looked::Evicted(freed)
     }
 
+    /// Coop's step, before DTR's: for a request of `need` bytes from the page layer, evicts
+    /// the cheapest *window*, a run of values whose blocks, with the free pages beside and
+    /// between them, make one free range of at least `need` bytes, so that the request
+    /// takes pages that are resident already and nothing is purged to make room for clean
+    /// ones. Only values whose blocks go straight back to the page layer when evicted count
+    /// (`PoolInner::freed_to_pages`). A window weighs the sum of its values' recompute
+    /// costs, each over its staleness (DTR's score without the bytes: every window holds
+    /// the bytes the request needs); the lightest wins, then the shortest. Nothing is
+    /// evicted when a free range holds `need` dirty bytes already, or no window exists (the
+    /// request is then DTR's alone). Returns the bytes evicted.
+    fn evict_window(&self, pool: &PoolInner, need: usize) -> u64 {
+        if !pool.merges_on_free(need) || pool.memory.pages.has_dirty_range(need) {
+            return 0;
+        }
+        let registry = self.lock();
+        let now = self.clock.load(Ordering::Relaxed);
+        // (block, weight, value) of each value the window may take, by address.
+        let mut found: Vec<(Beside, f64, &Arc<Evictable>)> = Vec::new();
+        for value in registry.slots.iter().flatten() {
+            if !pool.freed_to_pages(value.class()) {
+                continue;
+            }
+            let state = value.lock();
+            let start = value.block_start(&state).filter(|_| state.readers == 0);
+            drop(state);
+            let Some(start) = start else {
+                continue;
+            };
+            let stale = now.saturating_sub(value.last_use.load(Ordering::Relaxed)) + 1;
+            let block = Beside {
+                start,
+                len: usize::try_from(value.bytes()).unwrap_or(usize::MAX),
+                ..Beside::default()
+            };
+            found.push((block, value.cost_now() as f64 / stale as f64, value));
+        }
+        found.sort_by_key(|(block, ..)| block.start);
+        let mut blocks: Vec<Beside> = found.iter().map(|(block, ..)| *block).collect();
+        pool.memory.pages.free_beside(&mut blocks);
+        let Some((first, last)) = lightest_window(&blocks, |i| found[i].1, need) else {
+            return 0;
+        };
+        // A value pinned since the look stays: the window is then short, and DTR's step
+        // evicts what the budget still lacks.
+        let taken: Vec<PoolBuffer> = found[first..=last]
+            .iter()
+            .filter_map(|(_, _, value)| value.take(&mut value.lock()))
+            .collect();
+        drop(registry);
+        let mut freed = 0u64;
+        for buffer in taken {
+            freed = freed.saturating_add(buffer.capacity() as u64);
+            self.evicted(pool, Some(buffer));
+        }
+        freed
+    }
+
     /// What the registered values hold: pinned bytes, and unpinned resident bytes.
     pub(in crate::pool) fn evictables_held(&self) -> Held {
         let mut held = Held::default();
@@ -213,7 +275,10 @@ impl Evictor {
             .reserved
             .saturating_add(block_bytes)
             .saturating_sub(report.budget.unwrap_or(u64::MAX));
-        let mut freed = 0u64;
+        let mut freed = self.evict_window(pool, report.block_bytes);
+        if freed > 0 && freed >= short {
+            return true;
+        }
         while let Some((bytes, evicted_class)) = self.evict_one(pool, class) {
             freed = freed.saturating_add(bytes);
             if evicted_class == class || freed >= short {
@@ -261,6 +326,40 @@ impl Evictor {
     }
 }
 
+/// The lightest window over `blocks` (sorted by address, with the free bytes beside each
+/// filled in): the run `first..=last` of blocks each of which reaches the next (its free
+/// bytes after end where the next starts, in one segment), whose span (the free bytes
+/// before the first, the run, the free bytes after the last) holds `need` bytes, with the
+/// least sum of `weight(i)`, then the shortest span. `None` if no run spans `need`.
+fn lightest_window(
+    blocks: &[Beside],
+    weight: impl Fn(usize) -> f64,
+    need: usize,
+) -> Option<(usize, usize)> {
+    let mut best: Option<(f64, usize, usize, usize)> = None;
+    for first in 0..blocks.len() {
+        let mut sum = 0.0;
+        for last in first..blocks.len() {
+            if last > first && !blocks[last - 1].reaches(&blocks[last]) {
+                break;
+            }
+            sum += weight(last);
+            let run = (blocks[last].start + blocks[last].len).saturating_sub(blocks[first].start);
+            let span = blocks[first]
+                .before
+                .saturating_add(run)
+                .saturating_add(blocks[last].after);
+            if span >= need {
+                if best.is_none_or(|(w, s, ..)| (sum, span) < (w, s)) {
+                    best = Some((sum, span, first, last));
+                }
+                break;
+            }
+        }
+    }
+    best.map(|(_, _, first, last)| (first, last))
+}
+
 /// What one look at the registry did.
 enum Looked {
     /// Evicted a value: the bytes and class of its block.
@@ -269,4 +368,54 @@ enum Looked {
     Nothing,
     /// The value it chose was pinned before it could take it: look again.
     Busy,
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::lightest_window;
+    use crate::pool::pages::Beside;
+
+    const MIB: usize = 1 << 20;
+
+    /// Blocks of 1 MiB at the given MiB offsets of one segment, with the free MiB beside.
+    fn blocks(layout: &[(usize, usize, usize)]) -> Vec<Beside> {
+        layout
+            .iter()
+            .map(|&(at, before, after)| Beside {
+                start: (64 + at) * MIB,
+                len: MIB,
+                before: before * MIB,
+                after: after * MIB,
+                segment: 64 * MIB,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_lightest_run_that_spans_the_request_wins() {
+        // 0 1 2 3 held end to end: a 2 MiB request takes two neighbours, the lighter pair.
+        let four = blocks(&[(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0)]);
+        let weights = [1.0, 9.0, 1.0, 2.0];
+        assert_eq!(
+            lightest_window(&four, |i| weights[i], 2 * MIB),
+            Some((2, 3))
+        );
+        // One block with a free MiB beside it spans 2 MiB alone.
+        let lone = blocks(&[(0, 0, 0), (2, 1, 0)]);
+        assert_eq!(lightest_window(&lone, |_| 1.0, 2 * MIB), Some((1, 1)));
+        // A held block in between (not a candidate) breaks the run: no window.
+        let split = blocks(&[(0, 0, 0), (2, 0, 0)]);
+        assert_eq!(lightest_window(&split, |_| 1.0, 2 * MIB), None);
+        // Free pages between two blocks join them.
+        let gap = blocks(&[(0, 0, 1), (2, 1, 0)]);
+        assert_eq!(lightest_window(&gap, |_| 1.0, 3 * MIB), Some((0, 1)));
+    }
+
+    #[test]
+    fn blocks_of_two_segments_never_make_one_window() {
+        let mut two = blocks(&[(0, 0, 0), (1, 0, 0)]);
+        two[1].segment += MIB; // end to end in memory, but another segment
+        assert_eq!(lightest_window(&two, |_| 1.0, 2 * MIB), None);
+        assert_eq!(lightest_window(&two, |_| 1.0, MIB), Some((0, 0)));
+    }
 }

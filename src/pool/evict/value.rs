@@ -1,7 +1,7 @@
 //! Evictable values as the pool sees them ([`Evictable`]: the block while resident, its
 //! residence, the pins, what the eviction policy weighs) and the pool's registry of them
-//! ([`Evictor`], a field of `PoolInner`). The policy that uses them, on `PoolInner`, is in
-//! `policy.rs`.
+//! ([`Evictor`], a field of `PoolInner`). The policy that uses them, more methods of
+//! `Evictor` given their pool, is in `policy.rs`.
 //!
 //! Each value's state is a small lock (`Mutex` and `Condvar`), taken by readers, the
 //! recomputing thread and the evicting thread, never while allocating or running user code,
@@ -255,6 +255,18 @@ impl Evictable {
         self.resident.store(false, Ordering::Release);
         // SAFETY: the lock is held (`state` borrows its guard) and there is no reader.
         self.buffer.with_mut(|slot| unsafe { (*slot).take() })
+    }
+
+    /// The address of the block of a resident value, as the lock-holder `state` shows;
+    /// `None` if it is not resident.
+    pub(in crate::pool) fn block_start(&self, state: &ValueState) -> Option<usize> {
+        if state.phase != Residence::Resident {
+            return None;
+        }
+        // SAFETY: the lock is held (`state` borrows its guard), so no write to `buffer` runs
+        // (every write holds the lock, invariant on `buffer`).
+        self.buffer
+            .with(|slot| unsafe { (*slot).as_ref().map(|buffer| buffer.as_ptr() as usize) })
     }
 
     /// The cost of recomputing the value now: its own, plus that of its evicted ancestors

@@ -1,7 +1,8 @@
 //! The pool's counters. Every thread cache has one [`OpCounters`] of its operations, written
 //! by its owner alone; the threads without a cache share one more, written with
 //! read-modify-writes. The statistics, the bytes in use without exact counters and the
-//! close add them up through one function, `ThreadCaches::op_totals` (`engine/cache.rs`). The pool-wide
+//! close add them up through one function, `ThreadCaches::op_totals` (`engine/cache.rs`).
+//! The pool-wide
 //! [`PoolCounters`] hold the slow paths' counts and the exact bytes in use with their peaks.
 
 use crossbeam_utils::CachePadded;

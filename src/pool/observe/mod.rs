@@ -1,6 +1,6 @@
 //! What the pool tells about itself: its counters (`counters`), kept with the trace in its
-//! books (`books`), the statistics read from them (`stats`), memory tags (`tag`), the event trace (`trace`) and its Chrome export
-//! (`chrome`).
+//! books (`books`), the statistics read from them (`stats`), memory tags (`tag`), the event
+//! trace (`trace`) and its Chrome export (`chrome`).
 
 pub(super) mod books;
 pub(super) mod chrome;

@@ -193,6 +193,34 @@ impl std::fmt::Debug for PageLayer {
     }
 }
 
+/// A block the class layer holds, and the free bytes beside it in its segment: what it
+/// would merge with were it given back (see [`PageLayer::free_beside`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Beside {
+    /// The block's first byte's address.
+    pub(crate) start: usize,
+    /// Its length.
+    pub(crate) len: usize,
+    /// The free bytes that end where it starts (filled in by `free_beside`).
+    pub(crate) before: usize,
+    /// The free bytes that start where it ends (filled in by `free_beside`).
+    pub(crate) after: usize,
+    /// The first byte of its segment (filled in by `free_beside`; 0 for a block outside
+    /// every segment): free pages of two segments never merge.
+    pub(crate) segment: usize,
+}
+
+impl Beside {
+    /// Whether `next`, which starts after this block, would merge with it into one free
+    /// range were both given back: the free bytes after this one reach `next`, in the same
+    /// segment.
+    pub(crate) fn reaches(&self, next: &Beside) -> bool {
+        self.segment != 0
+            && self.segment == next.segment
+            && self.start + self.len + self.after == next.start
+    }
+}
+
 /// What [`PageLayer::obtain`] needs to know of the budget: the budget (`u64::MAX` for none)
 /// and the bytes the pool holds outside the page layer (blocks from the heap).
 #[derive(Clone, Copy, Debug)]
@@ -295,6 +323,34 @@ impl PageLayer {
             unsafe { block.as_ptr().write_bytes(0, len) };
         }
         Some(block)
+    }
+
+    /// Whether a free range holds at least `len` dirty bytes now: a request of `len` bytes
+    /// would likely find its pages resident (a hint, read under the lock).
+    pub(crate) fn has_dirty_range(&self, len: usize) -> bool {
+        let state = self.lock();
+        state.free.as_slice().iter().any(|range| range.dirty >= len)
+    }
+
+    /// Fills in `before`, `after` and `segment` of each block of `blocks`: the free bytes
+    /// that adjoin it in its segment now. A block outside every segment (a heap block) gets none. One look
+    /// under the lock for all of them, so the answers are of one moment.
+    pub(crate) fn free_beside(&self, blocks: &mut [Beside]) {
+        let state = self.lock();
+        let segments = state.segments.as_slice();
+        for block in blocks {
+            let after_start = segments.partition_point(|s| s.start() <= block.start);
+            let segment = after_start
+                .checked_sub(1)
+                .map(|i| segments[i].bounds())
+                .filter(|&(_, end)| block.start.saturating_add(block.len) <= end);
+            (block.before, block.after) = segment.map_or((0, 0), |bounds| {
+                state
+                    .free
+                    .beside(block.start, block.start + block.len, bounds)
+            });
+            block.segment = segment.map_or(0, |(start, _)| start);
+        }
     }
 
     /// Takes back the block `[block, block + len)` that [`obtain`](Self::obtain) returned.

@@ -59,6 +59,30 @@ impl FreeRanges {
         self.ranges.as_slice()
     }
 
+    /// The free bytes that adjoin the held range `[start, end)` of the segment
+    /// `[seg_start, seg_end)`: the length of the free range that ends at `start`, and of the
+    /// one that begins at `end`, each only if it lies in that segment (0 where none does).
+    /// What the block, were it freed, would merge with.
+    pub(crate) fn beside(
+        &self,
+        start: usize,
+        end: usize,
+        (seg_start, seg_end): (usize, usize),
+    ) -> (usize, usize) {
+        let ranges = self.ranges.as_slice();
+        let at = self.first_from(start);
+        let before = at
+            .checked_sub(1)
+            .map(|i| &ranges[i])
+            .filter(|range| range.end() == start && range.start >= seg_start)
+            .map_or(0, |range| range.len);
+        let after = ranges
+            .get(at)
+            .filter(|range| range.start == end && range.end() <= seg_end)
+            .map_or(0, |range| range.len);
+        (before, after)
+    }
+
     /// The index of the first range that starts at or after `addr`.
     fn first_from(&self, addr: usize) -> usize {
         self.ranges.as_slice().partition_point(|f| f.start < addr)

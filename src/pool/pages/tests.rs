@@ -35,6 +35,31 @@ impl PageLayer {
             )
             .collect();
         pieces.sort_unstable();
+        // What `free_beside` must say of each held block: the free piece that ends where it
+        // starts and the one that starts where it ends, in its segment.
+        let mut expected = Vec::new();
+        for (k, &(p, len, is_free)) in pieces.iter().enumerate() {
+            if is_free {
+                continue;
+            }
+            let segment = segments[segment_of(&state.segments, p)].bounds();
+            let free_at = |i: Option<usize>, adjoins: &dyn Fn(usize, usize) -> bool| {
+                i.and_then(|i| pieces.get(i))
+                    .filter(|&&(q, n, f)| {
+                        f && q >= segment.0 && q + n <= segment.1 && adjoins(q, n)
+                    })
+                    .map_or(0, |&(_, n, _)| n)
+            };
+            let before = free_at(k.checked_sub(1), &|q, n| q + n == p);
+            let after = free_at(Some(k + 1), &|q, _| q == p + len);
+            expected.push(super::Beside {
+                start: p,
+                len,
+                before,
+                after,
+                segment: segment.0,
+            });
+        }
         let mut at = 0;
         for segment in segments {
             let (start, end) = segment.bounds();
@@ -63,6 +88,17 @@ impl PageLayer {
             total += f.dirty;
         }
         assert_eq!(*dirty, total);
+        drop(state);
+        let mut asked: Vec<super::Beside> = expected
+            .iter()
+            .map(|b| super::Beside {
+                start: b.start,
+                len: b.len,
+                ..super::Beside::default()
+            })
+            .collect();
+        self.free_beside(&mut asked);
+        assert_eq!(asked, expected, "the free bytes beside the held blocks");
     }
 }
 
