@@ -35,6 +35,9 @@ use crate::thread;
 /// alloc+free was about 5% slower (`benches/README.md`).
 #[repr(C)]
 pub(crate) struct PoolInner {
+    /// The pool-wide counters, those of threads without a cache, and the event trace
+    /// (`observe/books.rs`).
+    pub(in crate::pool) books: Books,
     pub(in crate::pool) id: u64,
     /// The thread caches, the classes they keep and the drains' tokens (`cache.rs`).
     pub(in crate::pool) caches: ThreadCaches,
@@ -42,9 +45,6 @@ pub(crate) struct PoolInner {
     /// protocol in `lifetime.rs` goes through its methods).
     pub(in crate::pool) life: Lifecycle,
     pub(in crate::pool) config: PoolConfig,
-    /// The pool-wide counters, those of threads without a cache, and the event trace
-    /// (`observe/books.rs`).
-    pub(in crate::pool) books: Books,
     /// The shared lists of blocks no thread cache holds, by class, and the idle policy's
     /// record of the classes drawn on (`lists.rs`, which keeps their invariant).
     pub(in crate::pool) lists: SharedLists,
