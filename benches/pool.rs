@@ -134,9 +134,11 @@ fn overlap_table() {
     });
     let mut grew = Vec::new();
     let mut peaks = Vec::new();
+    let mut os_steps = Vec::new();
     let mut times = Vec::with_capacity(STEPS);
     for step in 0..STEPS {
         let before = pool.stats().system_allocations;
+        let os_before = pool.stats().os_calls;
         let peak_before = pool.stats().peak_in_use_bytes;
         let started = std::time::Instant::now();
         let bufs: Vec<_> = sizes
@@ -154,6 +156,9 @@ fn overlap_table() {
             grew.push(step + 1);
             peaks.push(after.peak_in_use_bytes > peak_before);
         }
+        if after.os_calls > os_before {
+            os_steps.push(step + 1);
+        }
     }
     drop(send);
     consumer.join().unwrap();
@@ -161,14 +166,17 @@ fn overlap_table() {
     steady.sort_by(f64::total_cmp);
     let stats = pool.stats();
     println!(
-        "overlapped steps, 400 of 48 buffers (16 KiB-48 MiB): system allocations in {} steps ({} of them a new peak in use), the last at step {}; after step 20: median {:.2} ms, max {:.2} ms a step; peak reserved {} MiB, peak in use {} MiB",
+        "overlapped steps, 400 of 48 buffers (16 KiB-48 MiB): new blocks in {} steps ({} of them a new peak in use), the last at step {}; calls to the OS (map, unmap, purge) in {} steps, the last at step {}; after step 20: median {:.2} ms, max {:.2} ms a step; peak reserved {} MiB, peak in use {} MiB, mapped {} MiB",
         grew.len(),
         peaks.iter().filter(|&&p| p).count(),
         grew.last().copied().unwrap_or(0),
+        os_steps.len(),
+        os_steps.last().copied().unwrap_or(0),
         steady[steady.len() / 2],
         steady[steady.len() - 1],
         stats.peak_reserved_bytes >> 20,
         stats.peak_in_use_bytes >> 20,
+        stats.mapped_bytes >> 20,
     );
 }
 

@@ -4,7 +4,8 @@
 //!
 //! The pool's thread caches are off (as in the retain model: a cache made on a spawned loom
 //! thread is torn down after `join`, which loom takes for non-determinism); the shared lists
-//! carry every free. A block is 64 bytes (16 f32). Where a model needs the budget, it is two
+//! carry every free (the page layer, in the window model, whose blocks are 256 KiB). A block
+//! is 64 bytes (16 f32). Where a model needs the budget, it is two
 //! blocks: a buffer beside a resident value fits, and a third request must evict the value.
 //!
 //! Each model keeps to the few steps its race needs, so that every one runs at the suite's
@@ -166,14 +167,18 @@ fn an_eviction_for_a_refused_request_racing_a_pin() {
     });
 }
 
-/// **a window eviction racing a pin**: as the model above, with blocks of 256 KiB, which
-/// under a budget go straight back to the page layer: the refused request takes the
-/// eviction's window step (the run of values whose pages make its range) before DTR's.
-/// Either the read pinned the value first and the request is refused, or the window took
-/// it and the read fails; every read that succeeds sees the value's bytes.
+/// **a window eviction racing a pin**: blocks of 256 KiB, which under a budget go straight
+/// back to the page layer (where the others of this file go to the shared lists). Two
+/// evictable values, `a` and `b`, lie end to end in one segment (carved from a 1 MiB block
+/// given back first), and a plain buffer holds the rest; a 512 KiB request (a class of its
+/// own) finds the budget full, and its eviction's window step picks the two values, whose
+/// pages together make its range, while one thread reads `b`. Either the read pinned `b`
+/// first and the window is not taken (whole or not at all: DTR's step then evicts `a`
+/// alone, and the request is refused), or the window took both and the read fails; every
+/// read that succeeds sees `b`'s bytes, and the budget is never passed.
 ///
-/// Planted bug caught: `evict_pinned` (its window hunk: the window's look and the take
-/// ignore the pins).
+/// Planted bug caught: `evict_pinned` (its window hunks: the window's look and its check
+/// before the take ignore the pins, and so does the take).
 #[test]
 fn a_window_eviction_racing_a_pin() {
     const LARGE: usize = 256 << 10;
@@ -187,15 +192,19 @@ fn a_window_eviction_racing_a_pin() {
     model(move || {
         let pool = BufferPool::with_config(PoolConfig {
             thread_cache_bytes: 0,
-            budget: Some(2 * LARGE as u64),
+            budget: Some(4 * LARGE as u64),
             ..PoolConfig::default()
         })
         .unwrap();
-        let recompute = Recompute::new([], |_| Err(unavailable()));
-        let value =
-            RetainedValue::evictable(&pool, large_sevens(&pool).unwrap(), recompute).unwrap();
+        drop(pool.alloc(4 * LARGE).unwrap()); // one segment of 1 MiB, free and resident
+        let value = || {
+            let recompute = Recompute::new([], |_| Err(unavailable()));
+            RetainedValue::evictable(&pool, large_sevens(&pool).unwrap(), recompute).unwrap()
+        };
+        let (a, b) = (value(), value());
+        let held = pool.alloc(2 * LARGE).unwrap();
         let reader = {
-            let mine = value.clone();
+            let mine = b.clone();
             thread::spawn(move || match mine.read() {
                 Ok(guard) => {
                     thread::yield_now();
@@ -208,15 +217,17 @@ fn a_window_eviction_racing_a_pin() {
                 Err(error) => assert!(error.to_string().contains("not available"), "{error}"),
             })
         };
-        let held = pool.alloc(LARGE).unwrap();
-        match pool.alloc(LARGE) {
-            Ok(buffer) => scribble(buffer),
+        match pool.alloc(2 * LARGE) {
+            Ok(buffer) => {
+                assert!(!b.is_resident(), "served while `b` was resident");
+                scribble(buffer);
+            }
             Err(error) => assert!(error.to_string().contains("budget"), "{error}"),
         }
         reader.join().unwrap();
         drop(held);
-        assert!(pool.stats().peak_reserved_bytes <= 2 * LARGE as u64);
-        drop(value);
+        assert!(pool.stats().peak_reserved_bytes <= 4 * LARGE as u64);
+        drop((a, b));
         assert_eq!(pool.stats().in_use_bytes, 0, "every block is back");
     });
 }

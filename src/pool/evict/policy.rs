@@ -6,10 +6,10 @@
 //! ([`BufferPool::alloc`](super::super::BufferPool::alloc) and friends, never the global
 //! allocator's front end) is refused by the budget, the allocation entry in
 //! `engine/inner.rs` calls this file's one hook, `make_room`, and retries. `make_room`
-//! first takes Coop's step for a request served from the page layer: it evicts the
-//! cheapest *window*, a run of values whose blocks, with the free pages beside and between
-//! them, make one free range the request fits in (so it takes resident pages, and nothing
-//! is purged to make room for clean ones). Then, until the budget has room, it evicts one
+//! first takes Coop's step for a request of 256 KiB or more (which the page layer serves):
+//! it evicts the cheapest *window*, a run of values whose blocks, with the free pages
+//! beside and between them, make one free range the request fits in, so that it takes
+//! those pages rather than new ones (see `evict_window` for when it does not). Then, until the budget has room, it evicts one
 //! value at a time, the one with the lowest score among those no reader pins: first among
 //! the values whose block is of the class the request needs (the freed block serves it
 //! directly, so what the pool reserves stays what is live), then among all. The score is
@@ -168,38 +168,50 @@ impl Evictor {
         Looked::Evicted(freed)
     }
 
-    /// Coop's step, before DTR's: for a request of `need` bytes from the page layer, evicts
-    /// the cheapest *window*, a run of values whose blocks, with the free pages beside and
-    /// between them, make one free range of at least `need` bytes, so that the request
-    /// takes pages that are resident already and nothing is purged to make room for clean
-    /// ones. Only values whose blocks go straight back to the page layer when evicted count
-    /// (`PoolInner::freed_to_pages`). A window weighs the sum of its values' recompute
-    /// costs, each over its staleness (DTR's score without the bytes: every window holds
-    /// the bytes the request needs); the lightest wins, then the shortest. Nothing is
-    /// evicted when a free range holds `need` dirty bytes already, or no window exists (the
-    /// request is then DTR's alone). Returns the bytes evicted.
-    fn evict_window(&self, pool: &PoolInner, need: usize) -> u64 {
-        if !pool.merges_on_free(need) || pool.memory.pages.has_dirty_range(need) {
+    /// Coop's step, before DTR's, for a request of `need` bytes (of `class`) that the page
+    /// layer serves and merges on free (256 KiB and more, under a budget) and for which the
+    /// budget lacks `short` bytes: evicts the cheapest *window*, a run of values whose
+    /// blocks, with the free pages beside and between them, make one free range of at
+    /// least `need` bytes, so that the request takes those pages rather than mapping or
+    /// faulting in others while the budget purges the freed ones. Only values whose blocks
+    /// go straight back to the page layer when evicted count (`PoolInner::freed_to_pages`:
+    /// not the classes the thread caches keep, by default those up to 1 MiB), and a window
+    /// evicts at most `max(need, short)` bytes (a window is never a large value evicted
+    /// for a small request). A window weighs the sum of its values' recompute costs, each
+    /// over its staleness (DTR's score without the bytes, which the bound caps); the
+    /// lightest wins, then the shortest.
+    ///
+    /// Nothing is evicted when the budget lacks nothing, when an unpinned value of the
+    /// request's own class is resident (its block serves the request directly: DTR's
+    /// same-class step), when a free range already holds `need` resident pages in a run,
+    /// or when no window exists; nor when a window's value was pinned, evicted or moved
+    /// since the look: the window is taken whole or not at all. Returns the bytes evicted.
+    fn evict_window(&self, pool: &PoolInner, class: usize, need: usize, short: u64) -> u64 {
+        if short == 0 || !pool.merges_on_free(need) || pool.memory.pages.has_dirty_run(need) {
             return 0;
         }
+        let cap = u64::try_from(need).unwrap_or(u64::MAX).max(short);
         let registry = self.lock();
         let now = self.clock.load(Ordering::Relaxed);
         // (block, weight, value) of each value the window may take, by address.
         let mut found: Vec<(Beside, f64, &Arc<Evictable>)> = Vec::new();
         for value in registry.slots.iter().flatten() {
-            if !pool.freed_to_pages(value.class()) {
-                continue;
-            }
             let state = value.lock();
-            let start = value.block_start(&state).filter(|_| state.readers == 0);
-            drop(state);
-            let Some(start) = start else {
+            let Some(start) = value.block_start(&state).filter(|_| state.readers == 0) else {
                 continue;
             };
+            let (value_class, bytes) = (value.class(), value.bytes());
+            drop(state);
+            if value_class == class {
+                return 0;
+            }
+            if !pool.freed_to_pages(value_class) {
+                continue;
+            }
             let stale = now.saturating_sub(value.last_use.load(Ordering::Relaxed)) + 1;
             let block = Beside {
                 start,
-                len: usize::try_from(value.bytes()).unwrap_or(usize::MAX),
+                len: usize::try_from(bytes).unwrap_or(usize::MAX),
                 ..Beside::default()
             };
             found.push((block, value.cost_now() as f64 / stale as f64, value));
@@ -207,15 +219,30 @@ impl Evictor {
         found.sort_by_key(|(block, ..)| block.start);
         let mut blocks: Vec<Beside> = found.iter().map(|(block, ..)| *block).collect();
         pool.memory.pages.free_beside(&mut blocks);
-        let Some((first, last)) = lightest_window(&blocks, |i| found[i].1, need) else {
+        let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+        let Some((first, last)) = lightest_window(&blocks, |i| found[i].1, need, cap) else {
             return 0;
         };
-        // A value pinned since the look stays: the window is then short, and DTR's step
-        // evicts what the budget still lacks.
-        let taken: Vec<PoolBuffer> = found[first..=last]
+        // Whole or not at all: every value of the window still resident, unpinned and at
+        // the address looked at. (Several value locks at once: no other thread holds one
+        // value's lock while it takes another's, so this cannot deadlock.)
+        let window = &found[first..=last];
+        let mut states: Vec<_> = window.iter().map(|(_, _, value)| value.lock()).collect();
+        let unchanged = window
             .iter()
-            .filter_map(|(_, _, value)| value.take(&mut value.lock()))
+            .zip(&states)
+            .all(|((block, _, value), state)| {
+                state.readers == 0 && value.block_start(state) == Some(block.start)
+            });
+        if !unchanged {
+            return 0;
+        }
+        let taken: Vec<PoolBuffer> = window
+            .iter()
+            .zip(&mut states)
+            .filter_map(|((_, _, value), state)| value.take(state))
             .collect();
+        drop(states);
         drop(registry);
         let mut freed = 0u64;
         for buffer in taken {
@@ -275,7 +302,7 @@ impl Evictor {
             .reserved
             .saturating_add(block_bytes)
             .saturating_sub(report.budget.unwrap_or(u64::MAX));
-        let mut freed = self.evict_window(pool, report.block_bytes);
+        let mut freed = self.evict_window(pool, class, report.block_bytes, short);
         if freed > 0 && freed >= short {
             return true;
         }
@@ -327,33 +354,51 @@ impl Evictor {
 }
 
 /// The lightest window over `blocks` (sorted by address, with the free bytes beside each
-/// filled in): the run `first..=last` of blocks each of which reaches the next (its free
+/// filled in): a run `first..=last` of blocks each of which reaches the next (its free
 /// bytes after end where the next starts, in one segment), whose span (the free bytes
-/// before the first, the run, the free bytes after the last) holds `need` bytes, with the
-/// least sum of `weight(i)`, then the shortest span. `None` if no run spans `need`.
+/// before the first, the run, the free bytes after the last) holds `need` bytes and whose
+/// blocks hold at most `cap` bytes, with the least sum of `weight(i)`, then the shortest
+/// span. `None` if no such run exists. Linear: for each first block, the shortest run that
+/// spans `need` ends no earlier than the previous first block's.
 fn lightest_window(
     blocks: &[Beside],
     weight: impl Fn(usize) -> f64,
     need: usize,
+    cap: usize,
 ) -> Option<(usize, usize)> {
     let mut best: Option<(f64, usize, usize, usize)> = None;
+    // The shortest run from `first` that spans `need` is `first..=last`, over `sum` weight
+    // and `held` bytes of blocks; `last` only moves forward.
+    let head = blocks.first()?;
+    let (mut last, mut sum, mut held) = (0, weight(0), head.len);
     for first in 0..blocks.len() {
-        let mut sum = 0.0;
-        for last in first..blocks.len() {
-            if last > first && !blocks[last - 1].reaches(&blocks[last]) {
-                break;
-            }
-            sum += weight(last);
+        let span = |last: usize| {
             let run = (blocks[last].start + blocks[last].len).saturating_sub(blocks[first].start);
-            let span = blocks[first]
+            blocks[first]
                 .before
                 .saturating_add(run)
-                .saturating_add(blocks[last].after);
-            if span >= need {
-                if best.is_none_or(|(w, s, ..)| (sum, span) < (w, s)) {
-                    best = Some((sum, span, first, last));
-                }
-                break;
+                .saturating_add(blocks[last].after)
+        };
+        while span(last) < need
+            && last + 1 < blocks.len()
+            && blocks[last].reaches(&blocks[last + 1])
+        {
+            last += 1;
+            sum += weight(last);
+            held = held.saturating_add(blocks[last].len);
+        }
+        let spans = span(last) >= need;
+        if spans && held <= cap && best.is_none_or(|(w, s, ..)| (sum, span(last)) < (w, s)) {
+            best = Some((sum, span(last), first, last));
+        }
+        // Drop `first` from the run for the next one (or start afresh past a break).
+        if last > first && blocks[first].reaches(&blocks[first + 1]) {
+            sum -= weight(first);
+            held -= blocks[first].len;
+        } else {
+            (last, sum, held) = (first, 0.0, 0);
+            if first + 1 < blocks.len() {
+                (last, sum, held) = (first + 1, weight(first + 1), blocks[first + 1].len);
             }
         }
     }
@@ -393,29 +438,135 @@ mod tests {
 
     #[test]
     fn the_lightest_run_that_spans_the_request_wins() {
+        let any = usize::MAX;
         // 0 1 2 3 held end to end: a 2 MiB request takes two neighbours, the lighter pair.
         let four = blocks(&[(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0)]);
         let weights = [1.0, 9.0, 1.0, 2.0];
         assert_eq!(
-            lightest_window(&four, |i| weights[i], 2 * MIB),
+            lightest_window(&four, |i| weights[i], 2 * MIB, any),
             Some((2, 3))
         );
-        // One block with a free MiB beside it spans 2 MiB alone.
-        let lone = blocks(&[(0, 0, 0), (2, 1, 0)]);
-        assert_eq!(lightest_window(&lone, |_| 1.0, 2 * MIB), Some((1, 1)));
+        // A block with a free MiB beside it spans 2 MiB alone: the lighter of the two that do.
+        let lone = blocks(&[(0, 0, 1), (2, 1, 0)]);
+        let weights = [2.0, 1.0];
+        assert_eq!(
+            lightest_window(&lone, |i| weights[i], 2 * MIB, any),
+            Some((1, 1))
+        );
         // A held block in between (not a candidate) breaks the run: no window.
         let split = blocks(&[(0, 0, 0), (2, 0, 0)]);
-        assert_eq!(lightest_window(&split, |_| 1.0, 2 * MIB), None);
+        assert_eq!(lightest_window(&split, |_| 1.0, 2 * MIB, any), None);
         // Free pages between two blocks join them.
         let gap = blocks(&[(0, 0, 1), (2, 1, 0)]);
-        assert_eq!(lightest_window(&gap, |_| 1.0, 3 * MIB), Some((0, 1)));
+        assert_eq!(lightest_window(&gap, |_| 1.0, 3 * MIB, any), Some((0, 1)));
+        // The run restarts past a break, and a later run can win.
+        let runs = blocks(&[(0, 0, 0), (1, 0, 0), (3, 0, 0), (4, 0, 0)]);
+        let weights = [5.0, 5.0, 1.0, 1.0];
+        assert_eq!(
+            lightest_window(&runs, |i| weights[i], 2 * MIB, any),
+            Some((2, 3))
+        );
+    }
+
+    #[test]
+    fn a_window_never_holds_more_than_its_cap() {
+        // Two 1 MiB neighbours for a 2 MiB request: within a cap of 2 MiB, not of 1 MiB.
+        let two = blocks(&[(0, 0, 0), (1, 0, 0)]);
+        assert_eq!(
+            lightest_window(&two, |_| 1.0, 2 * MIB, 2 * MIB),
+            Some((0, 1))
+        );
+        assert_eq!(lightest_window(&two, |_| 1.0, 2 * MIB, MIB), None);
+        // A 1 MiB request: either block alone, never both.
+        assert_eq!(
+            lightest_window(&two, |i| [3.0, 1.0][i], MIB, MIB),
+            Some((1, 1))
+        );
+    }
+
+    /// Every run tried, for each first block every last one: what the linear search must
+    /// agree with.
+    fn every_run(
+        blocks: &[Beside],
+        weight: &[f64],
+        need: usize,
+        cap: usize,
+    ) -> Option<(usize, usize)> {
+        let mut best: Option<(f64, usize, usize, usize)> = None;
+        for first in 0..blocks.len() {
+            let (mut sum, mut held) = (0.0, 0);
+            for last in first..blocks.len() {
+                if last > first && !blocks[last - 1].reaches(&blocks[last]) {
+                    break;
+                }
+                sum += weight[last];
+                held += blocks[last].len;
+                let run = blocks[last].start + blocks[last].len - blocks[first].start;
+                let span = blocks[first].before + run + blocks[last].after;
+                if span >= need {
+                    if held <= cap && best.is_none_or(|(w, s, ..)| (sum, span) < (w, s)) {
+                        best = Some((sum, span, first, last));
+                    }
+                    break;
+                }
+            }
+        }
+        best.map(|(_, _, first, last)| (first, last))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_linear_search_finds_the_lightest_run(
+            // (free MiB before, held MiB, weight) for each block, end to end in a segment,
+            // or (a zero length) a held block between that is no candidate.
+            layout in proptest::collection::vec((0usize..3, 0usize..4, 1u32..9), 0..12),
+            need in 1usize..10,
+            cap in 1usize..12,
+        ) {
+            let mut blocks: Vec<Beside> = Vec::new();
+            let mut weights = Vec::new();
+            let mut at = 64 * MIB;
+            // Free bytes since the last held block (candidate or not), and whether that
+            // block was a candidate (then those bytes are its `after`).
+            let mut free_run = 0;
+            let mut after_candidate = false;
+            for (free, len, weight) in layout {
+                at += free * MIB;
+                free_run += free * MIB;
+                if after_candidate {
+                    blocks.last_mut().unwrap().after = free_run;
+                }
+                if len == 0 {
+                    at += MIB; // a held block that is no candidate
+                    (free_run, after_candidate) = (0, false);
+                    continue;
+                }
+                blocks.push(Beside {
+                    start: at,
+                    len: len * MIB,
+                    before: free_run,
+                    after: 0,
+                    segment: 64 * MIB,
+                });
+                weights.push(f64::from(weight));
+                at += len * MIB;
+                (free_run, after_candidate) = (0, true);
+            }
+            proptest::prop_assert_eq!(
+                lightest_window(&blocks, |i| weights[i], need * MIB, cap * MIB),
+                every_run(&blocks, &weights, need * MIB, cap * MIB)
+            );
+        }
     }
 
     #[test]
     fn blocks_of_two_segments_never_make_one_window() {
         let mut two = blocks(&[(0, 0, 0), (1, 0, 0)]);
         two[1].segment += MIB; // end to end in memory, but another segment
-        assert_eq!(lightest_window(&two, |_| 1.0, 2 * MIB), None);
-        assert_eq!(lightest_window(&two, |_| 1.0, MIB), Some((0, 0)));
+        assert_eq!(lightest_window(&two, |_| 1.0, 2 * MIB, usize::MAX), None);
+        assert_eq!(
+            lightest_window(&two, |_| 1.0, MIB, usize::MAX),
+            Some((0, 0))
+        );
     }
 }

@@ -325,11 +325,25 @@ impl PageLayer {
         Some(block)
     }
 
-    /// Whether a free range holds at least `len` dirty bytes now: a request of `len` bytes
-    /// would likely find its pages resident (a hint, read under the lock).
-    pub(crate) fn has_dirty_range(&self, len: usize) -> bool {
+    /// Whether a free range holds a run of dirty pages of at least `len` bytes now: a
+    /// request of `len` bytes would find all its pages resident there (as `obtain` looks
+    /// first). With `decay_ms` 0 every freed page is purged at once, and this is never so.
+    pub(crate) fn has_dirty_run(&self, len: usize) -> bool {
         let state = self.lock();
-        state.free.as_slice().iter().any(|range| range.dirty >= len)
+        let segments = &state.segments;
+        state
+            .free
+            .as_slice()
+            .iter()
+            .filter(|range| range.len >= len && range.dirty >= len)
+            .any(|range| {
+                let segment = &segments.as_slice()[segment_of(segments, range.start)];
+                let (first, end) = segment.pages(range.start, range.end());
+                segment
+                    .bits
+                    .find_run(first, end, len.div_ceil(PAGE))
+                    .is_some()
+            })
     }
 
     /// Fills in `before`, `after` and `segment` of each block of `blocks`: the free bytes
