@@ -32,7 +32,8 @@ impl PoolInner {
                         return true;
                     }
                     match self.lists.pop_from(&self.memory.blocks, shard, class) {
-                        Some(record) => self.release_block(record, class),
+                        // SAFETY: popped off its class's list: this thread's alone.
+                        Some(record) => unsafe { self.release_block(record, class) },
                         None => break,
                     }
                 }
@@ -45,7 +46,8 @@ impl PoolInner {
     /// released.
     pub(in crate::pool) fn release_list(&self, class: usize) -> u64 {
         let blocks = self.lists.take_all(&self.memory.blocks, class, |record| {
-            self.release_block(record, class);
+            // SAFETY: taken off its class's list: this thread's alone.
+            unsafe { self.release_block(record, class) };
         });
         blocks * class::class_size(class) as u64
     }
@@ -98,7 +100,8 @@ impl PoolInner {
         let released = self.drain_caches(
             fence,
             |_| true,
-            |class, record| self.release_block(record.index, class),
+            // SAFETY: taken out of a claimed cache's bin: this thread's alone.
+            |class, record| unsafe { self.release_block(record.index, class) },
         );
         (0..class::CLASSES)
             .map(|c| self.release_list(c))
@@ -207,7 +210,8 @@ impl PoolInner {
                 cache.idle_rounds.store(idle, Ordering::Relaxed);
                 idle >= idle_rounds
             },
-            |class, record| self.release_block(record.index, class),
+            // SAFETY: taken out of a claimed cache's bin: this thread's alone.
+            |class, record| unsafe { self.release_block(record.index, class) },
         );
         self.trace(PoolEventKind::Trim, released, 0);
         released

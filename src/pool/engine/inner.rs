@@ -405,7 +405,8 @@ impl PoolInner {
             Entry::Closed => {
                 // Only a buffer's `alloc_sibling` allocates without a handle; the pool
                 // closed meanwhile, and its lists are drained for good: release the block.
-                self.release_block(taken.record.index, taken.class());
+                // SAFETY: just taken for this request, of its class, never handed out.
+                unsafe { self.release_block(taken.record.index, taken.class()) };
                 Err(PoolError::Closed)
             }
             Entry::Open { busy, .. } => {
@@ -471,10 +472,14 @@ impl PoolInner {
     }
 
     /// Returns a block's memory to the system and its record to the spare list.
-    pub(in crate::pool) fn release_block(&self, record: u32, class: usize) {
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the block of `record` (taken off a list or bin, or handed back:
+    /// nothing else can reach it), of `class`, and nothing uses it afterwards.
+    pub(in crate::pool) unsafe fn release_block(&self, record: u32, class: usize) {
         let class_bytes = class::class_size(class);
-        // SAFETY: the caller owns the block (taken off a list or bin, or handed back), which
-        // `system_alloc` obtained with this class.
+        // SAFETY: the caller's contract; `system_alloc` obtained the block with this class.
         unsafe { self.memory.release(record, class_bytes) };
         self.trace(PoolEventKind::SystemFree, class_bytes as u64, class);
     }
@@ -623,7 +628,9 @@ impl PoolInner {
         };
         match cache.begin_operation(self.life.closed_flag()) {
             Entry::Closed => {
-                self.release_block(record.index, class);
+                // SAFETY: the buffer being freed held the block (`take_back` above), and
+                // the pool is closed: nothing else reaches it.
+                unsafe { self.release_block(record.index, class) };
                 true
             }
             Entry::Open { cache_usable, busy } => {
@@ -634,7 +641,8 @@ impl PoolInner {
                     && self.caches.keep(class)
                     && self.bin(cache, class, class_bytes, record);
                 if merge {
-                    self.release_block(record.index, class);
+                    // SAFETY: the buffer being freed held the block, not cached or listed.
+                    unsafe { self.release_block(record.index, class) };
                 } else if !cached {
                     self.lists.push(cache.shard, class, record);
                 }
@@ -718,12 +726,14 @@ impl PoolInner {
         requested: usize,
     ) -> bool {
         if !self.begin_cacheless() {
-            self.release_block(record, class);
+            // SAFETY: the buffer being freed held the block, and the pool is closed.
+            unsafe { self.release_block(record, class) };
             return true;
         }
         let class_bytes = class::class_size(class);
         if self.merges_on_free(class_bytes) {
-            self.release_block(record, class);
+            // SAFETY: the buffer being freed held the block, not cached or listed.
+            unsafe { self.release_block(record, class) };
         } else {
             self.lists
                 .push(CACHELESS_SHARD, class, self.memory.blocks.record(record));
@@ -813,8 +823,9 @@ impl PoolInner {
     }
 
     /// Whether a freed block of `class_bytes` goes straight back to the page layer, past the
-    /// thread caches and the shared lists: under a budget, blocks of 256 KiB and more of the
-    /// page layer. There it merges with the free pages beside it; under a budget the pool
+    /// shared lists (and the thread caches, for the free's cold path: the hot path,
+    /// `free_cached`, bins a block its own thread frees without asking): under a budget,
+    /// blocks of 256 KiB and more of the page layer. There it merges with the free pages beside it; under a budget the pool
     /// holds little beyond what is live, so the next large request of another size needs
     /// exactly such merged pages, and a block kept in its class would split them (the main
     /// job fitted to 75% of its peak: 11,000-13,000 minor faults a step with such blocks
