@@ -268,7 +268,10 @@ fn a_budget_purges_the_free_pages_it_has_no_room_for() {
     let c = layer.obtain(40 * PAGE, PAGE, false, room(budget)).unwrap();
     assert_eq!(layer.dirty_bytes(), 0);
     assert_eq!(layer.purged_bytes(), 32 * PAGE as u64);
-    assert_eq!(layer.os_calls(), 2, "one map, one purge");
+    // One segment holds all three (under Miri, whose first segment is 64 KiB, each takes
+    // one of its own), and one purge.
+    let maps = if cfg!(miri) { 3 } else { 1 };
+    assert_eq!(layer.os_calls(), maps + 1, "the maps and one purge");
     layer.check(&[(b, 32 * PAGE), (c, 40 * PAGE)]);
     // SAFETY: ours, not used again.
     unsafe {
