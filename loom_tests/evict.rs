@@ -339,8 +339,8 @@ fn a_reader_waiting_for_a_failed_recompute_takes_it_over() {
 /// drops the input's handle and the group, and the main thread asks to evict the value
 /// again, then drops its handle.
 /// An eviction asked for while the value is being recomputed does nothing (the value is not
-/// resident); the read sees the value's bytes; the input's block and the value's go back exactly once,
-/// on whichever thread drops last.
+/// resident); the read sees the value's bytes; the input's block and the value's go back
+/// exactly once, on whichever thread drops last.
 ///
 /// Planted bug caught: `evict_recomputing` (an eviction asked for looks at the pins but not
 /// at the phase: it marks a value evicted while another thread recomputes it).

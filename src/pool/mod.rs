@@ -197,7 +197,7 @@ impl BufferPool {
         inner.books.counters.trims.fetch_add(1, Ordering::Relaxed);
         let released = inner.release_cached();
         inner.memory.pages.trim();
-        inner.trace(PoolEventKind::Trim, released, 0);
+        inner.books.trace(PoolEventKind::Trim, released, 0);
         released
     }
 
@@ -282,9 +282,8 @@ impl BufferPool {
     /// ```
     pub fn reset_peak_stats(&self) {
         let inner = self.inner();
-        let committed = inner.memory.reset_peak();
+        inner.memory.reset_peaks();
         inner.books.counters.reset_peaks(&inner.config);
-        inner.memory.pages.reset_peak(committed);
     }
 
     /// The blocks of every size class the pool holds, in use or cached (classes it holds
@@ -377,8 +376,7 @@ impl BufferPool {
         let _bookkeeping = thread::Bookkeeping::open();
         self.inner()
             .books
-            .trace
-            .get()
+            .ring()
             .map_or_else(Vec::new, Trace::events)
     }
 
@@ -394,7 +392,7 @@ impl BufferPool {
     /// assert!(now >= Some(pool.trace_events()[0].at_ns));
     /// ```
     pub fn trace_now_ns(&self) -> Option<u64> {
-        self.inner().books.trace.get().map(Trace::now_ns)
+        self.inner().books.ring().map(Trace::now_ns)
     }
 
     /// Records a caller's own moment in the trace (a [`PoolEventKind::Mark`] event carrying
@@ -410,9 +408,9 @@ impl BufferPool {
     /// ```
     pub fn trace_mark(&self, value: u64) {
         let inner = self.inner();
-        if inner.books.trace.get().is_some() {
+        if inner.books.ring().is_some() {
             trace::name_this_thread();
-            inner.trace(PoolEventKind::Mark, value, 0);
+            inner.books.trace(PoolEventKind::Mark, value, 0);
         }
     }
 
@@ -438,7 +436,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn trace_span(&self, name: &'static str) -> SpanGuard<'_> {
-        SpanGuard::begin(self.inner().books.trace.get(), name)
+        SpanGuard::begin(self.inner().books.ring(), name)
     }
 
     /// The traced events in the Chrome Trace Event format, which Perfetto
@@ -547,7 +545,7 @@ impl BufferPool {
     /// ```
     pub fn enable_trace(&self, capacity: usize) -> bool {
         let capacity = capacity.min(PoolConfig::MAX_TRACE_EVENTS);
-        capacity > 0 && self.inner().books.trace.set(Trace::new(capacity)).is_ok()
+        self.inner().books.enable(capacity)
     }
 
     /// Bytes the pool holds for per-thread state: the caches and counters of the threads

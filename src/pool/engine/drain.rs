@@ -22,13 +22,13 @@ impl PoolInner {
     /// give back and fault in again all it cached (a fitted run of the main job at 90% of
     /// its peak: about 1,200 minor faults a step when every cached block went back).
     pub(in crate::pool) fn release_listed_for(&self, need: u64) -> bool {
-        let Some(budget) = self.memory.budget() else {
+        if !self.memory.budgeted() {
             return false;
-        };
+        }
         for class in (0..class::CLASSES).rev() {
             for shard in 0..LIST_SHARDS {
                 loop {
-                    if self.memory.has_room(need, budget) {
+                    if self.memory.has_room(need) {
                         return true;
                     }
                     match self.lists.pop_from(&self.memory.blocks, shard, class) {
@@ -52,12 +52,6 @@ impl PoolInner {
         blocks * class::class_size(class) as u64
     }
 
-    /// Calls `f` with every cache: one per thread index that used the pool (see
-    /// `crate::roster`), whatever the indices.
-    pub(in crate::pool) fn for_each_cache(&self, f: impl FnMut(&PoolThreadCache)) {
-        self.caches.for_each(f);
-    }
-
     /// Takes the cached blocks of every cache that caches any and that `pick` picks, whatever
     /// their owners are doing: claims each, issues one heavy fence (`fence`: false only for
     /// the close, which fenced and waited every owner out already), then takes each claimed
@@ -71,7 +65,7 @@ impl PoolInner {
     ) -> u64 {
         let token = self.caches.drain_token();
         let mut claimed = false;
-        self.for_each_cache(|cache| {
+        self.caches.for_each(|cache| {
             claimed |= pick(cache) && cache.claim_if_holding(token);
         });
         if !claimed {
@@ -81,7 +75,7 @@ impl PoolInner {
             asymmetric::heavy();
         }
         let mut taken = 0;
-        self.for_each_cache(|cache| {
+        self.caches.for_each(|cache| {
             if cache.claimed_by(token) {
                 taken += cache.take_claimed(&mut each);
             }
@@ -145,7 +139,7 @@ impl PoolInner {
     /// Where cached memory is, for an out-of-memory report.
     pub(in crate::pool) fn cache_snapshot(&self) -> CacheSnapshot {
         let mut in_threads = 0;
-        self.for_each_cache(|cache| in_threads += cache.binned());
+        self.caches.for_each(|cache| in_threads += cache.binned());
         let mut largest = 0;
         self.memory.blocks.for_each(|record| {
             if let Some((class, false)) = record.picture() {
@@ -213,7 +207,7 @@ impl PoolInner {
             // SAFETY: taken out of a claimed cache's bin: this thread's alone.
             |class, record| unsafe { self.release_block(record.index, class) },
         );
-        self.trace(PoolEventKind::Trim, released, 0);
+        self.books.trace(PoolEventKind::Trim, released, 0);
         released
     }
 }

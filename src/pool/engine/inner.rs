@@ -127,12 +127,6 @@ pub(in crate::pool) const LARGER_BLOCK_SLACK: usize = 4;
 const MERGE_MIN_BLOCK: usize = 256 << 10;
 
 impl PoolInner {
-    /// Records an event made by the calling thread, if tracing is on.
-    #[inline(always)]
-    pub(in crate::pool) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
-        self.books.trace(kind, bytes, class);
-    }
-
     /// The calling thread's cache, index and memory tag: one thread-local read when this
     /// thread's last pool operation was on this pool. `None` if the thread holds no index.
     #[inline(always)]
@@ -287,7 +281,9 @@ impl PoolInner {
         record.hand_out(thread, tag, class, size);
         inner.count_alloc(cache, thread, class_bytes, size, true);
         cache.end_operation(busy);
-        inner.trace(PoolEventKind::Alloc, class_bytes as u64, class);
+        inner
+            .books
+            .trace(PoolEventKind::Alloc, class_bytes as u64, class);
         Some(Taken::new(record, class, false).into_buffer(this, size, zeroed))
     }
 
@@ -374,7 +370,9 @@ impl PoolInner {
             Err(error) => return Err(error),
         };
         let block_bytes = class::class_size(taken.class());
-        inner.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class());
+        inner
+            .books
+            .trace(PoolEventKind::Alloc, block_bytes as u64, taken.class());
         Ok(taken.into_buffer(this, size, zeroed))
     }
 
@@ -467,7 +465,7 @@ impl PoolInner {
                 return Err(PoolError::SystemAllocFailed(Box::new(report)));
             }
         };
-        self.trace(PoolEventKind::SystemAlloc, bytes, class);
+        self.books.trace(PoolEventKind::SystemAlloc, bytes, class);
         Ok(Taken::new(record, class, zeroed))
     }
 
@@ -481,7 +479,8 @@ impl PoolInner {
         let class_bytes = class::class_size(class);
         // SAFETY: the caller's contract; `system_alloc` obtained the block with this class.
         unsafe { self.memory.release(record, class_bytes) };
-        self.trace(PoolEventKind::SystemFree, class_bytes as u64, class);
+        self.books
+            .trace(PoolEventKind::SystemFree, class_bytes as u64, class);
     }
 
     /// Counts an allocation in the cache of the calling thread, `thread` (inside an
@@ -551,7 +550,7 @@ impl PoolInner {
         class: usize,
         requested: usize,
     ) -> bool {
-        if !self.caches.keep(class) || self.books.trace.get().is_some() {
+        if !self.caches.keep(class) || self.books.ring().is_some() {
             return false;
         }
         let Some((cache, thread, _)) = self.my_remembered_cache() else {
@@ -648,7 +647,8 @@ impl PoolInner {
                 }
                 self.count_free(cache, thread, class_bytes, requested);
                 // Inside the operation: after `end_operation`, a closing thread may free the pool.
-                self.trace(PoolEventKind::Free, class_bytes as u64, class);
+                self.books
+                    .trace(PoolEventKind::Free, class_bytes as u64, class);
                 cache.end_operation(busy);
                 false
             }
@@ -689,7 +689,8 @@ impl PoolInner {
         }
         self.life.end_cacheless();
         let taken = taken?;
-        self.trace(PoolEventKind::Alloc, block_bytes as u64, taken.class());
+        self.books
+            .trace(PoolEventKind::Alloc, block_bytes as u64, taken.class());
         Ok(taken.into_buffer(this, size, zeroed))
     }
 
@@ -825,12 +826,13 @@ impl PoolInner {
     /// Whether a freed block of `class_bytes` goes straight back to the page layer, past the
     /// shared lists (and the thread caches, for the free's cold path: the hot path,
     /// `free_cached`, bins a block its own thread frees without asking): under a budget,
-    /// blocks of 256 KiB and more of the page layer. There it merges with the free pages beside it; under a budget the pool
-    /// holds little beyond what is live, so the next large request of another size needs
-    /// exactly such merged pages, and a block kept in its class would split them (the main
-    /// job fitted to 75% of its peak: 11,000-13,000 minor faults a step with such blocks
-    /// listed, 0-4,200 without). Against the bytes of such a block, the page layer's lock and
-    /// search cost little; smaller blocks keep the caches.
+    /// blocks of 256 KiB and more of the page layer. There it merges with the free pages
+    /// beside it; under a budget the pool holds little beyond what is live, so the next
+    /// large request of another size needs exactly such merged pages, and a block kept in
+    /// its class would split them (the main job fitted to 75% of its peak: 11,000-13,000
+    /// minor faults a step with such blocks listed, 0-4,200 without). Against the bytes of
+    /// such a block, the page layer's lock and search cost little; smaller blocks keep the
+    /// caches.
     #[inline]
     pub(in crate::pool) fn merges_on_free(&self, class_bytes: usize) -> bool {
         class_bytes >= MERGE_MIN_BLOCK && self.memory.paged(class_bytes) && self.memory.budgeted()

@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 
 use super::super::counters::raise;
 use super::super::pages::{PageLayer, Room, PAGE, PAGED_MIN_BLOCK};
-use super::super::{advise, PoolConfig};
+use super::super::{advise, PoolConfig, PoolError};
 use super::blocks::{BlockTable, Record};
 use crate::sync::{global, system, AtomicU64, Ordering};
 
@@ -102,16 +102,13 @@ impl Memory {
     pub(in crate::pool) fn set_budget(&self, budget: Option<u64>) {
         let budget = budget.unwrap_or(u64::MAX);
         self.budget.store(budget, Ordering::Relaxed);
-        self.pages.fit(Room {
-            budget,
-            outside: self.heap_held.load(Ordering::Relaxed),
-        });
+        self.pages.fit(self.room_under(budget));
     }
 
-    /// What the budget leaves the page layer: the budget, and the bytes held outside it.
-    fn room(&self) -> Room {
+    /// What `budget` leaves the page layer: the budget, and the bytes held outside it.
+    fn room_under(&self, budget: u64) -> Room {
         Room {
-            budget: self.budget.load(Ordering::Relaxed),
+            budget,
             outside: self.heap_held.load(Ordering::Relaxed),
         }
     }
@@ -144,8 +141,9 @@ impl Memory {
         self.reserved.fetch_sub(bytes, Ordering::Relaxed);
     }
 
-    /// Whether `reserved` has room for `need` more bytes under `budget`.
-    pub(in crate::pool) fn has_room(&self, need: u64, budget: u64) -> bool {
+    /// Whether `reserved` has room for `need` more bytes under the budget.
+    pub(in crate::pool) fn has_room(&self, need: u64) -> bool {
+        let budget = self.budget.load(Ordering::Relaxed);
         self.reserved.load(Ordering::Relaxed).saturating_add(need) <= budget
     }
 
@@ -158,7 +156,7 @@ impl Memory {
         class: usize,
         class_bytes: usize,
         zeroed: bool,
-    ) -> Option<Result<&Record, super::super::PoolError>> {
+    ) -> Option<Result<&Record, PoolError>> {
         let layout = self.layout(class_bytes);
         let addr = NonNull::new(self.allocate_block(class_bytes, layout, zeroed))?;
         let record = match self.blocks.claim() {
@@ -199,7 +197,9 @@ impl Memory {
                 PAGE
             };
             self.pages
-                .obtain(class_bytes, align, zeroed, || self.room())
+                .obtain(class_bytes, align, zeroed, || {
+                    self.room_under(self.budget.load(Ordering::Relaxed))
+                })
                 .map_or(std::ptr::null_mut(), NonNull::as_ptr)
         } else {
             // SAFETY: `layout` has a non-zero size (every class is at least 8 bytes).
@@ -302,13 +302,15 @@ impl Memory {
         (held, raise(&self.peak_reserved, held))
     }
 
-    /// Starts the peak again from the bytes held now (see `PoolCounters::reset_peaks` for
-    /// the race it tolerates); the bytes committed now (held plus dirty free pages).
-    pub(in crate::pool) fn reset_peak(&self) -> u64 {
+    /// Starts the peaks again from now (see `PoolCounters::reset_peaks` for the race it
+    /// tolerates): the bytes held, and the page layer's committed bytes (reserved plus
+    /// dirty free pages).
+    pub(in crate::pool) fn reset_peaks(&self) {
         self.peak_reserved
             .store(self.held.load(Ordering::Relaxed), Ordering::Relaxed);
         raise(&self.peak_reserved, self.held.load(Ordering::Relaxed));
-        self.reserved.load(Ordering::Relaxed) + self.pages.dirty_bytes()
+        let committed = self.reserved.load(Ordering::Relaxed) + self.pages.dirty_bytes();
+        self.pages.reset_peak(committed);
     }
 
     /// The blocks obtained from and released to the system so far.

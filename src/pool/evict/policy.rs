@@ -94,7 +94,7 @@ impl Evictor {
         drop(buffer);
         self.evictions.fetch_add(1, Ordering::Relaxed);
         self.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
-        pool.trace(PoolEventKind::Evict, bytes, class);
+        pool.books.trace(PoolEventKind::Evict, bytes, class);
         true
     }
 
@@ -142,8 +142,8 @@ impl Evictor {
                     continue;
                 }
                 drop(state);
-                let stale = now.saturating_sub(value.last_use.load(Ordering::Relaxed)) + 1;
-                let score = value.cost_now() as f64 / (value.bytes() as f64 * stale as f64);
+                let (cost, stale) = value.cost_and_staleness(now);
+                let score = cost / (value.bytes() as f64 * stale);
                 let same = value.class() == class;
                 let better = match best {
                     None => true,
@@ -208,13 +208,13 @@ impl Evictor {
             if !pool.freed_to_pages(value_class) {
                 continue;
             }
-            let stale = now.saturating_sub(value.last_use.load(Ordering::Relaxed)) + 1;
+            let (cost, stale) = value.cost_and_staleness(now);
             let block = Beside {
                 start,
                 len: usize::try_from(bytes).unwrap_or(usize::MAX),
                 ..Beside::default()
             };
-            found.push((block, value.cost_now() as f64 / stale as f64, value));
+            found.push((block, cost / stale, value));
         }
         found.sort_by_key(|(block, ..)| block.start);
         let mut blocks: Vec<Beside> = found.iter().map(|(block, ..)| *block).collect();
@@ -358,48 +358,48 @@ impl Evictor {
 /// bytes after end where the next starts, in one segment), whose span (the free bytes
 /// before the first, the run, the free bytes after the last) holds `need` bytes and whose
 /// blocks hold at most `cap` bytes, with the least sum of `weight(i)`, then the shortest
-/// span. `None` if no such run exists. Linear: for each first block, the shortest run that
-/// spans `need` ends no earlier than the previous first block's.
+/// span. `None` if no such run exists.
+///
+/// Linear: only the shortest spanning run from each first block can win (a longer one
+/// weighs and holds more), and it ends no earlier than the previous first block's (a run
+/// spans less from a later first block), so `last` only moves forward.
 fn lightest_window(
     blocks: &[Beside],
     weight: impl Fn(usize) -> f64,
     need: usize,
     cap: usize,
 ) -> Option<(usize, usize)> {
+    // Sums over `first..=last` as differences of prefix sums.
+    let mut weights = vec![0.0];
+    let mut lens = vec![0usize];
+    for (i, block) in blocks.iter().enumerate() {
+        weights.push(weights[i] + weight(i));
+        lens.push(lens[i].saturating_add(block.len));
+    }
+    let span = |first: usize, last: usize| {
+        let run = (blocks[last].start + blocks[last].len).saturating_sub(blocks[first].start);
+        blocks[first]
+            .before
+            .saturating_add(run)
+            .saturating_add(blocks[last].after)
+    };
     let mut best: Option<(f64, usize, usize, usize)> = None;
-    // The shortest run from `first` that spans `need` is `first..=last`, over `sum` weight
-    // and `held` bytes of blocks; `last` only moves forward.
-    let head = blocks.first()?;
-    let (mut last, mut sum, mut held) = (0, weight(0), head.len);
+    let mut last = 0;
     for first in 0..blocks.len() {
-        let span = |last: usize| {
-            let run = (blocks[last].start + blocks[last].len).saturating_sub(blocks[first].start);
-            blocks[first]
-                .before
-                .saturating_add(run)
-                .saturating_add(blocks[last].after)
-        };
-        while span(last) < need
+        last = last.max(first);
+        while span(first, last) < need
             && last + 1 < blocks.len()
             && blocks[last].reaches(&blocks[last + 1])
         {
             last += 1;
-            sum += weight(last);
-            held = held.saturating_add(blocks[last].len);
         }
-        let spans = span(last) >= need;
-        if spans && held <= cap && best.is_none_or(|(w, s, ..)| (sum, span(last)) < (w, s)) {
-            best = Some((sum, span(last), first, last));
-        }
-        // Drop `first` from the run for the next one (or start afresh past a break).
-        if last > first && blocks[first].reaches(&blocks[first + 1]) {
-            sum -= weight(first);
-            held -= blocks[first].len;
-        } else {
-            (last, sum, held) = (first, 0.0, 0);
-            if first + 1 < blocks.len() {
-                (last, sum, held) = (first + 1, weight(first + 1), blocks[first + 1].len);
-            }
+        let (sum, held, spanned) = (
+            weights[last + 1] - weights[first],
+            lens[last + 1] - lens[first],
+            span(first, last),
+        );
+        if spanned >= need && held <= cap && best.is_none_or(|(w, s, ..)| (sum, spanned) < (w, s)) {
+            best = Some((sum, spanned, first, last));
         }
     }
     best.map(|(_, _, first, last)| (first, last))

@@ -269,6 +269,14 @@ impl Evictable {
             .with(|slot| unsafe { (*slot).as_ref().map(|buffer| buffer.as_ptr() as usize) })
     }
 
+    /// What the policies weigh a value by at pool clock `now`: its recompute cost now
+    /// ([`cost_now`](Self::cost_now)) and its staleness, the clock ticks since its last pin
+    /// plus one.
+    pub(in crate::pool) fn cost_and_staleness(&self, now: u64) -> (f64, f64) {
+        let stale = now.saturating_sub(self.last_use.load(Ordering::Relaxed)) + 1;
+        (self.cost_now() as f64, stale as f64)
+    }
+
     /// The cost of recomputing the value now: its own, plus that of its evicted ancestors
     /// (DTR's evicted neighbourhood), looked at through at most 64 of them.
     pub(in crate::pool) fn cost_now(&self) -> u64 {

@@ -11,8 +11,9 @@ pub(in crate::pool) struct Books {
     pub(in crate::pool) counters: PoolCounters,
     /// The operations of threads without a cache (their thread-locals are being destroyed).
     pub(in crate::pool) cacheless: OpCounters,
-    /// The event trace, once enabled (by the configuration or `enable_trace`).
-    pub(in crate::pool) trace: std::sync::OnceLock<Trace>,
+    /// The event trace, once enabled (by the configuration or [`enable`](Books::enable));
+    /// never replaced.
+    trace: std::sync::OnceLock<Trace>,
 }
 
 impl Books {
@@ -30,10 +31,22 @@ impl Books {
         }
     }
 
+    /// The event trace, if tracing is on.
+    #[inline(always)]
+    pub(in crate::pool) fn ring(&self) -> Option<&Trace> {
+        self.trace.get()
+    }
+
+    /// Starts tracing with a ring of `capacity` events (above 0), unless it traces already;
+    /// whether this call started it.
+    pub(in crate::pool) fn enable(&self, capacity: usize) -> bool {
+        capacity > 0 && self.trace.set(Trace::new(capacity)).is_ok()
+    }
+
     /// Records an event made by the calling thread, if tracing is on.
     #[inline(always)]
     pub(in crate::pool) fn trace(&self, kind: PoolEventKind, bytes: u64, class: usize) {
-        if let Some(trace) = self.trace.get() {
+        if let Some(trace) = self.ring() {
             let thread = crate::thread::index().map_or(CACHELESS, |t| t as u32);
             trace.record(kind, bytes, class, thread, "");
         }

@@ -217,7 +217,11 @@ impl Beside {
     pub(crate) fn reaches(&self, next: &Beside) -> bool {
         self.segment != 0
             && self.segment == next.segment
-            && self.start + self.len + self.after == next.start
+            && self
+                .start
+                .saturating_add(self.len)
+                .saturating_add(self.after)
+                == next.start
     }
 }
 
@@ -347,15 +351,13 @@ impl PageLayer {
     }
 
     /// Fills in `before`, `after` and `segment` of each block of `blocks`: the free bytes
-    /// that adjoin it in its segment now. A block outside every segment (a heap block) gets none. One look
-    /// under the lock for all of them, so the answers are of one moment.
+    /// that adjoin it in its segment now. A block outside every segment (a heap block) gets
+    /// none. One look under the lock for all of them, so the answers are of one moment.
     pub(crate) fn free_beside(&self, blocks: &mut [Beside]) {
         let state = self.lock();
         let segments = state.segments.as_slice();
         for block in blocks {
-            let after_start = segments.partition_point(|s| s.start() <= block.start);
-            let segment = after_start
-                .checked_sub(1)
+            let segment = segment_holding(&state.segments, block.start)
                 .map(|i| segments[i].bounds())
                 .filter(|&(_, end)| block.start.saturating_add(block.len) <= end);
             (block.before, block.after) = segment.map_or((0, 0), |bounds| {
@@ -654,11 +656,20 @@ impl Drop for PageLayer {
     }
 }
 
-/// The index of the segment that holds `addr`.
+/// The index of the segment that holds `addr`, which one does.
 fn segment_of(segments: &SysVec<Segment>, addr: usize) -> usize {
-    let after = segments.as_slice().partition_point(|s| s.start() <= addr);
-    debug_assert!(after > 0 && addr < segments.as_slice()[after - 1].bounds().1);
-    after - 1
+    let index = segment_holding(segments, addr).expect("an address below every segment");
+    debug_assert!(addr < segments.as_slice()[index].bounds().1);
+    index
+}
+
+/// The index of the last segment that starts at or below `addr` (the one that holds it, if
+/// any does); `None` below every segment.
+fn segment_holding(segments: &SysVec<Segment>, addr: usize) -> Option<usize> {
+    segments
+        .as_slice()
+        .partition_point(|s| s.start() <= addr)
+        .checked_sub(1)
 }
 
 #[cfg(all(test, not(loom)))]
