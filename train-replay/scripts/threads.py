@@ -8,7 +8,7 @@ other flag goes to both trainings, e.g.:
 
     cargo build --release -p train-replay
     python3 train-replay/scripts/threads.py --rounds 3 --torch ~/torch/bin/python -- \\
-        --batch 2048 --layers 6 --steps 10 --checkpoint-every 1
+        --model mlp --batch 2048 --layers 6 --steps 10 --checkpoint-every 1
 """
 
 import argparse

@@ -44,6 +44,7 @@ class Segment(nn.Module):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["mlp"], default="mlp", help="the MLP (the only model here)")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=512)

@@ -5,11 +5,17 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-/// Train an MLP on the CPU with activation checkpointing, every allocation in ferropool.
+/// Train a GPT (or an MLP) on the CPU with activation checkpointing, every tensor in
+/// ferropool.
 ///
 /// Without a subcommand it trains (as `train`).
 #[derive(Parser, Debug, Clone)]
-#[command(version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    args_override_self = true
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -43,18 +49,19 @@ pub struct SweepArgs {
     #[command(flatten)]
     pub train: Args,
     /// Budgets of the fitted runs, comma-separated (default: 50, 60, 70, 75, 80 and 90% of
-    /// the peak live bytes of `--checkpoint-every 1`, measured first).
+    /// the peak live bytes of the run that keeps everything, measured first).
     #[arg(long, value_delimiter = ',', value_parser = parse_bytes)]
     pub budgets: Vec<u64>,
-    /// The fixed `--checkpoint-every` values, comma-separated (1 is always run: the
-    /// reference).
-    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 3, 6], value_parser = at_least_one)]
+    /// The fixed `--checkpoint-every` values, comma-separated (the run that keeps everything,
+    /// 0 for the GPT and 1 for the MLP, is always run: the reference).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 3, 6], value_parser = whole)]
     pub every: Vec<usize>,
     /// Runs of each configuration (the table shows medians).
     #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     pub runs: usize,
-    /// A Python interpreter with PyTorch: also runs `scripts/torch_mlp.py` (the same recipe
-    /// with `torch.utils.checkpoint`) at each fixed k.
+    /// A Python interpreter with PyTorch: also runs the same recipe in PyTorch
+    /// (`scripts/torch_gpt.py` or `scripts/torch_mlp.py`, with `torch.utils.checkpoint`) at
+    /// each fixed k, and for the GPT compiled with `torch.compile` too.
     #[arg(long, value_name = "PYTHON")]
     pub torch: Option<PathBuf>,
 }
@@ -68,32 +75,79 @@ pub struct CompareArgs {
     /// Rounds: each runs every variant once, in turn; the table shows medians (min-max).
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     pub rounds: usize,
-    /// A Python interpreter with PyTorch: also runs `scripts/torch_mlp.py` (the same recipe
-    /// in PyTorch) each round.
+    /// A Python interpreter with PyTorch: also runs the same recipe in PyTorch each round
+    /// (`scripts/torch_gpt.py`, eager and compiled, from the job's initial weights, checking
+    /// that the losses agree; or `scripts/torch_mlp.py`).
     #[arg(long, value_name = "PYTHON")]
     pub torch: Option<PathBuf>,
+}
+
+/// Which model the job trains.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// A decoder-only transformer in GPT-2's layout, on the bytes of a text.
+    Gpt,
+    /// A multi-layer perceptron on random inputs labelled by a random linear teacher.
+    Mlp,
 }
 
 /// The training's flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Training steps (at least 1).
-    #[arg(long, default_value_t = 60, value_parser = at_least_one)]
+    /// The model: a GPT on the bytes of a text, or the MLP.
+    #[arg(long, value_enum, default_value_t = ModelKind::Gpt)]
+    pub model: ModelKind,
+    /// Training steps (at least 1; default 300 for the GPT, 60 for the MLP).
+    #[arg(long, default_value_t = 300, default_value_if("model", "mlp", "60"), value_parser = at_least_one)]
     pub steps: usize,
-    /// Examples per batch (at least 1).
-    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
+    /// Sequences (GPT) or examples (MLP) per batch (at least 1; default 16 or 512).
+    #[arg(long, default_value_t = 16, default_value_if("model", "mlp", "512"), value_parser = at_least_one)]
     pub batch: usize,
-    /// Width of the hidden layers (at least 1).
+    /// Transformer blocks (GPT) or hidden layers (MLP) (at least 1; default 4 or 6).
+    #[arg(long, default_value_t = 4, default_value_if("model", "mlp", "6"), value_parser = at_least_one)]
+    pub layers: usize,
+    /// GPT: tokens per sequence, the context (1 to 4096).
+    #[arg(long, default_value_t = 64, value_parser = context)]
+    pub context: usize,
+    /// GPT: the width of the residual stream (at least 1, a multiple of --heads, at most
+    /// 16384).
+    #[arg(long, default_value_t = 128, value_parser = width)]
+    pub width: usize,
+    /// GPT: attention heads (at least 1; --width must be a multiple of it).
+    #[arg(long, default_value_t = 4, value_parser = at_least_one)]
+    pub heads: usize,
+    /// GPT: tokens in the vocabulary (1 to 65536; 256 holds every byte).
+    #[arg(long, default_value_t = 256, value_parser = vocab)]
+    pub vocab: usize,
+    /// GPT: the text to train on, as bytes (default: the first MiB of Shakespeare's plays,
+    /// shipped with the job). Its last tenth is the validation part.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// GPT: write the initial weights to FILE (safetensors, nanoGPT's names and layouts).
+    #[arg(long, value_name = "FILE")]
+    pub save_init: Option<PathBuf>,
+    /// GPT: start from the weights in FILE (safetensors, nanoGPT's names and layouts).
+    #[arg(long, value_name = "FILE")]
+    pub load: Option<PathBuf>,
+    /// GPT: print the validation loss every N steps (and after the last; 0: never).
+    #[arg(long, default_value_t = 50, value_parser = whole)]
+    pub eval_every: usize,
+    /// GPT: bytes of text to sample from the model at the end (0: none).
+    #[arg(long, default_value_t = 200, value_parser = whole)]
+    pub sample: usize,
+    /// GPT: keep each attention's softmax weights for the backward pass instead of
+    /// computing them again (the same bits either way; more memory).
+    #[arg(long, hide = true)]
+    pub keep_scores: bool,
+    /// MLP: width of the hidden layers (at least 1).
     #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub hidden: usize,
-    /// Hidden layers (at least 1).
-    #[arg(long, default_value_t = 6, value_parser = at_least_one)]
-    pub layers: usize,
-    /// Keep the input of every N-th layer; recompute the rest in the backward pass (N at
-    /// least 1; default 2). With --budget and without this flag the job chooses instead: it
-    /// keeps every layer's input that fits under the budget, and the pool evicts the rest and
-    /// recomputes it when the backward pass reads it.
-    #[arg(long, value_parser = at_least_one)]
+    /// Keep the input of every N-th block (GPT) or layer (MLP) and recompute the rest in the
+    /// backward pass; 0 keeps every tensor the backward pass reads (default: 1 for the GPT, 2
+    /// for the MLP). With --budget and without this flag the job chooses instead: it keeps
+    /// what fits under the budget, and the pool evicts the rest and recomputes it when the
+    /// backward pass reads it.
+    #[arg(long, value_parser = whole)]
     pub checkpoint_every: Option<usize>,
     /// Threads for the forward pass and the replay (at least 1, at most the 65,535 a thread
     /// pool may have; default: all cores).
@@ -103,24 +157,29 @@ pub struct Args {
     /// none).
     ///
     /// It caps what the training's own pool reserves from the system: the model's
-    /// parameters and Adam state, and the step's tensors (activations, checkpoints,
+    /// parameters and optimiser state, and the step's tensors (activations, checkpoints,
     /// gradients) come from it and must fit in it. Without --checkpoint-every the job fits
     /// them by eviction and recomputation, and a budget below the least the run needs stops
     /// it with an error (exit code 1) that names that least, the whole MiB at which the run
     /// completes and below which it does not; with --checkpoint-every, a run whose tensors do
     /// not fit stops with an error that says what it needed.
-    /// Outside the budget stay the GEMM's packing buffers (one of the size of the L2 cache per
-    /// thread, and one per GEMM call in flight), the scratch arena, small allocations, the
-    /// binary and the stacks: the process-wide pool serves them, and the run's table
-    /// reports that pool's peak.
+    /// Outside the budget stay the GEMM's packing buffers and the fused kernels' scratch (per
+    /// thread, sized by the shapes and the core's cache), small allocations, the binary and
+    /// the stacks: the process-wide pool serves them, and the run's table reports that
+    /// pool's peak.
     /// Units, in any case: B; k, M, G, T, P, E or kB, MB, ... (powers of 1000); Ki, Mi, Gi,
     /// Ti, Pi, Ei or KiB, MiB, ... (powers of 1024). A fraction such as 1.5GiB is rounded to
     /// the nearest byte; `1e9` is 10^9 bytes.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub budget: Option<u64>,
-    /// Adam learning rate (a finite number above 0).
-    #[arg(long, default_value_t = 2e-3, value_parser = positive_finite)]
+    /// Learning rate (a finite number above 0; default 1e-3 for the GPT's AdamW, 2e-3 for
+    /// the MLP's Adam).
+    #[arg(long, default_value_t = 1e-3, default_value_if("model", "mlp", "2e-3"), value_parser = positive_finite)]
     pub lr: f32,
+    /// GPT: AdamW's weight decay on the matrices and embeddings (a finite number, at least
+    /// 0).
+    #[arg(long, default_value_t = 0.1, value_parser = decay)]
+    pub weight_decay: f32,
     /// Seed of the data and the initial weights.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -136,19 +195,31 @@ pub struct Args {
     pub json: bool,
 }
 
+/// A command line that parsed but asks for something the job cannot do (a width that the
+/// heads do not divide, a data file too short): the run stops with exit code 2 and this
+/// message, which names the flag and what it takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadInput(pub String);
+
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadInput {}
+
 /// What the forward pass keeps for the backward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
-    /// The input of every n-th layer, as `--checkpoint-every` says (or by default); the rest
-    /// is recomputed from them.
+    /// The input of every n-th layer or block, as `--checkpoint-every` says (or by default);
+    /// the rest is recomputed from them. 0: every tensor the backward pass reads.
     Every(usize),
-    /// Every layer's input as an evictable value: what fits under the budget stays, and the
-    /// pool evicts the rest, which the backward pass recomputes when it reads it.
+    /// Every tensor the backward pass reads, as a value the pool may evict: what fits under
+    /// the budget stays, and the pool evicts the rest, which the backward pass recomputes
+    /// when it reads it.
     Fitted,
 }
-
-/// `--checkpoint-every`'s default.
-pub const DEFAULT_CHECKPOINT_EVERY: usize = 2;
 
 impl Args {
     /// What the forward pass keeps: the job fits it to the budget when there is one and no
@@ -157,7 +228,15 @@ impl Args {
         match (self.checkpoint_every, self.budget) {
             (Some(every), _) => Keep::Every(every),
             (None, Some(_)) => Keep::Fitted,
-            (None, None) => Keep::Every(DEFAULT_CHECKPOINT_EVERY),
+            (None, None) => Keep::Every(self.default_checkpoint_every()),
+        }
+    }
+
+    /// `--checkpoint-every`'s default: 1 for the GPT (each block's input), 2 for the MLP.
+    pub fn default_checkpoint_every(&self) -> usize {
+        match self.model {
+            ModelKind::Gpt => 1,
+            ModelKind::Mlp => 2,
         }
     }
 
@@ -166,6 +245,96 @@ impl Args {
         self.threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
             .max(1)
+    }
+
+    /// The flags of the training itself, spelled out for a child process: the model and its
+    /// data, the steps, the threads and the optimiser (not the budget, the checkpoints, the
+    /// outputs or the weights files).
+    pub fn training_flags(&self) -> Vec<String> {
+        let mut flags = vec![
+            ("--model", format!("{:?}", self.model).to_lowercase()),
+            ("--steps", self.steps.to_string()),
+            ("--batch", self.batch.to_string()),
+            ("--layers", self.layers.to_string()),
+            ("--threads", self.threads().to_string()),
+            ("--lr", self.lr.to_string()),
+            ("--seed", self.seed.to_string()),
+        ];
+        match self.model {
+            ModelKind::Mlp => flags.push(("--hidden", self.hidden.to_string())),
+            ModelKind::Gpt => flags.extend([
+                ("--context", self.context.to_string()),
+                ("--width", self.width.to_string()),
+                ("--heads", self.heads.to_string()),
+                ("--vocab", self.vocab.to_string()),
+                ("--weight-decay", self.weight_decay.to_string()),
+            ]),
+        }
+        if let Some(data) = &self.data {
+            flags.push(("--data", data.display().to_string()));
+        }
+        let mut out: Vec<String> = flags
+            .into_iter()
+            .flat_map(|(flag, value)| [flag.to_owned(), value])
+            .collect();
+        if self.keep_scores {
+            out.push("--keep-scores".into());
+        }
+        out
+    }
+
+    /// What the flags ask that no single flag's parser can refuse: an error naming the flags
+    /// and what they take.
+    pub fn check(&self) -> Result<(), BadInput> {
+        if self.model == ModelKind::Gpt && !self.width.is_multiple_of(self.heads) {
+            return Err(BadInput(format!(
+                "--width {} is not a multiple of --heads {}: each head takes an equal share \
+                 of the width (e.g. --width {})",
+                self.width,
+                self.heads,
+                self.width.next_multiple_of(self.heads)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A whole number, 0 included.
+fn whole(text: &str) -> Result<usize, String> {
+    text.trim()
+        .parse::<usize>()
+        .map_err(|_| "expected a whole number (0 or more)".into())
+}
+
+/// A context: 1 to 4096 tokens.
+fn context(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(count) if (1..=4096).contains(&count) => Ok(count),
+        _ => Err("expected a context of 1 to 4096 tokens".into()),
+    }
+}
+
+/// A vocabulary: 1 to 65536 tokens.
+fn vocab(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(count) if (1..=65_536).contains(&count) => Ok(count),
+        _ => Err("expected a vocabulary of 1 to 65536 tokens (256: every byte)".into()),
+    }
+}
+
+/// A width: 1 to 16384.
+fn width(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(count) if (1..=16_384).contains(&count) => Ok(count),
+        _ => Err("expected a width of 1 to 16384, a multiple of --heads".into()),
+    }
+}
+
+/// A finite number of at least 0.
+fn decay(text: &str) -> Result<f32, String> {
+    match text.trim().parse::<f32>() {
+        Ok(value) if value.is_finite() && value >= 0.0 => Ok(value),
+        _ => Err("expected a finite number of at least 0, e.g. 0.1".into()),
     }
 }
 

@@ -14,9 +14,9 @@ use ferropool::{
 
 use crate::show::bytes;
 
-/// A layer's kernel, as a recompute runs it: writes every element of its output from its
-/// input's elements.
-pub type Kernel = Arc<dyn Fn(&[f32], &mut [MaybeUninit<f32>]) + Send + Sync>;
+/// A kernel as a recompute runs it: writes every element of its output from its inputs'
+/// elements (one slice per input, in the order they were given).
+pub type Kernel = Arc<dyn Fn(&[&[f32]], &mut [MaybeUninit<f32>]) + Send + Sync>;
 
 /// Storage for one training step. Whatever can fail (an allocation, a read of a kept
 /// buffer) returns an error for the step to pass up, never a panic.
@@ -47,13 +47,13 @@ pub trait Backend: Sync + 'static {
     fn slice_mut(buf: &mut Self::Buf) -> &mut [f32];
     /// Keeps a buffer for the backward pass.
     fn save(&self, buf: Self::Buf) -> anyhow::Result<Self::Saved>;
-    /// Keeps a layer's output for the backward pass as a value the memory layer may evict
-    /// under its budget and recompute from `input` with `kernel`, which costs `cost`. A
+    /// Keeps a kernel's output for the backward pass as a value the memory layer may evict
+    /// under its budget and recompute from `inputs` with `kernel`, which costs `cost`. A
     /// backend without a memory layer keeps it as [`save`](Self::save) does.
     fn save_recomputable(
         &self,
         buf: Self::Buf,
-        input: &Self::Saved,
+        inputs: &[&Self::Saved],
         cost: u64,
         kernel: Kernel,
     ) -> anyhow::Result<Self::Saved>;
@@ -62,13 +62,19 @@ pub trait Backend: Sync + 'static {
         saved: &Self::Saved,
         f: impl FnOnce(&[f32]) -> anyhow::Result<R>,
     ) -> anyhow::Result<R>;
-    /// Puts a kept layer input on the chain.
-    fn push_checkpoint(&self, chain: &mut Self::Chain, layer: usize, saved: Self::Saved);
-    /// The kept input of `layer`.
-    fn checkpoint(chain: &Self::Chain, layer: usize) -> anyhow::Result<Self::Saved>;
-    /// Gives back the chain's newest checkpoint, the input of `layer`, once the backward pass
-    /// is done with it.
-    fn pop_checkpoint(chain: &mut Self::Chain, layer: usize);
+    /// Puts a node on the chain: the tensors kept for layer or block `node`, each under its
+    /// key.
+    fn push_checkpoint(
+        &self,
+        chain: &mut Self::Chain,
+        node: usize,
+        entries: impl IntoIterator<Item = (usize, Self::Saved)>,
+    );
+    /// The kept tensor under `key` (the newest, if nodes repeat it).
+    fn checkpoint(chain: &Self::Chain, key: usize) -> anyhow::Result<Self::Saved>;
+    /// Gives back the chain's newest node, that of `node`, once the backward pass is done
+    /// with it.
+    fn pop_checkpoint(chain: &mut Self::Chain, node: usize);
     /// A span of the step named `name` in the pool's trace, until the guard drops (`None`:
     /// a backend without a pool traces nothing).
     fn span(&self, _name: &'static str) -> Option<SpanGuard<'_>> {
@@ -97,11 +103,11 @@ impl PoolBackend {
     }
 }
 
-/// What a checkpoint node's graph is here: the layer its retained input feeds.
+/// What a checkpoint node's graph is here: the layer or block whose tensors it keeps.
 #[derive(Debug)]
 pub struct Segment {
-    /// The first layer of the segment.
-    pub first_layer: usize,
+    /// The layer (MLP) or block (GPT).
+    pub node: usize,
 }
 
 /// A step's checkpoint chain on the pool.
@@ -147,23 +153,27 @@ impl Backend for PoolBackend {
     fn save_recomputable(
         &self,
         buf: Tensor,
-        input: &Arc<RetainedValue>,
+        inputs: &[&Arc<RetainedValue>],
         cost: u64,
         kernel: Kernel,
     ) -> anyhow::Result<Arc<RetainedValue>> {
         let shape = buf.shape().to_vec();
         let pool = self.pool.clone();
-        let recompute = Recompute::new([(**input).clone()], move |inputs| {
-            let input = inputs[0].as_slice::<f32>()?;
+        let kept = inputs.iter().map(|input| (***input).clone());
+        let recompute = Recompute::new(kept, move |inputs| {
+            let inputs = inputs
+                .iter()
+                .map(|input| input.as_slice::<f32>())
+                .collect::<Result<Vec<_>, _>>()?;
             let mut out = Tensor::uninit_in::<f32>(&pool, &shape)?;
-            kernel(input, out.as_uninit_mut());
+            kernel(&inputs, out.as_uninit_mut());
             // SAFETY: a layer's kernel writes every element of its output.
             Ok(unsafe { out.assume_init() })
         })
         .with_cost(cost);
         RetainedValue::evictable(&self.pool, buf, recompute)
             .map(Arc::new)
-            .map_err(|e| anyhow!("retaining a layer's output: {e}"))
+            .map_err(|e| anyhow!("retaining a kernel's output: {e}"))
     }
     fn with_saved<R>(
         saved: &Arc<RetainedValue>,
@@ -182,27 +192,31 @@ impl Backend for PoolBackend {
             .as_slice()
             .map_err(|e| anyhow!("reading a checkpoint: {e}"))?)
     }
-    fn push_checkpoint(&self, chain: &mut Chain, layer: usize, saved: Arc<RetainedValue>) {
+    fn push_checkpoint(
+        &self,
+        chain: &mut Chain,
+        node: usize,
+        entries: impl IntoIterator<Item = (usize, Arc<RetainedValue>)>,
+    ) {
         let mut inputs = RetainedInputMap::new();
-        inputs.insert(layer, saved);
+        for (key, saved) in entries {
+            inputs.insert(key, saved);
+        }
         *chain = Some(CheckpointNode::push(
             chain.take(),
-            Arc::new(Segment { first_layer: layer }),
-            layer,
-            layer,
+            Arc::new(Segment { node }),
+            node,
+            node,
             Arc::new(inputs),
         ));
     }
-    fn checkpoint(chain: &Chain, layer: usize) -> anyhow::Result<Arc<RetainedValue>> {
-        let missing = || anyhow!("no checkpoint of layer {layer} on the step's chain");
+    fn checkpoint(chain: &Chain, key: usize) -> anyhow::Result<Arc<RetainedValue>> {
+        let missing = || anyhow!("no tensor {key} on the step's chain");
         let head = chain.as_ref().ok_or_else(missing)?;
-        debug_assert!(head.iter().any(|node| node.graph.first_layer == layer));
-        head.lookup_input(&layer).cloned().ok_or_else(missing)
+        head.lookup_input(&key).cloned().ok_or_else(missing)
     }
-    fn pop_checkpoint(chain: &mut Chain, layer: usize) {
-        debug_assert!(chain
-            .as_ref()
-            .is_some_and(|head| head.graph.first_layer == layer));
+    fn pop_checkpoint(chain: &mut Chain, node: usize) {
+        debug_assert!(chain.as_ref().is_some_and(|head| head.graph.node == node));
         *chain = chain.take().and_then(CheckpointNode::pop);
     }
 }
@@ -232,7 +246,7 @@ impl OverBudget {
             "the pool's budget of {:.2} cannot hold this run: a {:.2} tensor ({tensor}) was \
              refused with {:.2} in use: the run needed at least {:.2} at that point. Raise \
              --budget (a run without it prints its peak reserved bytes), or lower --batch or \
-             --hidden.",
+             the model's size.",
             bytes(budget),
             bytes(oom.block_bytes as u64),
             bytes(oom.in_use),
@@ -261,7 +275,7 @@ pub struct VecBackend;
 impl Backend for VecBackend {
     type Buf = Vec<f32>;
     type Saved = Arc<Vec<f32>>;
-    type Chain = HashMap<usize, Arc<Vec<f32>>>;
+    type Chain = Vec<(usize, HashMap<usize, Arc<Vec<f32>>>)>;
 
     fn zeros(&self, rows: usize, cols: usize) -> anyhow::Result<Vec<f32>> {
         let (mut values, len) = empty_vec(rows, cols)?;
@@ -292,7 +306,7 @@ impl Backend for VecBackend {
     fn save_recomputable(
         &self,
         buf: Vec<f32>,
-        _input: &Arc<Vec<f32>>,
+        _inputs: &[&Arc<Vec<f32>>],
         _cost: u64,
         _kernel: Kernel,
     ) -> anyhow::Result<Arc<Vec<f32>>> {
@@ -304,17 +318,24 @@ impl Backend for VecBackend {
     ) -> anyhow::Result<R> {
         f(saved)
     }
-    fn push_checkpoint(&self, chain: &mut Self::Chain, layer: usize, saved: Arc<Vec<f32>>) {
-        chain.insert(layer, saved);
+    fn push_checkpoint(
+        &self,
+        chain: &mut Self::Chain,
+        node: usize,
+        entries: impl IntoIterator<Item = (usize, Arc<Vec<f32>>)>,
+    ) {
+        chain.push((node, entries.into_iter().collect()));
     }
-    fn checkpoint(chain: &Self::Chain, layer: usize) -> anyhow::Result<Arc<Vec<f32>>> {
+    fn checkpoint(chain: &Self::Chain, key: usize) -> anyhow::Result<Arc<Vec<f32>>> {
         chain
-            .get(&layer)
-            .cloned()
-            .ok_or_else(|| anyhow!("no checkpoint of layer {layer} on the step's chain"))
+            .iter()
+            .rev()
+            .find_map(|(_, entries)| entries.get(&key).cloned())
+            .ok_or_else(|| anyhow!("no tensor {key} on the step's chain"))
     }
-    fn pop_checkpoint(chain: &mut Self::Chain, layer: usize) {
-        chain.remove(&layer);
+    fn pop_checkpoint(chain: &mut Self::Chain, node: usize) {
+        debug_assert!(chain.last().is_some_and(|(last, _)| *last == node));
+        chain.pop();
     }
 }
 

@@ -8,33 +8,67 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::allocator::{COMPARED, VARIABLE};
-use crate::args::{Args, CompareArgs, Keep};
+use crate::args::{Args, CompareArgs, Keep, ModelKind};
 use ferropool_figures::spread;
 
 use crate::measure::Summary;
 use crate::show::{bytes, table};
 
-/// The PyTorch recipe, next to this package's sources.
-const TORCH_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_mlp.py");
+/// The PyTorch recipes, next to this package's sources.
+const TORCH_MLP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_mlp.py");
+const TORCH_GPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_gpt.py");
 
 /// Runs the rounds and prints the table.
 pub fn compare(args: &CompareArgs) -> anyhow::Result<()> {
     let train = &args.train;
+    train.check()?;
     if train.trace.is_some() || train.plot.is_some() || train.json {
         return Err(anyhow!(
             "compare writes no trace, plot or JSON: run `train` for those"
         ));
     }
+    if train.save_init.is_some() || train.load.is_some() {
+        return Err(anyhow!(
+            "compare writes the initial weights itself and starts every run from them: run \
+             `train` for --save-init and --load"
+        ));
+    }
     let exe = std::env::current_exe().context("locating this program to run its children")?;
-    let forwarded = training_flags(std::env::args_os().skip(1));
+    let mut forwarded = training_flags(std::env::args_os().skip(1));
+    // The GPT's runs, PyTorch's included, start from one file of initial weights.
+    let init = (train.model == ModelKind::Gpt).then(|| {
+        std::env::temp_dir().join(format!(
+            "train-replay-init-{}.safetensors",
+            std::process::id()
+        ))
+    });
+    if let Some(path) = &init {
+        crate::model::gpt::save_init(train, path)?;
+        forwarded.extend(["--load".into(), path.into()]);
+    }
+    let result = run_rounds(args, &exe, &forwarded, init.as_deref());
+    if let Some(path) = &init {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+/// The rounds of `compare`: every variant in turn, `--rounds` times; then the table.
+fn run_rounds(
+    args: &CompareArgs,
+    exe: &Path,
+    forwarded: &[OsString],
+    init: Option<&Path>,
+) -> anyhow::Result<()> {
+    let train = &args.train;
     let mut variants: Vec<(&str, Command)> = COMPARED
         .into_iter()
         .map(|choice| {
-            let mut command = Command::new(&exe);
+            let mut command = Command::new(exe);
             command
                 .env(VARIABLE, choice.name())
                 .args(["train", "--json"])
-                .args(&forwarded);
+                .args(forwarded);
             // The pool's variant is "pool" in messages and tables (it runs over mimalloc).
             let name = if choice.is_pool() {
                 "pool"
@@ -45,7 +79,10 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<()> {
         })
         .collect();
     if let Some(python) = &args.torch {
-        variants.push(("pytorch", torch_command(python, train)));
+        variants.push(("pytorch", torch_command(python, train, init, false)));
+        if train.model == ModelKind::Gpt {
+            variants.push(("pytorch-compiled", torch_command(python, train, init, true)));
+        }
     }
     let names: Vec<&str> = variants.iter().map(|(name, _)| *name).collect();
     println!(
@@ -62,7 +99,25 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<()> {
         }
     }
     print_table(&names, &runs, args.rounds);
+    if let Some(torch) = names.iter().position(|n| *n == "pytorch") {
+        print_agreement(&runs[0][0], &runs[torch][0]);
+    }
     Ok(())
+}
+
+/// How far the pool's first losses are from PyTorch's, from the same weights on the same
+/// batches.
+fn print_agreement(ours: &Summary, torch: &Summary) {
+    let pairs = ours.losses.iter().zip(&torch.losses);
+    let worst = pairs
+        .clone()
+        .map(|(a, b)| ((a - b) / b).abs() as f64)
+        .fold(0.0, f64::max);
+    println!(
+        "(the first {} losses of ferropool and PyTorch, from the same initial weights on the \
+         same batches, differ by at most {worst:.1e} relative)",
+        pairs.count()
+    );
 }
 
 /// The training flags of this command line, to hand to the children: every argument but the
@@ -84,28 +139,60 @@ fn training_flags(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     kept
 }
 
-/// The PyTorch run of the same recipe.
-pub(crate) fn torch_command(python: &Path, train: &Args) -> Command {
+/// The PyTorch run of the same recipe (for the GPT: from the weights at `init`, if given,
+/// compiled with `torch.compile` if `compiled`).
+pub(crate) fn torch_command(
+    python: &Path,
+    train: &Args,
+    init: Option<&Path>,
+    compiled: bool,
+) -> Command {
     let mut command = Command::new(python);
-    command.arg(TORCH_SCRIPT);
-    for (flag, value) in [
+    let every = match train.keep() {
+        Keep::Every(every) => every,
+        // PyTorch has no budget: it keeps everything, as the pool does when the budget holds
+        // it all.
+        Keep::Fitted => match train.model {
+            ModelKind::Gpt => 0,
+            ModelKind::Mlp => 1,
+        },
+    };
+    let mut flags = vec![
         ("--steps", train.steps.to_string()),
         ("--batch", train.batch.to_string()),
-        ("--hidden", train.hidden.to_string()),
         ("--layers", train.layers.to_string()),
-        (
-            "--checkpoint-every",
-            match train.keep() {
-                Keep::Every(every) => every.to_string(),
-                // PyTorch has no budget: it keeps every layer's input, as the pool does when
-                // the budget holds them all.
-                Keep::Fitted => "1".into(),
-            },
-        ),
+        ("--checkpoint-every", every.to_string()),
         ("--threads", train.threads().to_string()),
         ("--lr", train.lr.to_string()),
         ("--seed", train.seed.to_string()),
-    ] {
+    ];
+    match train.model {
+        ModelKind::Mlp => {
+            command.arg(TORCH_MLP);
+            flags.push(("--hidden", train.hidden.to_string()));
+        }
+        ModelKind::Gpt => {
+            command.arg(TORCH_GPT);
+            flags.extend([
+                ("--context", train.context.to_string()),
+                ("--width", train.width.to_string()),
+                ("--heads", train.heads.to_string()),
+                ("--vocab", train.vocab.to_string()),
+                ("--weight-decay", train.weight_decay.to_string()),
+                ("--losses", crate::measure::KEPT_LOSSES.to_string()),
+            ]);
+            if let Some(data) = &train.data {
+                flags.push(("--data", data.display().to_string()));
+            }
+            if let Some(init) = init {
+                flags.push(("--load", init.display().to_string()));
+            }
+            if compiled {
+                command.arg("--compile");
+            }
+        }
+    }
+    for (flag, value) in flags {
         command.args([flag, &value]);
     }
     command
@@ -134,6 +221,7 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
     let column = |name: &str| match name {
         "pool" => "ferropool".to_string(),
         "pytorch" => "PyTorch".to_string(),
+        "pytorch-compiled" => "PyTorch compiled".to_string(),
         other => format!("Vec<f32> {other}"),
     };
     let median =
@@ -200,6 +288,16 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
         &|v| bytes(v as u64).to_string(),
         true,
     );
+    if runs.iter().any(|r| r[0].compile_s.is_some()) {
+        let mut cells = vec!["compile time, s (apart)".to_owned()];
+        cells.extend(runs.iter().map(|r| {
+            r[0].compile_s.map_or("-".into(), |_| {
+                cell(r, &|s| s.compile_s.unwrap_or(0.0), &|v| format!("{v:.1}"))
+            })
+        }));
+        cells.push(String::new());
+        figures.add_row(cells);
+    }
     let mut losses = vec!["loss, first -> last".to_owned()];
     losses.extend(
         runs.iter()

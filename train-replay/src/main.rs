@@ -1,11 +1,12 @@
-//! `cargo run --release -p train-replay [-- --help]`: trains an MLP with checkpoint replay,
-//! every allocation in ferropool; `compare` runs it on glibc and mimalloc (and PyTorch) too.
+//! `cargo run --release -p train-replay [-- --help]`: trains a GPT (or `--model mlp`) with
+//! checkpoint replay, every tensor in ferropool; `compare` runs it on glibc and mimalloc (and
+//! PyTorch) too.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use ferropool_choice::ChosenAllocator;
-use train_replay::args::{Cli, Command};
+use train_replay::args::{BadInput, Cli, Command};
 
 #[global_allocator]
 static GLOBAL: &ChosenAllocator = &train_replay::allocator::ALLOCATOR;
@@ -18,16 +19,20 @@ fn main() -> ExitCode {
     }
     let result = match &cli.command {
         Some(Command::Compare(args)) => train_replay::compare::compare(args),
-        Some(Command::Train(args)) => train_replay::report::run(args),
+        Some(Command::Train(args)) => train_replay::train::run(args),
         Some(Command::Sweep(args)) => train_replay::sweep::sweep(args),
-        None => train_replay::report::run(&cli.train),
+        None => train_replay::train::run(&cli.train),
     };
-    // Exit code 2 is clap's, for a command line it refused; a run that fails is 1.
+    // Exit code 2 is clap's, for a command line it refused, and ours for one it asks what
+    // the job cannot do (`BadInput`); a run that fails is 1.
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message:#}");
-            ExitCode::FAILURE
+            match message.downcast_ref::<BadInput>() {
+                Some(_) => ExitCode::from(2),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -9,7 +9,6 @@ use ferropool::{BufferPool, PoolAllocator};
 use crate::allocator;
 use crate::args::Args;
 use crate::backend::Backend;
-use crate::model::Trainer;
 
 pub use ferropool_figures::{minor_faults, peak_rss};
 
@@ -17,7 +16,7 @@ pub use ferropool_figures::{minor_faults, peak_rss};
 /// it as one line, which `compare` reads back.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct Summary {
-    /// What ran: `pool-mimalloc`, `glibc`, `mimalloc` or `pytorch`.
+    /// What ran: `pool-mimalloc`, `glibc`, `mimalloc`, `pytorch` or `pytorch-compiled`.
     pub allocator: String,
     /// Loss of the first step.
     pub first_loss: f32,
@@ -59,6 +58,15 @@ pub struct Summary {
     /// moments and gradients: a few hundred KiB). `None`: no pool.
     #[serde(default)]
     pub outside_peak_bytes: Option<u64>,
+    /// The losses of the first steps, at most [`KEPT_LOSSES`].
+    #[serde(default)]
+    pub losses: Vec<f32>,
+    /// The validation loss after the last step (`None`: the model has none).
+    #[serde(default)]
+    pub val_loss: Option<f32>,
+    /// Seconds `torch.compile` took (a compiled PyTorch run only).
+    #[serde(default)]
+    pub compile_s: Option<f64>,
 }
 
 impl Summary {
@@ -75,13 +83,82 @@ impl Summary {
     }
 }
 
-/// Runs the training; `on_step` sees (step, loss). `pool` is the backend's pool, if it has
-/// one: its statistics give the calls made to the system, the peaks and the evictions.
+/// What the training loop tells its caller as it goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Event<'a> {
+    /// Step `step` (from 0) ended with `loss`.
+    Step {
+        /// The step, from 0.
+        step: usize,
+        /// Its mean loss.
+        loss: f32,
+    },
+    /// After `step` steps, the validation loss.
+    Validation {
+        /// Steps done.
+        step: usize,
+        /// The mean loss over the held-out batches.
+        loss: f32,
+    },
+    /// The text the model generated at the end.
+    Sample(&'a str),
+}
+
+/// The counters a step is measured by.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    ns: u128,
+    faults: u64,
+    glibc: u64,
+    mimalloc: u64,
+    system: u64,
+    evictions: u64,
+    recomputed: u64,
+    recompute_ns: u64,
+}
+
+impl std::ops::Sub for Counters {
+    type Output = Self;
+    fn sub(self, o: Self) -> Self {
+        Self {
+            ns: self.ns - o.ns,
+            faults: self.faults - o.faults,
+            glibc: self.glibc - o.glibc,
+            mimalloc: self.mimalloc - o.mimalloc,
+            system: self.system - o.system,
+            evictions: self.evictions - o.evictions,
+            recomputed: self.recomputed - o.recomputed,
+            recompute_ns: self.recompute_ns - o.recompute_ns,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Counters {
+    fn add_assign(&mut self, o: Self) {
+        self.ns += o.ns;
+        self.faults += o.faults;
+        self.glibc += o.glibc;
+        self.mimalloc += o.mimalloc;
+        self.system += o.system;
+        self.evictions += o.evictions;
+        self.recomputed += o.recomputed;
+        self.recompute_ns += o.recompute_ns;
+    }
+}
+
+/// Losses of the first steps a summary keeps (what `compare` checks against PyTorch's).
+pub const KEPT_LOSSES: usize = 20;
+
+/// Runs the training; `on_event` sees each step's loss, the validation losses (every
+/// `--eval-every` steps and after the last, without `--json`) and the sample. `pool` is the
+/// backend's pool, if it has one: its statistics give the calls made to the system, the peaks
+/// and the evictions. Steady state is the second half of the steps, each measured alone:
+/// the evaluations between them are not counted.
 pub fn train<B: Backend>(
     backend: &B,
     args: &Args,
     pool: Option<&BufferPool>,
-    mut on_step: impl FnMut(usize, f32),
+    mut on_event: impl FnMut(Event<'_>),
 ) -> anyhow::Result<Summary> {
     let stats = || pool.map(BufferPool::stats);
     // The front end's pool (the training has a pool of its own).
@@ -89,63 +166,86 @@ pub fn train<B: Backend>(
         .filter(|_| allocator::choice().is_pool())
         .map(|_| BufferPool::global())
         .filter(|front| pool.is_some_and(|pool| pool.id() != front.id()));
-    // The pools' calls to the OS (maps, unmaps and purges of their pages), and the requests
-    // a pool refused that went to the front end's fallback allocator.
-    let system_calls = || {
-        stats().map_or(0, |s| s.os_calls)
-            + front.map_or(0, |front| front.stats().os_calls)
-            + PoolAllocator::fallback_allocations()
+    let started = Instant::now();
+    // Every counter a step is measured by, now.
+    let now = || {
+        let s = stats();
+        Counters {
+            ns: started.elapsed().as_nanos(),
+            faults: minor_faults(),
+            glibc: allocator::glibc_calls(),
+            mimalloc: allocator::mimalloc_calls(),
+            // The pools' calls to the OS (maps, unmaps and purges of their pages), and the
+            // requests a pool refused that went to the front end's fallback allocator.
+            system: s.as_ref().map_or(0, |s| s.os_calls)
+                + front.map_or(0, |front| front.stats().os_calls)
+                + PoolAllocator::fallback_allocations(),
+            evictions: s.as_ref().map_or(0, |s| s.evictions),
+            recomputed: s.as_ref().map_or(0, |s| s.recomputed_bytes),
+            recompute_ns: s.as_ref().map_or(0, |s| s.recompute_ns),
+        }
     };
-    let mut trainer = Trainer::new(backend, args)?;
-    let calls = || {
-        (
-            allocator::glibc_calls(),
-            allocator::mimalloc_calls(),
-            system_calls(),
-        )
-    };
+    let mut model = crate::model::build(backend, args, false)?;
     let warmup = (args.steps / 2).min(args.steps.saturating_sub(1));
     let mut summary = Summary {
         allocator: allocator::choice().name().into(),
         ..Summary::default()
     };
-    let (mut faults, mut before, mut started) = (0, (0, 0, 0), Instant::now());
-    let mut pool_before = None;
+    let evaluate = !args.json && args.eval_every > 0;
+    let mut window = Counters::default();
     for step in 0..args.steps {
-        if step == warmup {
-            faults = minor_faults();
-            before = calls();
-            pool_before = stats();
-            started = Instant::now();
+        let before = now();
+        let loss = model.step()?;
+        if step >= warmup {
+            window += now() - before;
         }
-        let loss = trainer.step(args.batch)?;
         if step == 0 {
             summary.first_loss = loss;
         }
         summary.last_loss = loss;
-        on_step(step, loss);
+        if summary.losses.len() < KEPT_LOSSES {
+            summary.losses.push(loss);
+        }
+        on_event(Event::Step { step, loss });
+        if evaluate && (step + 1) % args.eval_every == 0 && step + 1 < args.steps {
+            if let Some(loss) = model.validate()? {
+                on_event(Event::Validation {
+                    step: step + 1,
+                    loss,
+                });
+            }
+        }
     }
     let measured = (args.steps - warmup).max(1) as f64;
-    let elapsed = started.elapsed().as_secs_f64();
-    summary.steps_per_s = measured / elapsed;
-    if let (Some(b), Some(a)) = (pool_before, stats()) {
-        summary.peak_live_bytes = Some(a.peak_in_use_bytes);
-        summary.peak_reserved_bytes = Some(a.peak_reserved_bytes);
-        summary.evictions_per_step = Some((a.evictions - b.evictions) as f64 / measured);
-        summary.recomputed_bytes_per_step =
-            Some((a.recomputed_bytes - b.recomputed_bytes) as f64 / measured);
-        summary.recompute_share =
-            Some((a.recompute_ns - b.recompute_ns) as f64 / 1e9 / elapsed.max(1e-9));
-    }
-    summary.faults_per_step = (minor_faults() - faults) as f64 / measured;
-    let after = calls();
-    let per_step = |a: u64, b: u64| (a - b) as f64 / measured;
-    summary.glibc_calls_per_step = Some(per_step(after.0, before.0));
-    summary.mimalloc_calls_per_step = Some(per_step(after.1, before.1));
+    let seconds = window.ns as f64 / 1e9;
+    let per_step = |count: u64| count as f64 / measured;
+    summary.steps_per_s = measured / seconds.max(1e-9);
+    summary.faults_per_step = per_step(window.faults);
+    summary.glibc_calls_per_step = Some(per_step(window.glibc));
+    summary.mimalloc_calls_per_step = Some(per_step(window.mimalloc));
     summary.pool_system_calls_per_step = allocator::choice()
         .is_pool()
-        .then(|| per_step(after.2, before.2));
+        .then(|| per_step(window.system));
+    if let Some(a) = stats() {
+        summary.peak_live_bytes = Some(a.peak_in_use_bytes);
+        summary.peak_reserved_bytes = Some(a.peak_reserved_bytes);
+        summary.evictions_per_step = Some(per_step(window.evictions));
+        summary.recomputed_bytes_per_step = Some(per_step(window.recomputed));
+        summary.recompute_share = Some(window.recompute_ns as f64 / 1e9 / seconds.max(1e-9));
+    }
     summary.outside_peak_bytes = front.map(|front| front.stats().peak_in_use_bytes);
     summary.peak_rss = peak_rss();
+    summary.val_loss = model.validate()?;
+    if let Some(loss) = summary.val_loss.filter(|_| evaluate) {
+        on_event(Event::Validation {
+            step: args.steps,
+            loss,
+        });
+    }
+    if !args.json && args.sample > 0 {
+        if let Some(text) = model.sample(args.sample)? {
+            on_event(Event::Sample(&text));
+        }
+    }
     Ok(summary)
 }

@@ -1,22 +1,23 @@
 //! `sweep`: the trade-off between memory and speed. The same training in child processes:
 //! with each fixed `--checkpoint-every`, fitted to each budget of a list, and with `--torch`
-//! in PyTorch with `torch.utils.checkpoint` at each fixed k; alternated run by run, medians
-//! in one table, and with `--plot` the frontier as SVG.
+//! in PyTorch with `torch.utils.checkpoint` at each fixed k (for the GPT, compiled with
+//! `torch.compile` too); alternated run by run, medians in one table, and with `--plot` the
+//! frontier as SVG.
 
 use anyhow::{anyhow, Context};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ferropool_figures::spread;
 
 use crate::allocator::{Choice, VARIABLE};
-use crate::args::{Args, SweepArgs};
+use crate::args::{Args, ModelKind, SweepArgs};
 use crate::compare::torch_command;
 use crate::measure::Summary;
 use crate::show::{bytes, table};
 
-/// The default budgets, as fractions of the peak live bytes of the run that keeps every
-/// layer's input (`--checkpoint-every 1`), measured in the first round.
+/// The default budgets, as fractions of the peak live bytes of the run that keeps
+/// everything, measured in the first round.
 const DEFAULT_FRACTIONS: [f64; 6] = [0.5, 0.6, 0.7, 0.75, 0.8, 0.9];
 
 /// One configuration of the sweep.
@@ -26,8 +27,9 @@ enum Point {
     Every(usize),
     /// Fitted to this budget (bytes).
     Fitted(u64),
-    /// PyTorch with `torch.utils.checkpoint` every k layers.
-    Torch(usize),
+    /// PyTorch with `torch.utils.checkpoint` every k layers or blocks (0: none), compiled
+    /// with `torch.compile` or not.
+    Torch { every: usize, compiled: bool },
 }
 
 /// What the runs of one point gave: their summaries, or why one failed.
@@ -39,6 +41,14 @@ struct Runs {
 }
 
 impl Runs {
+    fn new(point: Point) -> Self {
+        Self {
+            point,
+            summaries: Vec::new(),
+            failed: None,
+        }
+    }
+
     /// The median of `f` over the runs (`None`: no run completed).
     fn median(&self, f: impl Fn(&Summary) -> f64) -> Option<f64> {
         (!self.summaries.is_empty() && self.failed.is_none())
@@ -46,137 +56,174 @@ impl Runs {
     }
 }
 
+/// The sweep's fixed state: the program, the training, the PyTorch interpreter and the
+/// initial weights every GPT run starts from.
+struct Sweep<'a> {
+    exe: PathBuf,
+    args: &'a SweepArgs,
+    init: Option<PathBuf>,
+    /// The `--checkpoint-every` that keeps everything: the reference of the budgets.
+    reference: usize,
+}
+
 /// Runs the sweep and prints the table.
 pub fn sweep(args: &SweepArgs) -> anyhow::Result<()> {
     let train = &args.train;
+    train.check()?;
     if train.budget.is_some() || train.checkpoint_every.is_some() {
         return Err(anyhow!(
             "sweep chooses the budgets and --checkpoint-every itself: give it --budgets and \
              --every instead"
         ));
     }
-    if train.trace.is_some() || train.json {
+    if train.trace.is_some() || train.json || train.save_init.is_some() || train.load.is_some() {
         return Err(anyhow!(
-            "sweep writes no trace or JSON: run `train` for those"
+            "sweep writes no trace, JSON or weights: run `train` for those"
         ));
     }
-    let exe = std::env::current_exe().context("locating this program to run its children")?;
-    let mut every = args.every.clone();
-    if !every.contains(&1) {
-        every.insert(0, 1); // the reference: every input kept
+    let init = (train.model == ModelKind::Gpt).then(|| {
+        std::env::temp_dir().join(format!(
+            "train-replay-sweep-{}.safetensors",
+            std::process::id()
+        ))
+    });
+    if let Some(path) = &init {
+        crate::model::gpt::save_init(train, path)?;
     }
-    let mut points: Vec<Runs> = every
-        .iter()
-        .map(|&k| Point::Every(k))
-        .chain(args.budgets.iter().map(|&b| Point::Fitted(b)))
-        .chain(
-            args.torch
-                .iter()
-                .flat_map(|_| every.iter().map(|&k| Point::Torch(k))),
-        )
-        .map(|point| Runs {
-            point,
-            summaries: Vec::new(),
-            failed: None,
-        })
-        .collect();
-    println!(
-        "sweeping the training ({} layers, batch {}, {} threads, {} steps): {} fixed \
-         --checkpoint-every, {} budgets{}, {} run(s) each, alternated...",
-        train.layers,
-        train.batch,
-        train.threads(),
-        train.steps,
-        every.len(),
-        if args.budgets.is_empty() {
-            DEFAULT_FRACTIONS.len()
-        } else {
-            args.budgets.len()
+    let sweep = Sweep {
+        exe: std::env::current_exe().context("locating this program to run its children")?,
+        args,
+        init,
+        reference: match train.model {
+            ModelKind::Gpt => 0,
+            ModelKind::Mlp => 1,
         },
-        if args.torch.is_some() {
-            ", PyTorch"
-        } else {
-            ""
-        },
-        args.runs
-    );
-    for round in 0..args.runs {
+    };
+    let result = sweep.run();
+    if let Some(path) = &sweep.init {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+impl Sweep<'_> {
+    /// The points, their runs, the table and the plot.
+    fn run(&self) -> anyhow::Result<()> {
+        let (args, train) = (self.args, &self.args.train);
+        let mut every = args.every.clone();
+        if !every.contains(&self.reference) {
+            every.insert(0, self.reference);
+        }
+        let torch: &[bool] = match (args.torch.is_some(), train.model) {
+            (false, _) => &[],
+            (true, ModelKind::Gpt) => &[false, true],
+            (true, ModelKind::Mlp) => &[false],
+        };
+        let mut points: Vec<Runs> = every
+            .iter()
+            .map(|&k| Point::Every(k))
+            .chain(args.budgets.iter().map(|&b| Point::Fitted(b)))
+            .chain(torch.iter().flat_map(|&compiled| {
+                every
+                    .iter()
+                    .map(move |&every| Point::Torch { every, compiled })
+            }))
+            .map(Runs::new)
+            .collect();
+        println!(
+            "sweeping the training ({} layers, batch {}, {} threads, {} steps): {} fixed \
+             --checkpoint-every, {} budgets{}, {} run(s) each, alternated...",
+            train.layers,
+            train.batch,
+            train.threads(),
+            train.steps,
+            every.len(),
+            match args.budgets.len() {
+                0 => DEFAULT_FRACTIONS.len(),
+                n => n,
+            },
+            if torch.is_empty() { "" } else { ", PyTorch" },
+            args.runs
+        );
+        for round in 0..args.runs {
+            self.round(round, &mut points)?;
+        }
+        let reference = points
+            .iter()
+            .find(|r| r.point == Point::Every(self.reference))
+            .and_then(|r| r.summaries.first().cloned())
+            .ok_or_else(|| anyhow!("the run that keeps everything failed"))?;
+        print_table(&points, &reference, args.runs);
+        if let Some(path) = &train.plot {
+            plot(&points, path)?;
+            println!("frontier -> {}", path.display());
+        }
+        Ok(())
+    }
+
+    /// One run of every point that has not failed; in the first round, once the run that
+    /// keeps everything is measured, the default budgets join the points.
+    fn round(&self, round: usize, points: &mut Vec<Runs>) -> anyhow::Result<()> {
         let mut i = 0;
         while i < points.len() {
             let runs = &mut points[i];
             if runs.failed.is_none() {
-                let mut command = match runs.point {
-                    Point::Torch(k) => torch_command(
-                        args.torch.as_deref().expect("torch points need --torch"),
-                        &Args {
-                            checkpoint_every: Some(k),
-                            ..train.clone()
-                        },
-                    ),
-                    point => child(&exe, train, point),
-                };
-                match run(&mut command) {
+                match run(&mut self.command(runs.point)) {
                     Ok(summary) => runs.summaries.push(summary),
                     Err(why) => runs.failed = Some(why),
                 }
             }
-            // The default budgets, once the first run that keeps every input is measured.
-            if round == 0 && runs.point == Point::Every(1) && args.budgets.is_empty() {
-                let reference = points[i]
+            let reference = runs.point == Point::Every(self.reference);
+            if round == 0 && reference && self.args.budgets.is_empty() {
+                let live = points[i]
                     .summaries
                     .first()
                     .and_then(|s| s.peak_live_bytes)
-                    .ok_or_else(|| anyhow!("the run that keeps every input failed"))?;
+                    .ok_or_else(|| anyhow!("the run that keeps everything failed"))?;
                 let at = points
                     .iter()
                     .position(|r| !matches!(r.point, Point::Every(_)))
                     .unwrap_or(points.len());
-                let fitted = DEFAULT_FRACTIONS.iter().map(|f| Runs {
-                    point: Point::Fitted((reference as f64 * f) as u64),
-                    summaries: Vec::new(),
-                    failed: None,
-                });
+                let fitted = DEFAULT_FRACTIONS
+                    .iter()
+                    .map(|f| Runs::new(Point::Fitted((live as f64 * f) as u64)));
                 points.splice(at..at, fitted);
             }
             i += 1;
         }
+        Ok(())
     }
-    let reference = points
-        .iter()
-        .find(|r| r.point == Point::Every(1))
-        .and_then(|r| r.summaries.first().cloned())
-        .ok_or_else(|| anyhow!("the run that keeps every input failed"))?;
-    print_table(&points, &reference, args.runs);
-    if let Some(path) = &train.plot {
-        plot(&points, path)?;
-        println!("frontier -> {}", path.display());
-    }
-    Ok(())
-}
 
-/// The child that trains at `point` on the pool.
-fn child(exe: &Path, train: &Args, point: Point) -> Command {
-    let mut command = Command::new(exe);
-    command
-        .env(VARIABLE, Choice::PoolMimalloc.name())
-        .args(["train", "--json"]);
-    for (flag, value) in [
-        ("--steps", train.steps.to_string()),
-        ("--batch", train.batch.to_string()),
-        ("--hidden", train.hidden.to_string()),
-        ("--layers", train.layers.to_string()),
-        ("--threads", train.threads().to_string()),
-        ("--lr", train.lr.to_string()),
-        ("--seed", train.seed.to_string()),
-    ] {
-        command.args([flag, &value]);
+    /// The child process that runs `point`.
+    fn command(&self, point: Point) -> Command {
+        let train = &self.args.train;
+        if let Point::Torch { every, compiled } = point {
+            let python = self
+                .args
+                .torch
+                .as_deref()
+                .expect("torch points need --torch");
+            let train = Args {
+                checkpoint_every: Some(every),
+                ..train.clone()
+            };
+            return torch_command(python, &train, self.init.as_deref(), compiled);
+        }
+        let mut command = Command::new(&self.exe);
+        command
+            .env(VARIABLE, Choice::PoolMimalloc.name())
+            .args(["train", "--json"])
+            .args(train.training_flags());
+        if let Some(init) = &self.init {
+            command.arg("--load").arg(init);
+        }
+        match point {
+            Point::Every(k) => command.args(["--checkpoint-every", &k.to_string()]),
+            Point::Fitted(budget) => command.args(["--budget", &budget.to_string()]),
+            Point::Torch { .. } => unreachable!("returned above"),
+        };
+        command
     }
-    match point {
-        Point::Every(k) => command.args(["--checkpoint-every", &k.to_string()]),
-        Point::Fitted(budget) => command.args(["--budget", &budget.to_string()]),
-        Point::Torch(_) => unreachable!("PyTorch runs its own script"),
-    };
-    command
 }
 
 /// Runs one child and reads its JSON line; its error message if it failed.
@@ -210,6 +257,74 @@ fn best_fixed(points: &[Runs], budget: u64) -> Option<(usize, f64)> {
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
+/// A point's name and budget, as the table shows them (`peak`: the reference's peak live).
+fn label(point: Point, peak: f64) -> (String, String) {
+    let mib = |v: f64| bytes(v as u64).to_string();
+    match point {
+        Point::Every(0) => ("ferropool, everything kept".into(), "-".into()),
+        Point::Every(k) => (format!("ferropool, checkpoint every {k}"), "-".into()),
+        Point::Fitted(b) => (
+            "ferropool, fitted".into(),
+            format!("{} ({:.0}%)", mib(b as f64), b as f64 / peak * 100.0),
+        ),
+        Point::Torch { every, compiled } => {
+            let how = if compiled {
+                "PyTorch compiled"
+            } else {
+                "PyTorch"
+            };
+            match every {
+                0 => (format!("{how}, everything kept"), "-".into()),
+                k => (format!("{how}, checkpoint every {k}"), "-".into()),
+            }
+        }
+    }
+}
+
+/// A completed point's row of the table.
+fn row(points: &[Runs], r: &Runs, name: String, budget: String) -> Vec<String> {
+    let mib = |v: f64| bytes(v as u64).to_string();
+    let cell = |v: Option<f64>, show: &dyn Fn(f64) -> String| v.map_or("-".into(), show);
+    let figure = |f: fn(&Summary) -> Option<u64>| {
+        r.median(|s| f(s).map_or(f64::NAN, |v| v as f64))
+            .filter(|v| !v.is_nan())
+    };
+    let live = figure(|s| s.peak_live_bytes);
+    let reserved = figure(|s| s.peak_reserved_bytes);
+    let steps = r.median(|s| s.steps_per_s);
+    let (best, ratio) = match (r.point, steps) {
+        (Point::Fitted(b), Some(steps)) => match best_fixed(points, b) {
+            Some((k, fixed)) => (
+                format!("{k} ({fixed:.2} steps/s)"),
+                format!("{:.2}x", steps / fixed),
+            ),
+            None => ("none fits".into(), "-".into()),
+        },
+        _ => ("-".into(), "-".into()),
+    };
+    vec![
+        name,
+        budget,
+        cell(live, &mib),
+        cell(reserved, &mib),
+        match (live, reserved) {
+            (Some(l), Some(r)) => format!("{:.2}x", r / l),
+            _ => "-".into(),
+        },
+        // Every row's process, the same quantity for each: what a machine must hold.
+        cell(r.median(|s| s.peak_rss as f64), &mib),
+        cell(steps, &|v| format!("{v:.2}")),
+        match r.point {
+            Point::Fitted(_) => cell(r.median(|s| s.recompute_share.unwrap_or(0.0)), &|v| {
+                format!("{:.0}%", v * 100.0)
+            }),
+            _ => "-".into(),
+        },
+        best,
+        ratio,
+    ]
+}
+
 /// The table: one row per point, medians over the runs.
 fn print_table(points: &[Runs], reference: &Summary, runs: usize) {
     let peak = reference.peak_live_bytes.unwrap_or(1).max(1) as f64;
@@ -225,69 +340,30 @@ fn print_table(points: &[Runs], reference: &Summary, runs: usize) {
         "best fixed k under the budget",
         "fitted vs it",
     ]);
-    let mib = |v: f64| bytes(v as u64).to_string();
-    let mut identical = true;
     let mut failures = Vec::new();
     for r in points {
-        let (name, budget) = match r.point {
-            Point::Every(k) => (format!("ferropool, checkpoint every {k}"), "-".to_owned()),
-            Point::Fitted(b) => (
-                "ferropool, fitted".to_owned(),
-                format!("{} ({:.0}%)", mib(b as f64), b as f64 / peak * 100.0),
-            ),
-            Point::Torch(k) => (format!("PyTorch, checkpoint every {k}"), "-".to_owned()),
-        };
-        if let Some(why) = &r.failed {
-            failures.push(format!("{name} at {budget}: {why}"));
-            figures.add_row([name, budget, format!("failed ({})", failures.len())]);
-            continue;
+        let (name, budget) = label(r.point, peak);
+        match &r.failed {
+            Some(why) => {
+                failures.push(format!("{name} at {budget}: {why}"));
+                figures.add_row([name, budget, format!("failed ({})", failures.len())]);
+            }
+            None => {
+                figures.add_row(row(points, r, name, budget));
+            }
         }
-        identical &= r.summaries.iter().all(|s| {
-            matches!(r.point, Point::Torch(_))
-                || (s.first_loss.to_bits(), s.last_loss.to_bits())
-                    == (
-                        reference.first_loss.to_bits(),
-                        reference.last_loss.to_bits(),
-                    )
-        });
-        let cell = |v: Option<f64>, show: &dyn Fn(f64) -> String| v.map_or("-".into(), show);
-        let live = r.median(|s| s.peak_live_bytes.map_or(f64::NAN, |v| v as f64));
-        let reserved = r.median(|s| s.peak_reserved_bytes.map_or(f64::NAN, |v| v as f64));
-        let live = live.filter(|v| !v.is_nan());
-        let reserved = reserved.filter(|v| !v.is_nan());
-        let steps = r.median(|s| s.steps_per_s);
-        let (best, ratio) = match (r.point, steps) {
-            (Point::Fitted(b), Some(steps)) => match best_fixed(points, b) {
-                Some((k, fixed)) => (
-                    format!("{k} ({fixed:.2} steps/s)"),
-                    format!("{:.2}x", steps / fixed),
-                ),
-                None => ("none fits".into(), "-".into()),
-            },
-            _ => ("-".into(), "-".into()),
-        };
-        figures.add_row([
-            name,
-            budget,
-            cell(live, &mib),
-            cell(reserved, &mib),
-            match (live, reserved) {
-                (Some(l), Some(r)) => format!("{:.2}x", r / l),
-                _ => "-".into(),
-            },
-            // Every row's process, the same quantity for each: what a machine must hold.
-            cell(r.median(|s| s.peak_rss as f64), &mib),
-            cell(steps, &|v| format!("{v:.2}")),
-            match r.point {
-                Point::Fitted(_) => cell(r.median(|s| s.recompute_share.unwrap_or(0.0)), &|v| {
-                    format!("{:.0}%", v * 100.0)
-                }),
-                _ => "-".into(),
-            },
-            best,
-            ratio,
-        ]);
     }
+    let identical = points
+        .iter()
+        .filter(|r| !matches!(r.point, Point::Torch { .. }))
+        .flat_map(|r| &r.summaries)
+        .all(|s| {
+            (s.first_loss.to_bits(), s.last_loss.to_bits())
+                == (
+                    reference.first_loss.to_bits(),
+                    reference.last_loss.to_bits(),
+                )
+        });
     println!();
     println!("{figures}");
     for (i, why) in failures.iter().enumerate() {
@@ -296,40 +372,82 @@ fn print_table(points: &[Runs], reference: &Summary, runs: usize) {
     println!();
     println!(
         "(steady state: the second half of the steps; medians of {runs} run(s), alternated. \
-         Budget: % of the peak live of checkpoint every 1. Recomputing: the share of the \
-         time spent recomputing evicted inputs; a fixed k replays (k - 1)/k of the forward \
-         pass. Losses of every ferropool run bit-identical to checkpoint every 1: {})",
+         Budget: % of the peak live of the run that keeps everything. Recomputing: the share \
+         of the time spent recomputing evicted tensors; a fixed k replays the forward pass \
+         of every block or layer but the kept ones. Losses of every ferropool run \
+         bit-identical to the run that keeps everything: {})",
         if identical { "yes" } else { "NO" }
     );
 }
 
-/// Draws the frontier: steps/s against each process's peak RSS (the same quantity for every
-/// series), the fitted runs as a line, the fixed ones as points.
-fn plot(points: &[Runs], path: &Path) -> anyhow::Result<()> {
-    use plotters::prelude::*;
-    let error = |e: &dyn std::fmt::Display| anyhow!("drawing the frontier: {e}");
-    let to_mib = |v: f64| v / (1 << 20) as f64;
-    /// A series: its label, its colour, its points (MiB, steps/s).
-    type Series = (&'static str, RGBColor, Vec<(f64, f64)>);
-    let mut series: [Series; 3] = [
-        ("ferropool, fitted to the budget", BLUE, Vec::new()),
-        ("ferropool, fixed --checkpoint-every", RED, Vec::new()),
-        ("PyTorch + torch.utils.checkpoint", GREEN, Vec::new()),
+/// A plotted series: its label, its colour, whether its points are joined, and its points
+/// (MiB, steps/s, the label of a fixed k).
+struct Series {
+    label: &'static str,
+    color: plotters::style::RGBColor,
+    line: bool,
+    points: Vec<(f64, f64, Option<String>)>,
+}
+
+/// The plotted series of `points`: steps/s against each process's peak RSS (the same
+/// quantity for every series), the fitted runs as a line, the fixed ones as points labelled
+/// by their k.
+fn series(points: &[Runs]) -> Vec<Series> {
+    use plotters::style::{BLUE, GREEN, MAGENTA, RED};
+    let mut series = vec![
+        Series {
+            label: "ferropool, fitted to the budget",
+            color: BLUE,
+            line: true,
+            points: vec![],
+        },
+        Series {
+            label: "ferropool, fixed --checkpoint-every k",
+            color: RED,
+            line: false,
+            points: vec![],
+        },
+        Series {
+            label: "PyTorch + torch.utils.checkpoint",
+            color: GREEN,
+            line: false,
+            points: vec![],
+        },
+        Series {
+            label: "PyTorch compiled",
+            color: MAGENTA,
+            line: false,
+            points: vec![],
+        },
     ];
     for r in points {
-        let index = match r.point {
-            Point::Fitted(_) => 0,
-            Point::Every(_) => 1,
-            Point::Torch(_) => 2,
+        let (index, k) = match r.point {
+            Point::Fitted(_) => (0, None),
+            Point::Every(k) => (1, Some(k)),
+            Point::Torch { every, compiled } => (2 + usize::from(compiled), Some(every)),
         };
         let memory = r.median(|s| s.peak_rss as f64);
         if let (Some(memory), Some(steps)) = (memory, r.median(|s| s.steps_per_s)) {
-            series[index].2.push((to_mib(memory), steps));
+            let label = k.map(|k| format!("k={k}"));
+            series[index]
+                .points
+                .push((memory / (1 << 20) as f64, steps, label));
         }
     }
-    series[0].2.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let all = series.iter().flat_map(|s| s.2.iter());
-    let right = all.clone().map(|p| p.0).fold(1.0, f64::max) * 1.1;
+    series[0].points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    series.retain(|s| !s.points.is_empty());
+    series
+}
+
+/// Draws the frontier on a logarithmic memory axis (the pool's runs and PyTorch's lie an
+/// order of magnitude apart), each fixed point labelled by its k.
+fn plot(points: &[Runs], path: &Path) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let error = |e: &dyn std::fmt::Display| anyhow!("drawing the frontier: {e}");
+    let series = series(points);
+    let all = series.iter().flat_map(|s| s.points.iter());
+    let left = all.clone().map(|p| p.0).fold(f64::MAX, f64::min).min(1e6) * 0.8;
+    let right = all.clone().map(|p| p.0).fold(1.0, f64::max) * 1.25;
     let top = all.map(|p| p.1).fold(0.1, f64::max) * 1.15;
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| error(&e))?;
@@ -341,28 +459,36 @@ fn plot(points: &[Runs], path: &Path) -> anyhow::Result<()> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..right, 0.0..top)
+        .build_cartesian_2d((left.max(1.0)..right).log_scale(), 0.0..top)
         .map_err(|e| error(&e))?;
     chart
         .configure_mesh()
-        .x_desc("peak resident memory of the process (MiB)")
+        .x_desc("peak resident memory of the process (MiB, log scale)")
         .y_desc("steps/s")
         .draw()
         .map_err(|e| error(&e))?;
-    for (i, (label, color, data)) in series.into_iter().enumerate() {
-        if data.is_empty() {
-            continue;
-        }
-        if i == 0 {
+    for s in series {
+        let color = s.color;
+        let xy: Vec<(f64, f64)> = s.points.iter().map(|p| (p.0, p.1)).collect();
+        if s.line {
             chart
-                .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(xy.clone(), color.stroke_width(2)))
                 .map_err(|e| error(&e))?;
         }
         chart
-            .draw_series(data.into_iter().map(|p| Circle::new(p, 5, color.filled())))
+            .draw_series(xy.iter().map(|&p| Circle::new(p, 5, color.filled())))
             .map_err(|e| error(&e))?
-            .label(label)
+            .label(s.label)
             .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
+        let labels = s.points.iter().filter_map(|(x, y, label)| {
+            let text = label.clone()?;
+            Some(Text::new(
+                text,
+                (*x, *y),
+                ("sans-serif", 13).into_font().color(&color),
+            ))
+        });
+        chart.draw_series(labels).map_err(|e| error(&e))?;
     }
     chart
         .configure_series_labels()

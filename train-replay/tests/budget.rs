@@ -104,6 +104,8 @@ fn the_comparison_reports_the_pool_run_over_budget() {
 const EVICTING_MODEL: &[&str] = &[
     "--batch",
     "1024",
+    "--model",
+    "mlp",
     "--hidden",
     "256",
     "--layers",
@@ -227,7 +229,7 @@ fn the_sweep_prints_every_point_and_draws_the_frontier() {
         "| ferropool, fitted             | 4.0 MiB",
         "failed (1)",
         "is below the least this run needs",
-        "bit-identical to checkpoint every 1: yes",
+        "bit-identical to the run that keeps everything: yes",
     ] {
         assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
     }

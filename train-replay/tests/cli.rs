@@ -13,6 +13,7 @@ use common::train_replay;
 /// ends soon.)
 fn refused(flag: &str, value: &str, allowed: &[&str]) {
     let tiny = [
+        ("--model", "mlp"),
         ("--steps", "1"),
         ("--batch", "8"),
         ("--hidden", "8"),
@@ -45,17 +46,12 @@ fn refused(flag: &str, value: &str, allowed: &[&str]) {
 
 #[test]
 fn counts_of_zero_are_refused() {
-    for flag in [
-        "--steps",
-        "--batch",
-        "--hidden",
-        "--layers",
-        "--threads",
-        "--checkpoint-every",
-    ] {
+    for flag in ["--steps", "--batch", "--hidden", "--layers", "--threads"] {
         refused(flag, "0", &["at least 1"]);
         refused(flag, "many", &["at least 1"]);
     }
+    // 0 keeps every tensor the backward pass reads.
+    refused("--checkpoint-every", "many", &["whole number"]);
 }
 
 #[test]
@@ -93,7 +89,8 @@ fn a_budget_takes_decimals_and_si_units() {
         ("64MiB", "budget 64.00 MiB"),
     ] {
         let out = train_replay(&[
-            "--budget", value, "--steps", "1", "--batch", "8", "--hidden", "8", "--layers", "1",
+            "--model", "mlp", "--budget", value, "--steps", "1", "--batch", "8", "--hidden", "8",
+            "--layers", "1",
         ]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -118,7 +115,9 @@ fn more_threads_than_a_pool_may_have_are_refused() {
 }
 
 /// A one-step run of the smallest model on one thread.
-const TINY: [&str; 10] = [
+const TINY: [&str; 12] = [
+    "--model",
+    "mlp",
     "--steps",
     "1",
     "--batch",

@@ -13,7 +13,9 @@ fn figures(extra: &[&str]) -> Vec<(String, f64)> {
     // the pool through the front end) is live at the peak depends on scheduling, and a
     // loaded machine moved the peak in use by that much in 1 run of 12. The ring of this
     // run is about 300 KiB.
-    let mut args = vec!["--steps", "4", "--batch", "256", "--hidden", "256"];
+    let mut args = vec![
+        "--steps", "4", "--batch", "256", "--model", "mlp", "--hidden", "256",
+    ];
     args.extend_from_slice(&["--layers", "4", "--threads", "1"]);
     args.extend_from_slice(extra);
     let text = common::succeeded(&common::train_replay(&args), extra);

@@ -9,7 +9,7 @@ fn run(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_train-replay"))
         .args(args)
         .args([
-            "--steps", "6", "--batch", "32", "--hidden", "64", "--layers", "4",
+            "--steps", "6", "--batch", "32", "--model", "mlp", "--hidden", "64", "--layers", "4",
         ])
         .output()
         .expect("the main job runs");

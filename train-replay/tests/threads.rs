@@ -19,7 +19,7 @@ fn run(model: &[&str], threads: usize, extra: &[&str]) -> Summary {
 /// Rows that fill two of the kernels' 128-row blocks and part of a third; three steps, so
 /// the first two updates feed the losses.
 const MODEL: &[&str] = &[
-    "--batch", "300", "--hidden", "96", "--layers", "4", "--steps", "3",
+    "--batch", "300", "--model", "mlp", "--hidden", "96", "--layers", "4", "--steps", "3",
 ];
 
 #[test]
@@ -44,7 +44,7 @@ fn the_losses_are_the_same_bits_at_every_thread_count() {
 /// Wide layers, so that a copy of the weight gradients (4.9 MiB) outweighs what each thread
 /// keeps whatever the model (the GEMM's packing buffer, the size of a core's L2 cache).
 const WIDE: &[&str] = &[
-    "--batch", "64", "--hidden", "768", "--layers", "3", "--steps", "2",
+    "--batch", "64", "--model", "mlp", "--hidden", "768", "--layers", "3", "--steps", "2",
 ];
 
 #[test]

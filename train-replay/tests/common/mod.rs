@@ -9,6 +9,8 @@ use std::process::{Command, Output};
 pub const SMALL_MODEL: &[&str] = &[
     "--batch",
     "256",
+    "--model",
+    "mlp",
     "--hidden",
     "256",
     "--layers",

@@ -1,7 +1,8 @@
-//! The numeric kernels: GEMM from the `gemm` crate (AVX-512 or AVX2 kernels chosen at run
-//! time; its packing buffers are per-thread and made once), and the element-wise pieces of
-//! the model. A layer's bias and ReLU are fused with its GEMM, block by block of rows: the
-//! bias is the accumulator's starting value and the ReLU runs while the block is in cache.
+//! Matrix products through the `gemm` crate (AVX-512 or AVX2 kernels chosen at run time; its
+//! packing buffers are per-thread and made once), and a linear layer fused with what comes
+//! before and after its product ([`Linear`]): block by block of rows, the bias (and a
+//! residual) is the accumulator's starting value, a layer norm or a GELU prepares the block's
+//! input in this thread's scratch, and a ReLU runs while the block is still in cache.
 //!
 //! Every kernel gives the same bits at any thread count. Its work is cut by the shapes, never
 //! by the threads ([`ROW_BLOCK`]): a GEMM cut into calls by the thread count would sum
@@ -10,12 +11,16 @@
 //! parallelism, which leaves the sums alone: it chooses its blocking from the call's whole
 //! shape, walks the depth (the summed dimension) in order, one depth block at a time for all
 //! its threads, and splits only the output among them, so each element is summed over the
-//! same blocks in the same order whatever the split. The element-wise kernels and the bias
-//! gradient's column sums do not depend on how their work is cut. The tests check all of it.
+//! same blocks in the same order whatever the split. The bias gradient's column sums do not
+//! depend on how their work is cut. The tests check all of it.
 
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
+
+use super::elementwise::{add_into, gelu_into};
+use super::layernorm;
+use super::scratch::with_scratch;
 
 /// A matrix operand: its elements and its row and column strides.
 #[derive(Clone, Copy, Debug)]
@@ -44,6 +49,23 @@ impl<'a> Mat<'a> {
             data,
             rs: 1,
             cs: cols,
+        }
+    }
+
+    /// A matrix with row stride `rs` and column stride `cs`.
+    pub fn strided(data: &'a [f32], rs: usize, cs: usize) -> Self {
+        Self { data, rs, cs }
+    }
+
+    /// The rows from `row` on.
+    ///
+    /// # Panics
+    ///
+    /// If `row x rs` is past the elements.
+    pub fn below(self, row: usize) -> Self {
+        Self {
+            data: &self.data[row * self.rs..],
+            ..self
         }
     }
 
@@ -83,26 +105,56 @@ pub fn gemm(
 ) {
     let elements = m.checked_mul(n).expect("m * n overflows");
     assert!(c.len() >= elements, "output too short for its shape");
+    // SAFETY: `c` holds the `m x n` row-major output (checked above), is exclusively ours and
+    // does not overlap `a` or `b` (a `&mut` next to shared slices).
+    unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr().cast(), n, accumulate, threads) }
+}
+
+/// [`gemm()`] into a row-major output of row stride `c_rs` at `c` (the columns of one head in
+/// a wider matrix, say).
+///
+/// # Safety
+///
+/// `c` is valid for writes (and for reads if `accumulate`) of every element `i * c_rs + j`,
+/// `i < m`, `j < n`, those elements are initialised if `accumulate`, and no other reference
+/// reaches them or overlaps `a` and `b` while the call runs.
+///
+/// # Panics
+///
+/// If `a` or `b` is too short for its shape, or a stride does not fit an `isize`.
+#[allow(clippy::too_many_arguments)] // a GEMM's shape, operands, mode and threads
+pub unsafe fn gemm_into(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: *mut f32,
+    c_rs: usize,
+    accumulate: bool,
+    threads: usize,
+) {
     assert!(
         a.reaches(m, k) && b.reaches(k, n),
         "operands too short for their shapes"
     );
-    if elements == 0 {
+    if m == 0 || n == 0 {
         return;
     }
-    // SAFETY: the asserts above keep every index the kernel computes inside the slices (row
-    // and column strides as given, `c` row-major with `n` columns); `c` is exclusively ours
-    // and does not overlap `a` or `b` (a `&mut` next to shared slices); with `read_dst` false
-    // the kernel writes every element of `c` without reading it, so it may be uninitialised.
-    // With rayon parallelism its threads write disjoint tiles of `c`.
+    let c_rs = isize::try_from(c_rs).expect("a row stride that fits an isize");
+    // SAFETY: the assert keeps every index the kernel computes on `a` and `b` inside their
+    // slices (strides as given); the caller's contract covers `c`. With `read_dst` false the
+    // kernel writes every element of `c` without reading it, so it may be uninitialised; with
+    // rayon parallelism its threads write disjoint tiles of `c`. (`reaches` checked that the
+    // strides fit an `isize`.)
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr().cast::<f32>(),
+            c,
             1,
-            n as isize,
+            c_rs,
             accumulate,
             a.data.as_ptr(),
             a.cs as isize,
@@ -130,7 +182,7 @@ fn parallelism(threads: usize) -> gemm::Parallelism {
     }
 }
 
-/// Rows per block of the row-split kernels ([`linear`], [`product`]): their rows are cut
+/// Rows per block of the row-split kernels ([`Linear`], [`product`]): their rows are cut
 /// into blocks of this many (the last may be shorter) whatever the thread count, each block
 /// one GEMM call, so each element is summed by a call of the same shape at any thread count.
 /// The blocks run on the threads at once, and threads to spare share each block's GEMM. Each
@@ -163,53 +215,113 @@ fn for_row_blocks<T: Send>(
     }
 }
 
-/// One linear layer on `rows` rows, fused: `out = relu?(input * weight + bias)`, `input`
-/// row-major with `k` columns, `weight` `k x n` row-major, on `threads` threads of the
-/// current rayon pool (1: this thread), in blocks of [`ROW_BLOCK`] rows: each block's bias
-/// rows are its GEMM's starting accumulator and its ReLU runs while the block is still in
-/// cache. Every element of `out` is written, the same bits at every thread count.
-///
-/// # Panics
-///
-/// If an operand is too short for its shape.
-#[allow(clippy::too_many_arguments)] // a GEMM's shape and operands
-pub fn linear(
-    rows: usize,
-    k: usize,
-    n: usize,
-    input: &[f32],
-    weight: &[f32],
-    bias: &[f32],
-    relu: bool,
-    out: &mut [MaybeUninit<f32>],
-    threads: usize,
-) {
-    let fits = |len: usize, cols: usize| rows.checked_mul(cols).is_some_and(|need| len >= need);
-    assert!(
-        bias.len() == n && fits(input.len(), k) && fits(out.len(), n),
-        "operands too short for their shapes"
-    );
-    if rows == 0 || n == 0 {
-        return; // nothing to write
-    }
-    let input = &input[..rows * k];
-    for_row_blocks(&mut out[..rows * n], n, threads, |i, out, threads| {
-        let chunk = out.len() / n;
-        for row in out.chunks_exact_mut(n) {
-            for (to, &b) in row.iter_mut().zip(bias) {
-                to.write(b);
+/// What a fused [`Linear`] does to each block of its input rows before the product.
+#[derive(Clone, Copy, Debug)]
+pub enum Prologue<'a> {
+    /// The rows as they are.
+    Identity,
+    /// A layer norm with this weight and bias (see [`layernorm`]).
+    LayerNorm {
+        /// Its weight (gain), one per column.
+        weight: &'a [f32],
+        /// Its bias, one per column.
+        bias: &'a [f32],
+    },
+    /// The GELU, tanh form (see [`gelu_into`]).
+    Gelu,
+}
+
+/// A linear layer `out = relu?(prologue(input) * weight + bias + residual?)`, fused block by
+/// block of [`ROW_BLOCK`] rows: the bias (and the residual's rows) is the GEMM's starting
+/// accumulator, the prologue writes the block's input into this thread's scratch, and the
+/// ReLU runs while the block is in cache. The blocks run on the threads at once.
+#[derive(Clone, Copy, Debug)]
+pub struct Linear<'a> {
+    /// Input columns.
+    pub k: usize,
+    /// Output columns.
+    pub n: usize,
+    /// `k x n`, row-major (the transpose of PyTorch's `nn.Linear` weight).
+    pub weight: &'a [f32],
+    /// `n` elements.
+    pub bias: &'a [f32],
+    /// What each input row goes through first.
+    pub prologue: Prologue<'a>,
+    /// Added to the output (`rows x n`, row-major): a residual connection.
+    pub residual: Option<&'a [f32]>,
+    /// A ReLU on the output.
+    pub relu: bool,
+}
+
+impl Linear<'_> {
+    /// Runs the layer on `rows` rows of `input` (row-major, `k` columns) into `out` (`rows x
+    /// n`, every element written), on `threads` threads of the current rayon pool: the same
+    /// bits at every thread count.
+    ///
+    /// # Panics
+    ///
+    /// If an operand is too short for its shape.
+    pub fn run(&self, rows: usize, input: &[f32], out: &mut [MaybeUninit<f32>], threads: usize) {
+        let (k, n) = (self.k, self.n);
+        let fits = |len: usize, cols: usize| rows.checked_mul(cols).is_some_and(|need| len >= need);
+        assert!(
+            self.bias.len() == n
+                && fits(input.len(), k)
+                && fits(out.len(), n)
+                && k.checked_mul(n)
+                    .is_some_and(|need| self.weight.len() >= need)
+                && self.residual.is_none_or(|r| fits(r.len(), n)),
+            "operands too short for their shapes"
+        );
+        if let Prologue::LayerNorm { weight, bias } = self.prologue {
+            assert!(
+                weight.len() == k && bias.len() == k,
+                "a layer norm of another width"
+            );
+        }
+        if rows == 0 || n == 0 {
+            return; // nothing to write
+        }
+        let input = &input[..rows * k];
+        for_row_blocks(&mut out[..rows * n], n, threads, |i, out, threads| {
+            let chunk = out.len() / n;
+            let first = i * ROW_BLOCK;
+            for (r, row) in out.chunks_exact_mut(n).enumerate() {
+                let start = self.residual.map(|res| &res[(first + r) * n..][..n]);
+                for (j, (to, &b)) in row.iter_mut().zip(self.bias).enumerate() {
+                    to.write(start.map_or(b, |s| s[j] + b));
+                }
             }
-        }
-        let first = i * ROW_BLOCK * k;
-        let input = Mat::rows(&input[first..first + chunk * k], k);
-        let weight = Mat::rows(weight, n);
-        gemm(chunk, k, n, input, weight, out, true, threads);
-        if relu {
-            // SAFETY: the loop above initialised every element and the GEMM kept them so.
-            let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
-            out.iter_mut().for_each(|v| *v = v.max(0.0));
-        }
-    });
+            let block = &input[first * k..(first + chunk) * k];
+            let weight = Mat::rows(self.weight, n);
+            let product = |input: &[f32], out: &mut [MaybeUninit<f32>]| {
+                gemm(chunk, k, n, Mat::rows(input, k), weight, out, true, threads);
+            };
+            match self.prologue {
+                Prologue::Identity => product(block, out),
+                Prologue::LayerNorm { weight, bias } => {
+                    with_scratch(chunk * k, 0, |prepared, _| {
+                        // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and the layer norm writes
+                        // only initialised values (every element).
+                        let raw = unsafe {
+                            &mut *(&mut *prepared as *mut [f32] as *mut [MaybeUninit<f32>])
+                        };
+                        layernorm::normalize_rows(k, block, weight, bias, raw, None);
+                        product(prepared, out);
+                    })
+                }
+                Prologue::Gelu => with_scratch(chunk * k, 0, |prepared, _| {
+                    gelu_into(block, prepared);
+                    product(prepared, out);
+                }),
+            }
+            if self.relu {
+                // SAFETY: the loop above initialised every element and the GEMM kept them so.
+                let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
+                out.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+        });
+    }
 }
 
 /// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major (written whole, never read), on
@@ -307,51 +419,34 @@ pub fn column_sums(
     }
 }
 
-/// `acc += values`.
-pub fn add_into(acc: &mut [f32], values: &[f32]) {
-    for (a, v) in acc.iter_mut().zip(values) {
-        *a += v;
-    }
-}
-
-/// Zeroes `grad` where the ReLU output was clipped (a select, not a branch: it vectorises),
-/// split over the current rayon pool's threads.
-pub fn relu_mask(grad: &mut [f32], output: &[f32]) {
-    grad.par_chunks_mut(SPLIT)
-        .zip(output.par_chunks(SPLIT))
-        .for_each(|(grad, output)| {
-            for (g, o) in grad.iter_mut().zip(output) {
-                *g = if *o > 0.0 { *g } else { 0.0 };
-            }
-        });
-}
-
-/// Elements per task of the element-wise kernels split over threads.
-const SPLIT: usize = 1 << 14;
-
-/// One Adam step (`t` counts from 1), split over the current rayon pool's threads.
-pub fn adam(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], lr: f32, t: i32) {
-    let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
-    let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-    let (step, root) = (lr / c1, 1.0 / c2.sqrt());
-    param
-        .par_chunks_mut(SPLIT)
-        .zip(grad.par_chunks(SPLIT))
-        .zip(m.par_chunks_mut(SPLIT))
-        .zip(v.par_chunks_mut(SPLIT))
-        .for_each(|(((param, grad), m), v)| {
-            for (((p, g), m), v) in param.iter_mut().zip(grad).zip(m).zip(v) {
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * g * g;
-                // = lr * (m / c1) / (sqrt(v / c2) + eps)
-                *p -= step * *m / (v.sqrt() * root + eps);
-            }
-        });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A plain (ReLU or not) layer on row-major operands.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        rows: usize,
+        k: usize,
+        n: usize,
+        input: &[f32],
+        weight: &[f32],
+        bias: &[f32],
+        relu: bool,
+        out: &mut [MaybeUninit<f32>],
+        threads: usize,
+    ) {
+        let layer = Linear {
+            k,
+            n,
+            weight,
+            bias,
+            prologue: Prologue::Identity,
+            residual: None,
+            relu,
+        };
+        layer.run(rows, input, out, threads);
+    }
 
     fn naive(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
         let mut c = vec![0.0; m * n];

@@ -1,5 +1,6 @@
-//! A run on the pool, as a user sees it: a progress bar, the falling loss, the pool's
-//! statistics, and on request the trace and the memory timeline.
+//! `train`: a run on the pool, as a user sees it: a progress bar, the falling loss (and the
+//! GPT's validation loss and sample), the pool's statistics, and on request the trace and
+//! the memory timeline.
 
 use anyhow::anyhow;
 use std::io::IsTerminal;
@@ -8,41 +9,25 @@ use std::time::Instant;
 use ferropool::{BufferPool, PoolConfig, PoolEvent};
 
 use crate::allocator;
-use crate::args::{Args, Keep};
+use crate::args::{Args, Keep, ModelKind};
 use crate::backend::{OverBudget, PoolBackend, VecBackend};
-use crate::measure::train;
-use crate::model::Trainer;
-use crate::model::{CLASSES, INPUT};
+use crate::least::below_least;
+use crate::measure::{train, Event, Summary};
+use crate::model::mlp::{CLASSES, INPUT};
 use crate::plot::plot;
 use crate::show::{bytes, table};
 
 /// Runs the training on this process's allocator (see [`allocator`]); prints the summary
 /// line only if `--json`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    args.check()?;
     if !allocator::choice().is_pool() {
-        // The baselines: plain vectors from glibc or mimalloc. They have no pool to trace or
-        // to budget: a trace or plot asked for would silently not be written.
-        if args.trace.is_some() || args.plot.is_some() {
-            return Err(anyhow::anyhow!(
-                "--trace and --plot record the pool's events: this run uses {} ({} chooses)",
-                allocator::choice().name(),
-                allocator::VARIABLE
-            ));
-        }
-        if args.budget.is_some() && !args.json {
-            eprintln!(
-                "note: --budget caps the pool; this run uses {} and ignores it",
-                allocator::choice().name()
-            );
-        }
-        let summary = train(&VecBackend, args, None, |_, _| {})?;
-        println!("{}", summary.line());
-        return Ok(());
+        return run_baseline(args);
     }
     // The training's tensors, parameters and optimiser state come from a pool of their own,
     // with the budget if there is one. The process-wide pool, which the front end serves
     // every crate's allocations of 4 KiB and more from (the GEMM's packing buffers, the
-    // scratch arena's chunks), stays outside it: those bytes come and go as the threads run
+    // kernels' scratch), stays outside it: those bytes come and go as the threads run
     // (a thread's packing buffer appears at its first GEMM), and inside the budget they
     // would move the least a run needs with the threads' timing. The table reports that
     // pool's peak apart. A tensor the budget refuses ends the run with an error.
@@ -61,54 +46,29 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         0
     };
     let backend = PoolBackend { pool: pool.clone() };
-    let quiet = args.json;
-    if !quiet {
-        announce(args);
-    }
-    let bar = (std::io::stderr().is_terminal() && !quiet).then(|| progress_bar(args.steps));
+    let mut progress = Progress::new(args);
     // Grown as steps end: `--steps` may be any count, and a run may be stopped early.
     let mut boundaries = Vec::new();
-    let started = Instant::now();
-    let trained = train(&backend, args, Some(pool), |step, loss| {
-        boundaries.extend(pool.trace_now_ns());
-        pool.trace_mark(step as u64);
-        let rate = (step + 1) as f64 / started.elapsed().as_secs_f64();
-        match &bar {
-            Some(bar) => {
-                bar.set_message(format!("{loss:.4}"));
-                bar.inc(1);
-            }
-            None if !quiet && (step % 5 == 0 || step + 1 == args.steps) => {
-                println!("step {:>4}  loss {loss:.4}  {rate:.2} steps/s", step + 1);
-            }
-            None => {}
+    let trained = train(&backend, args, Some(pool), |event| {
+        if let Event::Step { step, .. } = event {
+            boundaries.extend(pool.trace_now_ns());
+            pool.trace_mark(step as u64);
         }
+        progress.show(event);
     });
-    if let Some(bar) = &bar {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     let summary = match trained {
         Err(error) if args.keep() == Keep::Fitted && error.is::<OverBudget>() => {
             return Err(below_least(&backend, args, &error));
         }
         trained => trained?,
     };
-    if quiet {
+    if args.json {
         println!("{}", summary.line());
         return Ok(());
     }
     let stats = pool.stats();
-    println!(
-        "loss {:.4} -> {:.4} ({}), {:.2} steps/s",
-        summary.first_loss,
-        summary.last_loss,
-        if summary.last_loss < summary.first_loss {
-            "falling"
-        } else {
-            "NOT falling"
-        },
-        summary.steps_per_s
-    );
+    println!("{}", summary_line(&summary));
     println!();
     println!("{}", memory_table(args, &summary, &stats, ring_bytes));
     println!();
@@ -117,19 +77,134 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     export(pool, args, ring_bytes, &boundaries)
 }
 
+/// The baselines: plain vectors from glibc or mimalloc. They have no pool to trace or to
+/// budget: a trace or plot asked for would silently not be written.
+fn run_baseline(args: &Args) -> anyhow::Result<()> {
+    if args.trace.is_some() || args.plot.is_some() {
+        return Err(anyhow::anyhow!(
+            "--trace and --plot record the pool's events: this run uses {} ({} chooses)",
+            allocator::choice().name(),
+            allocator::VARIABLE
+        ));
+    }
+    if args.budget.is_some() && !args.json {
+        eprintln!(
+            "note: --budget caps the pool; this run uses {} and ignores it",
+            allocator::choice().name()
+        );
+    }
+    let mut progress = Progress::new(args);
+    let summary = train(&VecBackend, args, None, |event| progress.show(event))?;
+    progress.finish();
+    println!("{}", summary.line());
+    Ok(())
+}
+
+/// The loss, first to last, and the speed.
+fn summary_line(summary: &Summary) -> String {
+    let val = summary
+        .val_loss
+        .map_or(String::new(), |v| format!(", validation loss {v:.4}"));
+    format!(
+        "loss {:.4} -> {:.4} ({}){val}, {:.2} steps/s",
+        summary.first_loss,
+        summary.last_loss,
+        if summary.last_loss < summary.first_loss {
+            "falling"
+        } else {
+            "NOT falling"
+        },
+        summary.steps_per_s
+    )
+}
+
+/// What a run that is not `--json` shows as it goes: what trains, a progress bar on a
+/// terminal (a line every few steps elsewhere), the validation losses and the sample.
+struct Progress {
+    quiet: bool,
+    steps: usize,
+    bar: Option<indicatif::ProgressBar>,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(args: &Args) -> Self {
+        let quiet = args.json;
+        if !quiet {
+            announce(args);
+        }
+        Self {
+            quiet,
+            steps: args.steps,
+            bar: (std::io::stderr().is_terminal() && !quiet).then(|| progress_bar(args.steps)),
+            started: Instant::now(),
+        }
+    }
+
+    fn show(&mut self, event: Event<'_>) {
+        if self.quiet {
+            return;
+        }
+        match (event, &self.bar) {
+            (Event::Step { loss, .. }, Some(bar)) => {
+                bar.set_message(format!("{loss:.4}"));
+                bar.inc(1);
+            }
+            (Event::Step { step, loss }, None) => {
+                if step % 10 == 0 || step + 1 == self.steps {
+                    let rate = (step + 1) as f64 / self.started.elapsed().as_secs_f64();
+                    println!("step {:>4}  loss {loss:.4}  {rate:.2} steps/s", step + 1);
+                }
+            }
+            (Event::Validation { step, loss }, bar) => {
+                let line = format!("step {step:>4}  validation loss {loss:.4}");
+                match bar {
+                    Some(bar) => bar.println(line),
+                    None => println!("{line}"),
+                }
+            }
+            (Event::Sample(text), bar) => {
+                if let Some(bar) = bar {
+                    bar.finish_and_clear();
+                }
+                println!("\nsample (seeded, temperature 0.8):\n----\n{text}\n----");
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
 /// Prints what the run trains and how (the first line of a run that is not `--json`).
 fn announce(args: &Args) {
     let budget = args
         .budget
         .map_or(String::new(), |b| format!(", budget {:.2}", bytes(b)));
+    let model = match args.model {
+        ModelKind::Gpt => format!(
+            "GPT of {} blocks, width {}, {} heads, context {}, vocabulary {}, batch {} x {}",
+            args.layers, args.width, args.heads, args.context, args.vocab, args.batch, args.context
+        ),
+        ModelKind::Mlp => format!(
+            "MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}",
+            args.layers, args.hidden, args.batch
+        ),
+    };
+    let unit = if args.model == ModelKind::Gpt {
+        "block"
+    } else {
+        "layer"
+    };
     println!(
-        "ferropool train-replay: MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}, {}, {} thread(s), {} steps{budget}",
-        args.layers,
-        args.hidden,
-        args.batch,
+        "ferropool train-replay: {model}, {}, {} thread(s), {} steps{budget}",
         match args.keep() {
-            Keep::Every(every) => format!("checkpoint every {every} layer(s)"),
-            Keep::Fitted => "inputs kept as the budget allows".to_owned(),
+            Keep::Every(0) => "every tensor kept".to_owned(),
+            Keep::Every(every) => format!("checkpoint every {every} {unit}(s)"),
+            Keep::Fitted => "tensors kept as the budget allows".to_owned(),
         },
         args.threads(),
         args.steps
@@ -151,7 +226,7 @@ fn progress_bar(steps: usize) -> indicatif::ProgressBar {
 /// the whole run, taken out of the peak RSS).
 fn memory_table(
     args: &Args,
-    summary: &crate::measure::Summary,
+    summary: &Summary,
     stats: &ferropool::PoolStats,
     ring_bytes: u64,
 ) -> comfy_table::Table {
@@ -273,77 +348,4 @@ fn trace_capacity(args: &Args) -> usize {
         .saturating_mul(per_step)
         .saturating_add(4096)
         .min(PoolConfig::MAX_TRACE_EVENTS)
-}
-
-/// The error of a run fitted to a budget that could not hold it even with every evictable
-/// input evicted: one message that names the least budget the run needs, found by trying
-/// steps of the same run at budgets between the one refused and what the run holds without
-/// evicting anything.
-fn below_least(backend: &PoolBackend, args: &Args, refused: &anyhow::Error) -> anyhow::Error {
-    let pool = &backend.pool;
-    let budget = args.budget.unwrap_or(u64::MAX);
-    match least_budget(backend, args, budget) {
-        Ok(least) => anyhow!(
-            "the pool's budget of {:.2} is below the least this run needs, {:.2}: even with \
-             every layer input that may be recomputed evicted, the tensors a step reads at once \
-             do not fit. Raise --budget to at least {:.2}, or lower --batch or --hidden.",
-            bytes(budget),
-            bytes(least),
-            bytes(least),
-        ),
-        // The search itself failed (a refusal that is not the budget's): the first error.
-        Err(error) => {
-            pool.set_budget(args.budget);
-            anyhow!("{refused:#} (and finding the least budget failed: {error:#})")
-        }
-    }
-}
-
-/// Steps each try runs: the first step and one in steady state (every later step repeats it).
-const TRY_STEPS: usize = 2;
-/// The search's resolution.
-const LEAST_STEP: u64 = 1 << 20;
-
-/// The least budget (a whole number of MiB) at which [`TRY_STEPS`] dry steps of this run
-/// complete (see [`Trainer::dry`]), by bisection between `refused` (which failed) and the
-/// peak a run without eviction reserves. What a budget holds depends only on the order of
-/// the step's requests, which a dry step keeps, so the run completes at the MiB named and
-/// fails a MiB below. Leaves the pool trimmed and without a budget.
-fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
-    let pool = &backend.pool;
-    // Whether `TRY_STEPS` steps of a fresh run complete under `budget`.
-    let fits = |budget: Option<u64>| -> anyhow::Result<bool> {
-        pool.trim();
-        pool.set_budget(budget);
-        let mut trial = args.clone();
-        trial.budget = Some(budget.unwrap_or(u64::MAX));
-        // The parameters and the optimiser's state come from the budget too.
-        let outcome = Trainer::dry(backend, &trial).and_then(|mut trainer| {
-            (0..TRY_STEPS).try_for_each(|_| trainer.step(args.batch).map(drop))
-        });
-        pool.trim();
-        pool.set_budget(None);
-        match outcome {
-            Ok(()) => Ok(true),
-            Err(error) if error.is::<OverBudget>() => Ok(false),
-            Err(error) => Err(error),
-        }
-    };
-    // Without a budget nothing is evicted, and that run's peak always fits: the pool's peak
-    // over the process is at least that.
-    fits(None)?;
-    let unbounded = pool.stats().peak_reserved_bytes;
-    // MiB that do not fit: at most `refused`, which failed (a budget need not be whole MiB).
-    let mut low = refused / LEAST_STEP;
-    let mut high = unbounded.div_ceil(LEAST_STEP).max(low + 1); // MiB that fit
-    while high - low > 1 {
-        let middle = low + (high - low) / 2;
-        // Saturating: a budget within a MiB of `u64::MAX` has no whole MiB above it.
-        if fits(Some(middle.saturating_mul(LEAST_STEP)))? {
-            high = middle;
-        } else {
-            low = middle;
-        }
-    }
-    Ok(high.saturating_mul(LEAST_STEP))
 }

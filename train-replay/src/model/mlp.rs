@@ -1,4 +1,4 @@
-//! The model and its training step: an MLP (`INPUT -> layers x hidden -> CLASSES`, ReLU),
+//! The MLP and its training step: an MLP (`INPUT -> layers x hidden -> CLASSES`, ReLU),
 //! softmax cross-entropy against a random linear teacher, Adam, and activation
 //! checkpointing, in one of two ways ([`Keep`]):
 //!
@@ -26,9 +26,11 @@ use rand::{Rng as _, SeedableRng};
 use rand_distr::StandardNormal;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
+use super::Model;
 use crate::args::{Args, Keep};
 use crate::backend::{Backend, Kernel};
-use crate::kernels::{self, adam, relu_mask, Mat};
+use crate::kernels::elementwise::{adam, relu_mask};
+use crate::kernels::gemm::{self as kernels, Linear as Fused, Mat, Prologue};
 
 /// Input features.
 pub const INPUT: usize = 128;
@@ -170,6 +172,8 @@ pub struct Trainer<'a, B: Backend> {
     rng: Rng,
     step: usize,
     lr: f32,
+    /// Examples per batch.
+    batch: usize,
     /// Kept from step to step: the batch's labels.
     labels: Vec<usize>,
     /// The step's threads, kept for the whole run (as a training runtime keeps its threads).
@@ -199,20 +203,30 @@ thread_local! {
     static SCRATCH: RefCell<Bump> = RefCell::new(Bump::new());
 }
 
+impl<B: Backend> Model for Trainer<'_, B> {
+    fn step(&mut self) -> anyhow::Result<f32> {
+        self.train_step(self.batch)
+    }
+
+    fn describe(&self) -> String {
+        let hidden = self.layers.first().map_or(0, |layer| layer.outputs);
+        format!(
+            "MLP {INPUT} -> {} x {hidden} -> {CLASSES}, batch {}, {}",
+            self.layers.len() - 1,
+            self.batch,
+            match self.keep {
+                Keep::Every(every) => format!("checkpoint every {every} layer(s)"),
+                Keep::Fitted => "inputs kept as the budget allows".to_owned(),
+            },
+        )
+    }
+}
+
 impl<'a, B: Backend> Trainer<'a, B> {
-    /// A fresh model; an error if its worker threads cannot start.
-    pub fn new(backend: &'a B, args: &Args) -> anyhow::Result<Self> {
-        Self::with_kernels(backend, args, true)
-    }
-
-    /// A fresh model whose steps are dry (see [`Trainer::dry`]): it takes and gives back
-    /// the buffers a step of [`new`](Self::new)'s takes, in the same order, without
-    /// computing them.
-    pub fn dry(backend: &'a B, args: &Args) -> anyhow::Result<Self> {
-        Self::with_kernels(backend, args, false)
-    }
-
-    fn with_kernels(backend: &'a B, args: &Args, kernels: bool) -> anyhow::Result<Self> {
+    /// A fresh model; an error if its worker threads cannot start. Without `kernels` its
+    /// steps are dry (see the `dry` field): it takes and gives back the buffers a step
+    /// takes, in the same order, without computing them.
+    pub fn with_kernels(backend: &'a B, args: &Args, kernels: bool) -> anyhow::Result<Self> {
         let mut rng = Rng::seed_from_u64(args.seed);
         let teacher = (0..INPUT * CLASSES).map(|_| normal(&mut rng)).collect();
         let mut dims = Vec::new();
@@ -242,7 +256,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             layers,
             keep: match args.keep() {
                 // Past the layer count it keeps the first layer's input alone, as the count
-                // does (and sizes a scratch vector by it).
+                // does (and sizes a scratch vector by it); 0 (keep everything) is 1 here.
                 Keep::Every(every) => Keep::Every(every.clamp(1, layer_count)),
                 Keep::Fitted => Keep::Fitted,
             },
@@ -251,6 +265,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             rng,
             step: 0,
             lr: args.lr,
+            batch: args.batch,
             labels,
             workers,
             dry: !kernels,
@@ -306,7 +321,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     /// One training step; returns the mean loss.
-    pub fn step(&mut self, batch: usize) -> anyhow::Result<f32> {
+    pub fn train_step(&mut self, batch: usize) -> anyhow::Result<f32> {
         // The step's and its phases' spans in the trace (`--trace`), on this thread's track.
         let backend = self.backend;
         let _step = backend.span("step");
@@ -526,7 +541,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let count = self.layers.len();
         let mut chain = B::Chain::default();
         let mut current = self.backend.save(x)?;
-        self.backend.push_checkpoint(&mut chain, 0, current.clone());
+        self.backend
+            .push_checkpoint(&mut chain, 0, [(0, current.clone())]);
         let mut live: Option<B::Buf> = None;
         for l in 0..count {
             let out = match &live {
@@ -536,7 +552,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             if l + 1 < count && (l + 1) % every == 0 {
                 current = self.backend.save(out)?;
                 self.backend
-                    .push_checkpoint(&mut chain, l + 1, current.clone());
+                    .push_checkpoint(&mut chain, l + 1, [(l + 1, current.clone())]);
                 live = None;
             } else {
                 live = Some(out); // the previous non-checkpointed activation drops here
@@ -553,7 +569,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let count = self.layers.len();
         let mut chain = B::Chain::default();
         let mut current = self.backend.save(x)?;
-        self.backend.push_checkpoint(&mut chain, 0, current.clone());
+        self.backend
+            .push_checkpoint(&mut chain, 0, [(0, current.clone())]);
         for l in 0..count {
             let out = B::with_saved(&current, |input| self.linear(l, input, batch))?;
             if l + 1 == count {
@@ -565,9 +582,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 .saturating_mul(layer.outputs as u64);
             current =
                 self.backend
-                    .save_recomputable(out, &current, cost, self.kernel(l, batch)?)?;
+                    .save_recomputable(out, &[&current], cost, self.kernel(l, batch)?)?;
             self.backend
-                .push_checkpoint(&mut chain, l + 1, current.clone());
+                .push_checkpoint(&mut chain, l + 1, [(l + 1, current.clone())]);
         }
         Err(anyhow!("a model without layers"))
     }
@@ -579,7 +596,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             return Ok(Arc::new(|_, out| out.fill(std::mem::MaybeUninit::new(0.0))));
         }
         let layer = self.forward_kernel(l, rows)?;
-        Ok(Arc::new(move |input, out| layer.run(input, out)))
+        Ok(Arc::new(move |inputs, out| layer.run(inputs[0], out)))
     }
 }
 
@@ -598,16 +615,15 @@ struct Forward<B: Backend> {
 impl<B: Backend> Forward<B> {
     /// Writes every element of `out` from `input`.
     fn run(&self, input: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) {
-        kernels::linear(
-            self.rows,
-            self.k,
-            self.n,
-            input,
-            B::slice(&self.weight),
-            B::slice(&self.bias),
-            self.relu,
-            out,
-            self.threads,
-        );
+        let layer = Fused {
+            k: self.k,
+            n: self.n,
+            weight: B::slice(&self.weight),
+            bias: B::slice(&self.bias),
+            prologue: Prologue::Identity,
+            residual: None,
+            relu: self.relu,
+        };
+        layer.run(self.rows, input, out, self.threads);
     }
 }

@@ -1,0 +1,80 @@
+//! The least budget a fitted run needs, found by dry steps at budgets between the one the
+//! run was refused at and what it holds without evicting anything.
+
+use anyhow::anyhow;
+
+use crate::args::Args;
+use crate::backend::{OverBudget, PoolBackend};
+use crate::show::bytes;
+
+/// The error of a run fitted to a budget that could not hold it even with every evictable
+/// input evicted: one message that names the least budget the run needs, found by trying
+/// steps of the same run at budgets between the one refused and what the run holds without
+/// evicting anything.
+pub fn below_least(backend: &PoolBackend, args: &Args, refused: &anyhow::Error) -> anyhow::Error {
+    let pool = &backend.pool;
+    let budget = args.budget.unwrap_or(u64::MAX);
+    match least_budget(backend, args, budget) {
+        Ok(least) => anyhow!(
+            "the pool's budget of {:.2} is below the least this run needs, {:.2}: even with \
+             every kept tensor that may be recomputed evicted, the tensors a step reads at once \
+             do not fit. Raise --budget to at least {:.2}, or lower --batch or the model's size.",
+            bytes(budget),
+            bytes(least),
+            bytes(least),
+        ),
+        // The search itself failed (a refusal that is not the budget's): the first error.
+        Err(error) => {
+            pool.set_budget(args.budget);
+            anyhow!("{refused:#} (and finding the least budget failed: {error:#})")
+        }
+    }
+}
+
+/// Steps each try runs: the first step and one in steady state (every later step repeats it).
+const TRY_STEPS: usize = 2;
+/// The search's resolution.
+const LEAST_STEP: u64 = 1 << 20;
+
+/// The least budget (a whole number of MiB) at which [`TRY_STEPS`] dry steps of this run
+/// complete (see [`build`](crate::model::build)'s dry models), by bisection between `refused` (which failed) and the
+/// peak a run without eviction reserves. What a budget holds depends only on the order of
+/// the step's requests, which a dry step keeps, so the run completes at the MiB named and
+/// fails a MiB below. Leaves the pool trimmed and without a budget.
+fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
+    let pool = &backend.pool;
+    // Whether `TRY_STEPS` steps of a fresh run complete under `budget`.
+    let fits = |budget: Option<u64>| -> anyhow::Result<bool> {
+        pool.trim();
+        pool.set_budget(budget);
+        let mut trial = args.clone();
+        trial.budget = Some(budget.unwrap_or(u64::MAX));
+        // The parameters and the optimiser's state come from the budget too.
+        let outcome = crate::model::build(backend, &trial, true)
+            .and_then(|mut model| (0..TRY_STEPS).try_for_each(|_| model.step().map(drop)));
+        pool.trim();
+        pool.set_budget(None);
+        match outcome {
+            Ok(()) => Ok(true),
+            Err(error) if error.is::<OverBudget>() => Ok(false),
+            Err(error) => Err(error),
+        }
+    };
+    // Without a budget nothing is evicted, and that run's peak always fits: the pool's peak
+    // over the process is at least that.
+    fits(None)?;
+    let unbounded = pool.stats().peak_reserved_bytes;
+    // MiB that do not fit: at most `refused`, which failed (a budget need not be whole MiB).
+    let mut low = refused / LEAST_STEP;
+    let mut high = unbounded.div_ceil(LEAST_STEP).max(low + 1); // MiB that fit
+    while high - low > 1 {
+        let middle = low + (high - low) / 2;
+        // Saturating: a budget within a MiB of `u64::MAX` has no whole MiB above it.
+        if fits(Some(middle.saturating_mul(LEAST_STEP)))? {
+            high = middle;
+        } else {
+            low = middle;
+        }
+    }
+    Ok(high.saturating_mul(LEAST_STEP))
+}

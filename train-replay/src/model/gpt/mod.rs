@@ -1,0 +1,534 @@
+//! A decoder-only transformer in GPT-2's layout, trained on the bytes of a text: token and
+//! learned position embeddings, `layers` pre-LayerNorm blocks of causal multi-head
+//! self-attention and a 4x MLP with GELU (tanh form), each with its residual, a final layer
+//! norm, the output projection tied to the token embedding, softmax cross-entropy, AdamW
+//! with weight decay on the matrices and embeddings. nanoGPT's model; `scripts/torch_gpt.py`
+//! is the same model and recipe in PyTorch, and the two exchange weights ([`params`]).
+//!
+//! What the forward pass keeps ([`Keep`]):
+//!
+//! - `--checkpoint-every 0`: every tensor each block's backward pass reads (its input,
+//!   `qkv`, the attention's output, the residual after it and the MLP's hidden layer);
+//! - `--checkpoint-every k`: only the input of every k-th block; the backward pass
+//!   recomputes each segment of k blocks from its input, then runs back through it;
+//! - fitted to the budget: everything, each tensor a value the pool may evict and recompute
+//!   from the ones it was computed from.
+//!
+//! All three compute the same numbers in the same order: their losses are the same bits, at
+//! any thread count (see [`kernels`](crate::kernels)). Each block's AdamW step runs as soon as
+//! the backward pass has its gradients, so a step holds one block's gradients at a time (and
+//! the token embedding's, which the output projection shares, until the end).
+
+pub mod block;
+pub mod head;
+pub mod ops;
+pub mod params;
+
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use rand::{Rng as _, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+use crate::args::{Args, BadInput, Keep};
+use crate::backend::Backend;
+use crate::data::{Part, Text};
+use crate::kernels::attention::Heads;
+use crate::kernels::elementwise::AdamW;
+
+use self::block::{Keeping, Layer, Values};
+use self::ops::Ops;
+use self::params::Params;
+use super::Model;
+
+/// The weights' and the samples' random numbers.
+type Rng = Xoshiro256PlusPlus;
+
+/// Validation batches in each evaluation.
+const EVAL_BATCHES: u64 = 4;
+
+/// What the seed is mixed with for the sample's random numbers ("SAMPLE").
+const SAMPLE_STREAM: u64 = 0x5341_4D50_4C45;
+
+/// The sampling temperature.
+const TEMPERATURE: f32 = 0.8;
+
+/// The model's and a batch's dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Tokens in the vocabulary.
+    pub vocab: usize,
+    /// Positions per sequence.
+    pub context: usize,
+    /// Width of the residual stream.
+    pub width: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Blocks.
+    pub layers: usize,
+    /// Sequences per batch.
+    pub batch: usize,
+}
+
+impl Shape {
+    /// The shape `args` asks for; an error naming the flags if the width is not a multiple of
+    /// the heads or a step's largest tensor would overflow.
+    pub fn of(args: &Args) -> Result<Self, BadInput> {
+        args.check()?;
+        let shape = Self {
+            vocab: args.vocab,
+            context: args.context,
+            width: args.width,
+            heads: args.heads,
+            layers: args.layers,
+            batch: args.batch,
+        };
+        // The largest tensors: a batch's 4x-wide hidden layer, its logits, kept scores; bytes.
+        let rows = shape.batch.checked_mul(shape.context);
+        let largest = rows
+            .and_then(|rows| rows.checked_mul(4 * shape.width.max(shape.vocab)))
+            .and_then(|n| n.checked_mul(shape.context.max(4)))
+            .and_then(|n| n.checked_mul(size_of::<f32>()));
+        if largest.is_none_or(|bytes| bytes > isize::MAX as usize) {
+            return Err(BadInput(format!(
+                "--batch {} x --context {} x --width {} (or --vocab {}) is more than a tensor \
+                 can hold: lower one of them",
+                shape.batch, shape.context, shape.width, shape.vocab
+            )));
+        }
+        Ok(shape)
+    }
+
+    /// A batch of `batch` sequences of `seq` positions.
+    fn heads(&self, batch: usize, seq: usize) -> Heads {
+        Heads {
+            batch,
+            seq,
+            heads: self.heads,
+            size: self.width / self.heads,
+        }
+    }
+}
+
+/// The kinds of tensors a block keeps on the step's checkpoint chain; a tensor's key is
+/// `block x KINDS + kind`.
+const KINDS: usize = 5;
+
+/// The key of kind `kind` of block `block`.
+fn key(block: usize, kind: usize) -> usize {
+    block * KINDS + kind
+}
+
+/// Writes the initial weights a run of `args` starts from (drawn from its seed) to `path`:
+/// what `compare` hands to every run, PyTorch's included.
+pub fn save_init(args: &Args, path: &std::path::Path) -> anyhow::Result<()> {
+    let shape = Shape::of(args)?;
+    let mut rng = Rng::seed_from_u64(args.seed);
+    Params::new(&crate::backend::VecBackend, &shape, Some(&mut rng))?.save(path)
+}
+
+/// The GPT, its data and its threads.
+#[derive(Debug)]
+pub struct Gpt<'a, B: Backend> {
+    /// The step's threads, kept for the whole run (as a training runtime keeps its threads).
+    workers: rayon::ThreadPool,
+    state: State<'a, B>,
+}
+
+/// Everything but the threads (so that a step can run on them with `&mut` to the rest).
+#[derive(Debug)]
+struct State<'a, B: Backend> {
+    ops: Ops<'a, B>,
+    shape: Shape,
+    params: Params<B>,
+    keep: Keep,
+    keep_scores: bool,
+    text: Text,
+    opt: AdamW,
+    seed: u64,
+    step: usize,
+    /// The batch's input tokens and the tokens that follow each, kept from step to step.
+    inputs: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+impl<'a, B: Backend> Gpt<'a, B> {
+    /// A GPT as `args` say, its parameters from `backend`: initialised from the seed, or
+    /// loaded from `--load`, and written to `--save-init` if asked. A dry one (see
+    /// [`Ops::dry`]) has zeros for weights and computes nothing.
+    pub fn new(backend: &'a B, args: &Args, dry: bool) -> anyhow::Result<Self> {
+        let shape = Shape::of(args)?;
+        let text = Text::load(args.data.as_deref(), shape.context, shape.vocab)?;
+        let mut rng = Rng::seed_from_u64(args.seed);
+        let mut params = Params::new(backend, &shape, (!dry).then_some(&mut rng))?;
+        if let (Some(path), false) = (&args.load, dry) {
+            params.load(path)?;
+        }
+        if let (Some(path), false) = (&args.save_init, dry) {
+            params.save(path)?;
+        }
+        let threads = args.threads();
+        let workers = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("worker {i}")) // the trace's track names
+            .build()
+            .map_err(|e| anyhow!("starting {threads} worker thread(s): {e}"))?;
+        let keep = match args.keep() {
+            // Past the block count it keeps the first block's input alone, as the count does.
+            Keep::Every(every) => Keep::Every(every.min(shape.layers)),
+            Keep::Fitted => Keep::Fitted,
+        };
+        let rows = shape.batch * shape.context;
+        Ok(Self {
+            workers,
+            state: State {
+                ops: Ops {
+                    backend,
+                    threads,
+                    dry,
+                },
+                shape,
+                params,
+                keep,
+                keep_scores: args.keep_scores,
+                text,
+                opt: AdamW {
+                    lr: args.lr,
+                    beta1: 0.9,
+                    beta2: 0.95,
+                    eps: 1e-8,
+                    weight_decay: args.weight_decay,
+                },
+                seed: args.seed,
+                step: 0,
+                inputs: Vec::with_capacity(rows),
+                targets: Vec::with_capacity(rows),
+            },
+        })
+    }
+}
+
+impl<B: Backend> Model for Gpt<'_, B> {
+    fn step(&mut self) -> anyhow::Result<f32> {
+        let state = &mut self.state;
+        self.workers.install(|| state.step())
+    }
+
+    fn validate(&mut self) -> anyhow::Result<Option<f32>> {
+        let state = &mut self.state;
+        if state.ops.dry {
+            return Ok(None);
+        }
+        self.workers.install(|| state.validate()).map(Some)
+    }
+
+    fn sample(&mut self, len: usize) -> anyhow::Result<Option<String>> {
+        let state = &mut self.state;
+        if state.ops.dry {
+            return Ok(None);
+        }
+        self.workers.install(|| state.sample(len)).map(Some)
+    }
+
+    fn describe(&self) -> String {
+        let (s, state) = (&self.state.shape, &self.state);
+        format!(
+            "GPT of {} blocks of width {} ({} heads), context {}, vocabulary {}, {:.2}M \
+             parameters; batch {} x {} tokens of {}, {}",
+            s.layers,
+            s.width,
+            s.heads,
+            s.context,
+            s.vocab,
+            state.params.count() as f64 / 1e6,
+            s.batch,
+            s.context,
+            state
+                .text
+                .path
+                .as_ref()
+                .map_or_else(|| "Shakespeare".to_owned(), |p| p.display().to_string()),
+            match state.keep {
+                Keep::Every(0) => "every tensor kept".to_owned(),
+                Keep::Every(k) => format!("checkpoint every {k} block(s)"),
+                Keep::Fitted => "tensors kept as the budget allows".to_owned(),
+            },
+        )
+    }
+}
+
+impl<B: Backend> State<'_, B> {
+    /// Block `b` of a batch of `heads`.
+    fn layer(&self, b: usize, heads: Heads) -> Layer<'_, '_, B> {
+        Layer {
+            ops: &self.ops,
+            params: &self.params.blocks[b],
+            heads,
+            keep_scores: self.keep_scores,
+        }
+    }
+
+    /// AdamW's step count (its bias corrections are 1 long before 2^31 steps).
+    fn t(&self) -> i32 {
+        i32::try_from(self.step).unwrap_or(i32::MAX)
+    }
+
+    /// One training step on the next batch; returns the mean loss.
+    fn step(&mut self) -> anyhow::Result<f32> {
+        let backend = self.ops.backend;
+        let _step = backend.span("step");
+        let (batch, context) = (self.shape.batch, self.shape.context);
+        self.text.batch(
+            Part::Train,
+            self.seed,
+            self.step as u64,
+            (batch, context),
+            &mut self.inputs,
+            &mut self.targets,
+        );
+        self.step += 1;
+        let heads = self.shape.heads(batch, context);
+        let tokens: Arc<[u32]> = Arc::from(self.inputs.as_slice());
+        match self.keep {
+            Keep::Every(0) => self.step_kept(heads, &tokens, Keeping::Plain),
+            Keep::Fitted => self.step_kept(heads, &tokens, Keeping::Evictable),
+            Keep::Every(k) => self.step_segments(heads, &tokens, k),
+        }
+    }
+
+    /// A step that keeps every tensor the backward pass reads, as `keeping` says.
+    fn step_kept(
+        &mut self,
+        heads: Heads,
+        tokens: &Arc<[u32]>,
+        keeping: Keeping,
+    ) -> anyhow::Result<f32> {
+        let backend = self.ops.backend;
+        let forward = backend.span("forward");
+        let mut chain = B::Chain::default();
+        let mut x = head::embed(&self.ops, &self.params, tokens, heads, keeping)?;
+        for b in 0..self.shape.layers {
+            let (values, out) = self.layer(b, heads).forward(x, keeping, true)?;
+            self.push(&mut chain, b, values);
+            x = out.ok_or_else(|| anyhow!("block {b} without an output"))?;
+        }
+        drop(forward);
+        let (loss, grads) = self.head(&x, heads)?;
+        drop(x);
+        let _backward = backend.span("backward");
+        let mut dx = grads.dx;
+        for b in (0..self.shape.layers).rev() {
+            let _block = backend.span("backward (block)");
+            let values = self.values(&chain, b)?;
+            let grads;
+            (dx, grads) = self.layer(b, heads).backward(&values, dx)?;
+            // The block's tensors go back, and with them the recomputes that hold its
+            // parameters: then its AdamW step.
+            drop(values);
+            B::pop_checkpoint(&mut chain, b);
+            self.update_block(b, &grads)?;
+        }
+        self.embed_backward(tokens, heads, &dx, grads.dwte)?;
+        Ok(loss)
+    }
+
+    /// A step that keeps the input of every `every`-th block and recomputes each segment in
+    /// the backward pass.
+    fn step_segments(
+        &mut self,
+        heads: Heads,
+        tokens: &Arc<[u32]>,
+        every: usize,
+    ) -> anyhow::Result<f32> {
+        let (backend, layers) = (self.ops.backend, self.shape.layers);
+        let forward = backend.span("forward");
+        let mut chain = B::Chain::default();
+        let mut x = head::embed(&self.ops, &self.params, tokens, heads, Keeping::Plain)?;
+        for b in 0..layers {
+            if b % every == 0 {
+                backend.push_checkpoint(&mut chain, b, [(key(b, 0), x.clone())]);
+            }
+            let (_, out) = self.layer(b, heads).forward(x, Keeping::Plain, true)?;
+            x = out.ok_or_else(|| anyhow!("block {b} without an output"))?;
+        }
+        drop(forward);
+        let (loss, grads) = self.head(&x, heads)?;
+        drop(x);
+        let _backward = backend.span("backward");
+        let mut dx = grads.dx;
+        for start in (0..layers).step_by(every).rev() {
+            let _segment = backend.span("backward (segment)");
+            let end = (start + every).min(layers);
+            let mut x = B::checkpoint(&chain, key(start, 0))?;
+            let mut kept = Vec::with_capacity(end - start);
+            for b in start..end {
+                // The segment's last output is the next segment's input: not computed again.
+                let (values, out) = self
+                    .layer(b, heads)
+                    .forward(x, Keeping::Plain, b + 1 < end)?;
+                kept.push(values);
+                match out {
+                    Some(out) => x = out,
+                    None => break,
+                }
+            }
+            for b in (start..end).rev() {
+                let values = kept
+                    .pop()
+                    .ok_or_else(|| anyhow!("block {b} was not recomputed"))?;
+                let grads;
+                (dx, grads) = self.layer(b, heads).backward(&values, dx)?;
+                drop(values);
+                self.update_block(b, &grads)?;
+            }
+            B::pop_checkpoint(&mut chain, start);
+        }
+        self.embed_backward(tokens, heads, &dx, grads.dwte)?;
+        Ok(loss)
+    }
+
+    /// Puts block `b`'s kept tensors on the chain.
+    fn push(&self, chain: &mut B::Chain, b: usize, values: Values<B::Saved>) {
+        let Values {
+            x,
+            qkv,
+            att,
+            res2,
+            fch,
+        } = values;
+        let entries = [x, qkv, att, res2, fch]
+            .into_iter()
+            .enumerate()
+            .map(|(kind, saved)| (key(b, kind), saved));
+        self.ops.backend.push_checkpoint(chain, b, entries);
+    }
+
+    /// Block `b`'s kept tensors on the chain.
+    fn values(&self, chain: &B::Chain, b: usize) -> anyhow::Result<Values<B::Saved>> {
+        let at = |kind| B::checkpoint(chain, key(b, kind));
+        Ok(Values {
+            x: at(0)?,
+            qkv: at(1)?,
+            att: at(2)?,
+            res2: at(3)?,
+            fch: at(4)?,
+        })
+    }
+
+    /// Block `b`'s AdamW step with its gradients, once nothing else holds its parameters.
+    fn update_block(&mut self, b: usize, grads: &[B::Buf]) -> anyhow::Result<()> {
+        if !self.ops.dry {
+            let _update = self.ops.backend.span("optimizer (block)");
+            let (opt, t) = (self.opt, self.t());
+            self.params.blocks[b].update(grads, &opt, t)?;
+        }
+        Ok(())
+    }
+
+    /// The head on the last block's output: the loss and the gradients, and `ln_f`'s AdamW
+    /// step.
+    fn head(
+        &mut self,
+        x: &B::Saved,
+        heads: Heads,
+    ) -> anyhow::Result<(f32, head::HeadGrads<B::Buf>)> {
+        let _loss = self.ops.backend.span("loss");
+        let (loss, grads) = head::head(&self.ops, &self.params, x, heads, &self.targets, true)?;
+        let grads = grads.ok_or_else(|| anyhow!("the head gave no gradients"))?;
+        if !self.ops.dry {
+            let (opt, t) = (self.opt, self.t());
+            self.params.lnf_w.update(B::slice(&grads.lnf[0]), &opt, t)?;
+            self.params.lnf_b.update(B::slice(&grads.lnf[1]), &opt, t)?;
+        }
+        Ok((loss, grads))
+    }
+
+    /// The embeddings' gradients from `dx` and `dwte` (the head's share), and their AdamW
+    /// steps.
+    fn embed_backward(
+        &mut self,
+        tokens: &[u32],
+        heads: Heads,
+        dx: &B::Buf,
+        mut dwte: B::Buf,
+    ) -> anyhow::Result<()> {
+        let dwpe = head::embed_backward(&self.ops, tokens, heads, dx, &mut dwte)?;
+        if !self.ops.dry {
+            let (opt, t) = (self.opt, self.t());
+            self.params.wte.update(B::slice(&dwte), &opt, t)?;
+            self.params.wpe.update(B::slice(&dwpe), &opt, t)?;
+        }
+        Ok(())
+    }
+
+    /// The output of the last block on `tokens` (`heads`), keeping nothing for a backward
+    /// pass.
+    fn infer(&self, tokens: &Arc<[u32]>, heads: Heads) -> anyhow::Result<B::Saved> {
+        let mut x = head::embed(&self.ops, &self.params, tokens, heads, Keeping::Plain)?;
+        for b in 0..self.shape.layers {
+            let (_, out) = self.layer(b, heads).forward(x, Keeping::Plain, true)?;
+            x = out.ok_or_else(|| anyhow!("block {b} without an output"))?;
+        }
+        Ok(x)
+    }
+
+    /// The mean loss over [`EVAL_BATCHES`] fixed batches of the validation part.
+    fn validate(&mut self) -> anyhow::Result<f32> {
+        let (batch, context) = (self.shape.batch, self.shape.context);
+        let heads = self.shape.heads(batch, context);
+        let mut total = 0.0f64;
+        for index in 0..EVAL_BATCHES {
+            let (inputs, targets) = (&mut self.inputs, &mut self.targets);
+            self.text.batch(
+                Part::Val,
+                self.seed,
+                index,
+                (batch, context),
+                inputs,
+                targets,
+            );
+            let tokens: Arc<[u32]> = Arc::from(self.inputs.as_slice());
+            let x = self.infer(&tokens, heads)?;
+            let (loss, _) = head::head(&self.ops, &self.params, &x, heads, &self.targets, false)?;
+            total += loss as f64;
+        }
+        Ok((total / EVAL_BATCHES as f64) as f32)
+    }
+
+    /// `len` bytes generated from the model after a newline (at temperature
+    /// [`TEMPERATURE`], from the seed).
+    fn sample(&mut self, len: usize) -> anyhow::Result<String> {
+        let (c, vocab) = (self.shape.width, self.shape.vocab);
+        let start = if vocab > usize::from(b'\n') {
+            u32::from(b'\n')
+        } else {
+            0
+        };
+        let mut tokens = vec![start];
+        let mut rng = Rng::seed_from_u64(self.seed ^ SAMPLE_STREAM);
+        for _ in 0..len {
+            let window: Arc<[u32]> =
+                Arc::from(&tokens[tokens.len().saturating_sub(self.shape.context)..]);
+            let heads = self.shape.heads(1, window.len());
+            let x = self.infer(&window, heads)?;
+            let logits = head::last_logits(&self.ops, &self.params, &x, window.len(), c)?;
+            let logits = B::slice(&logits);
+            let max = logits.iter().copied().fold(f32::MIN, f32::max);
+            let weights: Vec<f32> = logits
+                .iter()
+                .map(|l| ((l - max) / TEMPERATURE).exp())
+                .collect();
+            let mut pick = rng.random::<f32>() * weights.iter().sum::<f32>();
+            let token = weights
+                .iter()
+                .position(|&w| {
+                    pick -= w;
+                    pick < 0.0
+                })
+                .unwrap_or(vocab - 1);
+            tokens.push(token as u32);
+        }
+        let bytes: Vec<u8> = tokens[1..].iter().map(|&t| t.min(255) as u8).collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+}

@@ -1,0 +1,177 @@
+//! The GPT end to end, tiny: the same losses to the bit at any thread count and whatever the
+//! forward pass keeps (everything, every k-th block's input, or fitted to a budget that
+//! evicts), weights that go out to a safetensors file and come back, the validation loss and
+//! the sample, and bad input refused with exit code 2 and a message naming the flag.
+
+mod common;
+
+use common::{succeeded, train_replay};
+use train_replay::measure::Summary;
+
+/// A GPT small enough for a debug build: 3 blocks of width 32, context 24, batch 4.
+const TINY_GPT: &[&str] = &[
+    "--model",
+    "gpt",
+    "--context",
+    "24",
+    "--width",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "3",
+    "--batch",
+    "4",
+    "--steps",
+    "3",
+];
+
+/// The summary of a `--json` run of the tiny GPT with `extra` flags.
+fn run(extra: &[&str]) -> Summary {
+    let args = [&["train", "--json"], TINY_GPT, extra].concat();
+    let out = train_replay(&args);
+    Summary::parse(&succeeded(&out, &args)).expect("a JSON summary")
+}
+
+fn bits(summary: &Summary) -> Vec<u32> {
+    summary.losses.iter().map(|l| l.to_bits()).collect()
+}
+
+#[test]
+fn the_losses_are_the_same_bits_at_any_thread_count_and_any_keeping() {
+    let reference = run(&["--threads", "1", "--checkpoint-every", "0"]);
+    assert_eq!(reference.losses.len(), 3);
+    assert!(reference.losses[0] > 5.0 && reference.losses[2] < reference.losses[0]);
+    for extra in [
+        &["--threads", "2", "--checkpoint-every", "0"][..],
+        &["--threads", "3", "--checkpoint-every", "1"],
+        &["--threads", "8", "--checkpoint-every", "2"],
+        &["--threads", "2", "--checkpoint-every", "99"],
+        &["--threads", "2", "--keep-scores", "--checkpoint-every", "0"],
+    ] {
+        assert_eq!(bits(&run(extra)), bits(&reference), "{extra:?}");
+    }
+    // Fitted to a budget that holds the parameters and one block's tensors, not all: it
+    // evicts, recomputes, and gives the same bits.
+    let fitted = run(&["--threads", "2", "--budget", "900KiB"]);
+    assert!(fitted.evictions_per_step.unwrap() > 0.0, "{fitted:?}");
+    assert!(
+        fitted.recomputed_bytes_per_step.unwrap() > 0.0,
+        "{fitted:?}"
+    );
+    assert_eq!(bits(&fitted), bits(&reference));
+}
+
+#[test]
+fn weights_go_out_and_come_back() {
+    let dir = std::env::temp_dir().join(format!("gpt-weights-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("init.safetensors");
+    let path = file.to_str().unwrap();
+    let seeded = run(&["--save-init", path]);
+    // Another seed draws other weights and other batches; the file's weights with the first
+    // seed's batches give the first run's losses.
+    assert_ne!(bits(&run(&["--seed", "8"])), bits(&seeded));
+    assert_eq!(bits(&run(&["--seed", "7", "--load", path])), bits(&seeded));
+    let bytes = std::fs::read(&file).unwrap();
+    let length = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8_lossy(&bytes[8..8 + length]).into_owned();
+    for name in [
+        "transformer.wte.weight",
+        "transformer.h.2.mlp.c_proj.weight",
+        "transformer.ln_f.bias",
+    ] {
+        assert!(header.contains(name), "no {name} in {header}");
+    }
+    // nanoGPT's layout: c_attn's weight is [3 x width, width].
+    assert!(
+        header.contains(r#""transformer.h.0.attn.c_attn.weight":{"dtype":"F32","shape":[96,32]"#),
+        "{header}"
+    );
+
+    // A model of another shape names the tensor and both shapes, and exits with 2.
+    let args = [&["train"], TINY_GPT, &["--width", "64", "--load", path]].concat();
+    let out = train_replay(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr
+            .contains("transformer.wte.weight is [256, 32] in the file, the model's is [256, 64]"),
+        "{stderr}"
+    );
+    // Fewer blocks than the file: a tensor the model does not have.
+    let args = [&["train"], TINY_GPT, &["--layers", "2", "--load", path]].concat();
+    let out = train_replay(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("transformer.h.2.") && stderr.contains("not one of the model's"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_run_prints_the_validation_loss_and_a_sample() {
+    let args = [
+        &["train"],
+        TINY_GPT,
+        &["--eval-every", "2", "--sample", "40"],
+    ]
+    .concat();
+    let text = succeeded(&train_replay(&args), &args);
+    assert!(text.contains("step    2  validation loss"), "{text}");
+    assert!(text.contains("sample (seeded"), "{text}");
+    assert!(
+        text.contains("validation loss") && text.contains("(falling)"),
+        "{text}"
+    );
+}
+
+/// `args` is refused with exit code 2 and a message holding each of `words`.
+fn refused(args: &[&str], words: &[&str]) {
+    let args = [&["train"], TINY_GPT, args].concat();
+    let out = train_replay(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    for word in words {
+        assert!(stderr.contains(word), "{args:?}: no {word:?} in {stderr}");
+    }
+}
+
+#[test]
+fn bad_input_is_refused_with_exit_code_2() {
+    refused(
+        &["--width", "30"],
+        &["--width 30", "--heads 4", "--width 32"],
+    );
+    refused(&["--context", "0"], &["--context", "1 to 4096"]);
+    refused(&["--context", "5000"], &["--context", "1 to 4096"]);
+    refused(&["--vocab", "0"], &["--vocab", "1 to 65536"]);
+    refused(&["--vocab", "65537"], &["--vocab"]);
+    refused(&["--heads", "0"], &["--heads", "at least 1"]);
+    refused(&["--vocab", "100"], &["--vocab 100", "byte 122"]);
+    let dir = std::env::temp_dir().join(format!("gpt-data-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (empty, short) = (dir.join("empty.txt"), dir.join("short.txt"));
+    std::fs::write(&empty, b"").unwrap();
+    std::fs::write(&short, [b'a'; 100]).unwrap();
+    refused(
+        &["--data", empty.to_str().unwrap()],
+        &["--data", "is empty"],
+    );
+    refused(
+        &["--data", short.to_str().unwrap()],
+        &["--data", "validation part (10 bytes", "--context 24"],
+    );
+    refused(
+        &["--data", dir.join("missing").to_str().unwrap()],
+        &["--data", "missing"],
+    );
+    refused(&["--data", dir.to_str().unwrap()], &["--data"]); // a directory
+    refused(
+        &["--load", short.to_str().unwrap()],
+        &["--load", "not a safetensors file"],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
