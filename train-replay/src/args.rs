@@ -76,8 +76,8 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     pub rounds: usize,
     /// A Python interpreter with PyTorch: also runs the same recipe in PyTorch each round
-    /// (`scripts/torch_gpt.py`, eager and compiled, from the job's initial weights, checking
-    /// that the losses agree; or `scripts/torch_mlp.py`).
+    /// (`scripts/torch_gpt.py`, eager and compiled, from the job's initial weights, printing
+    /// how far its first losses are from the job's; or `scripts/torch_mlp.py`).
     #[arg(long, value_name = "PYTHON")]
     pub torch: Option<PathBuf>,
 }
@@ -283,6 +283,16 @@ impl Args {
         out
     }
 
+    /// [`check`](Self::check), and for the GPT that the text can be read and split (what
+    /// `compare` and `sweep` ask before they start their children).
+    pub fn check_all(&self) -> Result<(), BadInput> {
+        self.check()?;
+        if self.model == ModelKind::Gpt {
+            crate::data::Text::load(self.data.as_deref(), self.context, self.vocab)?;
+        }
+        Ok(())
+    }
+
     /// What the flags ask that no single flag's parser can refuse: an error naming the flags
     /// and what they take.
     pub fn check(&self) -> Result<(), BadInput> {
@@ -296,6 +306,50 @@ impl Args {
             )));
         }
         Ok(())
+    }
+}
+
+/// The flags only one model reads: each one's id, its name, and the model.
+const MODEL_FLAGS: [(&str, &str, ModelKind); 12] = [
+    ("context", "--context", ModelKind::Gpt),
+    ("width", "--width", ModelKind::Gpt),
+    ("heads", "--heads", ModelKind::Gpt),
+    ("vocab", "--vocab", ModelKind::Gpt),
+    ("data", "--data", ModelKind::Gpt),
+    ("save_init", "--save-init", ModelKind::Gpt),
+    ("load", "--load", ModelKind::Gpt),
+    ("eval_every", "--eval-every", ModelKind::Gpt),
+    ("sample", "--sample", ModelKind::Gpt),
+    ("keep_scores", "--keep-scores", ModelKind::Gpt),
+    ("weight_decay", "--weight-decay", ModelKind::Gpt),
+    ("hidden", "--hidden", ModelKind::Mlp),
+];
+
+/// Refuses a flag given on the command line that the chosen model does not read (it would be
+/// silently ignored): `matches` are the training's (a subcommand's, if one was given).
+pub fn refuse_foreign_flags(matches: &clap::ArgMatches) -> Result<(), BadInput> {
+    let Ok(Some(model)) = matches.try_get_one::<ModelKind>("model") else {
+        return Ok(());
+    };
+    let given = |id: &str| {
+        matches!(
+            matches
+                .try_contains_id(id)
+                .ok()
+                .and_then(|_| matches.value_source(id)),
+            Some(clap::parser::ValueSource::CommandLine)
+        )
+    };
+    match MODEL_FLAGS
+        .iter()
+        .find(|(id, _, owner)| owner != model && given(id))
+    {
+        Some((_, flag, owner)) => Err(BadInput(format!(
+            "{flag} is a flag of --model {}: --model {} does not read it",
+            format!("{owner:?}").to_lowercase(),
+            format!("{model:?}").to_lowercase(),
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::allocator::{COMPARED, VARIABLE};
-use crate::args::{Args, CompareArgs, Keep, ModelKind};
+use crate::args::{Args, BadInput, CompareArgs, Keep, ModelKind};
 use ferropool_figures::spread;
 
 use crate::measure::Summary;
@@ -21,7 +21,7 @@ const TORCH_GPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_gpt.
 /// Runs the rounds and prints the table.
 pub fn compare(args: &CompareArgs) -> anyhow::Result<()> {
     let train = &args.train;
-    train.check()?;
+    train.check_all()?;
     if train.trace.is_some() || train.plot.is_some() || train.json {
         return Err(anyhow!(
             "compare writes no trace, plot or JSON: run `train` for those"
@@ -109,10 +109,11 @@ fn run_rounds(
 /// batches.
 fn print_agreement(ours: &Summary, torch: &Summary) {
     let pairs = ours.losses.iter().zip(&torch.losses);
+    // A NaN on either side is the worst disagreement (`f64::max` would pass over it).
     let worst = pairs
         .clone()
         .map(|(a, b)| ((a - b) / b).abs() as f64)
-        .fold(0.0, f64::max);
+        .fold(0.0, |worst, d| if d <= worst { worst } else { d });
     println!(
         "(the first {} losses of ferropool and PyTorch, from the same initial weights on the \
          same batches, differ by at most {worst:.1e} relative)",
@@ -204,14 +205,17 @@ fn run_child(name: &str, command: &mut Command) -> anyhow::Result<Summary> {
         .output()
         .map_err(|e| anyhow!("starting the {name} run: {e}"))?;
     let text = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let why = stderr.trim().trim_start_matches("error: ");
     match Summary::parse(&text) {
         Some(summary) if output.status.success() => Ok(summary),
-        _ => Err(anyhow!(
-            "the {name} run failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-                .trim()
-                .trim_start_matches("error: ")
+        // A command line the child refused is this one's: the same exit code and message.
+        _ if output.status.code() == Some(2) => Err(BadInput(why.to_owned()).into()),
+        _ if why.is_empty() => Err(anyhow!(
+            "the {name} run failed ({}) and said nothing",
+            output.status
         )),
+        _ => Err(anyhow!("the {name} run failed: {why}")),
     }
 }
 

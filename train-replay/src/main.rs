@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use ferropool_choice::ChosenAllocator;
 use train_replay::args::{BadInput, Cli, Command};
 
@@ -12,7 +12,16 @@ use train_replay::args::{BadInput, Cli, Command};
 static GLOBAL: &ChosenAllocator = &train_replay::allocator::ALLOCATOR;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    let training = matches.subcommand().map_or(&matches, |(_, sub)| sub);
+    if let Err(error) = train_replay::args::refuse_foreign_flags(training) {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
     if let Some(error) = train_replay::allocator::ALLOCATOR.unknown_value_error() {
         eprintln!("error: {error}");
         return ExitCode::FAILURE;

@@ -150,7 +150,8 @@ impl std::ops::AddAssign for Counters {
 pub const KEPT_LOSSES: usize = 20;
 
 /// Runs the training; `on_event` sees each step's loss, the validation losses (every
-/// `--eval-every` steps and after the last, without `--json`) and the sample. `pool` is the
+/// `--eval-every` steps and after the last, without `--json`; none with `--eval-every 0`) and
+/// the sample. A loss that is not finite ends the run with an error. `pool` is the
 /// backend's pool, if it has one: its statistics give the calls made to the system, the peaks
 /// and the evictions. Steady state is the second half of the steps, each measured alone:
 /// the evaluations between them are not counted.
@@ -196,6 +197,12 @@ pub fn train<B: Backend>(
     for step in 0..args.steps {
         let before = now();
         let loss = model.step()?;
+        if !loss.is_finite() {
+            return Err(anyhow::anyhow!(
+                "the loss of step {} is {loss}: the training diverged (lower --lr)",
+                step + 1
+            ));
+        }
         if step >= warmup {
             window += now() - before;
         }
@@ -235,7 +242,10 @@ pub fn train<B: Backend>(
     }
     summary.outside_peak_bytes = front.map(|front| front.stats().peak_in_use_bytes);
     summary.peak_rss = peak_rss();
-    summary.val_loss = model.validate()?;
+    summary.val_loss = match args.eval_every {
+        0 => None,
+        _ => model.validate()?,
+    };
     if let Some(loss) = summary.val_loss.filter(|_| evaluate) {
         on_event(Event::Validation {
             step: args.steps,

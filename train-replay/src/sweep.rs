@@ -69,7 +69,7 @@ struct Sweep<'a> {
 /// Runs the sweep and prints the table.
 pub fn sweep(args: &SweepArgs) -> anyhow::Result<()> {
     let train = &args.train;
-    train.check()?;
+    train.check_all()?;
     if train.budget.is_some() || train.checkpoint_every.is_some() {
         return Err(anyhow!(
             "sweep chooses the budgets and --checkpoint-every itself: give it --budgets and \
@@ -148,11 +148,7 @@ impl Sweep<'_> {
         for round in 0..args.runs {
             self.round(round, &mut points)?;
         }
-        let reference = points
-            .iter()
-            .find(|r| r.point == Point::Every(self.reference))
-            .and_then(|r| r.summaries.first().cloned())
-            .ok_or_else(|| anyhow!("the run that keeps everything failed"))?;
+        let reference = reference_of(&points, self.reference)?;
         print_table(&points, &reference, args.runs);
         if let Some(path) = &train.plot {
             plot(&points, path)?;
@@ -175,11 +171,9 @@ impl Sweep<'_> {
             }
             let reference = runs.point == Point::Every(self.reference);
             if round == 0 && reference && self.args.budgets.is_empty() {
-                let live = points[i]
-                    .summaries
-                    .first()
-                    .and_then(|s| s.peak_live_bytes)
-                    .ok_or_else(|| anyhow!("the run that keeps everything failed"))?;
+                let live = reference_of(points, self.reference)?
+                    .peak_live_bytes
+                    .ok_or_else(|| anyhow!("the run that keeps everything has no pool"))?;
                 let at = points
                     .iter()
                     .position(|r| !matches!(r.point, Point::Every(_)))
@@ -223,6 +217,21 @@ impl Sweep<'_> {
             Point::Torch { .. } => unreachable!("returned above"),
         };
         command
+    }
+}
+
+/// The first summary of the run that keeps everything; its error if it failed.
+fn reference_of(points: &[Runs], every: usize) -> anyhow::Result<Summary> {
+    let runs = points
+        .iter()
+        .find(|r| r.point == Point::Every(every))
+        .ok_or_else(|| anyhow!("no run keeps everything"))?;
+    match (&runs.failed, runs.summaries.first()) {
+        (None, Some(summary)) => Ok(summary.clone()),
+        (why, _) => Err(anyhow!(
+            "the run that keeps everything failed: {}",
+            why.as_deref().unwrap_or("no summary")
+        )),
     }
 }
 

@@ -89,6 +89,22 @@ fn weights_go_out_and_come_back() {
         "{header}"
     );
 
+    // A context of one position: the position table is still a matrix, [1, width].
+    let one = dir.join("one.safetensors");
+    let one_path = one.to_str().unwrap();
+    let first = run(&["--context", "1", "--save-init", one_path]);
+    assert_eq!(
+        bits(&run(&["--context", "1", "--load", one_path])),
+        bits(&first)
+    );
+    let bytes = std::fs::read(&one).unwrap();
+    let length = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8_lossy(&bytes[8..8 + length]).into_owned();
+    assert!(
+        header.contains(r#""transformer.wpe.weight":{"dtype":"F32","shape":[1,32]"#),
+        "{header}"
+    );
+
     // A model of another shape names the tensor and both shapes, and exits with 2.
     let args = [&["train"], TINY_GPT, &["--width", "64", "--load", path]].concat();
     let out = train_replay(&args);
@@ -109,6 +125,24 @@ fn weights_go_out_and_come_back() {
         "{stderr}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A run whose loss stops being finite ends with an error (exit code 1), not NaN figures.
+#[test]
+fn a_diverged_run_fails() {
+    let args = [
+        &["train"],
+        TINY_GPT,
+        &["--lr", "1e5", "--steps", "40", "--sample", "0"],
+    ]
+    .concat();
+    let out = train_replay(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("diverged") && stderr.contains("--lr"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -173,5 +207,8 @@ fn bad_input_is_refused_with_exit_code_2() {
         &["--load", short.to_str().unwrap()],
         &["--load", "not a safetensors file"],
     );
+    // A flag of the other model would be silently ignored.
+    refused(&["--hidden", "7"], &["--hidden", "--model mlp"]);
+    refused(&["--model", "mlp"], &["--context", "--model gpt"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }

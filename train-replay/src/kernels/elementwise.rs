@@ -68,8 +68,10 @@ pub struct AdamW {
 #[derive(Clone, Copy, Debug)]
 struct AdamWStep {
     decay: f32,
-    beta1: f32,
     beta2: f32,
+    /// `1 - beta1` and `1 - beta2`.
+    rest1: f32,
+    rest2: f32,
     step_size: f32,
     root_correction: f32,
     eps: f32,
@@ -80,8 +82,9 @@ impl AdamW {
         let (lr, b1, b2) = (self.lr as f64, self.beta1 as f64, self.beta2 as f64);
         AdamWStep {
             decay: (1.0 - lr * self.weight_decay as f64) as f32,
-            beta1: self.beta1,
             beta2: self.beta2,
+            rest1: (1.0 - b1) as f32,
+            rest2: (1.0 - b2) as f32,
             step_size: (lr / (1.0 - b1.powi(t))) as f32,
             root_correction: (1.0 - b2.powi(t)).sqrt() as f32,
             eps: self.eps,
@@ -115,8 +118,8 @@ vectorized! {
     fn adamw_chunk(at: AdamWStep, param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]) {
         for (((p, &g), m), v) in param.iter_mut().zip(grad).zip(m).zip(v) {
             *p *= at.decay;
-            *m += (g - *m) * (1.0 - at.beta1);
-            *v = *v * at.beta2 + (1.0 - at.beta2) * g * g;
+            *m += (g - *m) * at.rest1;
+            *v = *v * at.beta2 + at.rest2 * g * g;
             let denom = v.sqrt() / at.root_correction + at.eps;
             *p += -at.step_size * (*m / denom);
         }

@@ -324,9 +324,11 @@ impl Linear<'_> {
     }
 }
 
-/// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major (written whole, never read), on
-/// `threads` threads of the current rayon pool, in blocks of [`ROW_BLOCK`] rows: the same
-/// bits at every thread count.
+/// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major (written whole, never read), as one GEMM
+/// call whose output the `threads` threads of the current rayon pool share: the same bits at
+/// every thread count. (One call packs `b` once; cut into blocks of rows, each block packed
+/// it again, which cost a third of the time when `b` is a transposed weight: an input
+/// gradient `g W^T`.)
 ///
 /// # Panics
 ///
@@ -348,13 +350,7 @@ pub fn product(
     if elements == 0 {
         return;
     }
-    for_row_blocks(&mut c[..elements], n, threads, |i, c, threads| {
-        let a = Mat {
-            data: &a.data[i * ROW_BLOCK * a.rs..],
-            ..a
-        };
-        gemm(c.len() / n, k, n, a, b, c, false, threads);
-    });
+    gemm(m, k, n, a, b, c, false, threads);
 }
 
 /// A layer's weight gradient `out[k x n] = input^T * grad` over `rows` batch rows (`input`

@@ -83,20 +83,42 @@ impl Shape {
             layers: args.layers,
             batch: args.batch,
         };
-        // The largest tensors: a batch's 4x-wide hidden layer, its logits, kept scores; bytes.
-        let rows = shape.batch.checked_mul(shape.context);
-        let largest = rows
-            .and_then(|rows| rows.checked_mul(4 * shape.width.max(shape.vocab)))
-            .and_then(|n| n.checked_mul(shape.context.max(4)))
-            .and_then(|n| n.checked_mul(size_of::<f32>()));
-        if largest.is_none_or(|bytes| bytes > isize::MAX as usize) {
+        if shape.bytes().is_none_or(|bytes| bytes > isize::MAX as u64) {
             return Err(BadInput(format!(
-                "--batch {} x --context {} x --width {} (or --vocab {}) is more than a tensor \
-                 can hold: lower one of them",
-                shape.batch, shape.context, shape.width, shape.vocab
+                "--batch {} x --context {} with --width {}, --vocab {} and --layers {} is more \
+                 than this machine can address: lower one of them",
+                shape.batch, shape.context, shape.width, shape.vocab, shape.layers
             )));
         }
         Ok(shape)
+    }
+
+    /// An upper bound of the bytes a step of this shape touches: the parameters and their
+    /// two moments, every tensor every block keeps, and the largest temporaries (the kept
+    /// attention weights, the logits); `None` if it overflows.
+    pub fn bytes(&self) -> Option<u64> {
+        let (c, l) = (self.width as u64, self.layers as u64);
+        let rows = (self.batch as u64).checked_mul(self.context as u64)?;
+        let tables = (self.vocab as u64 + self.context as u64).checked_mul(c)?;
+        let params = c.checked_mul(c)?.checked_mul(12)?.checked_add(13 * c)?;
+        let params = params
+            .checked_mul(l)?
+            .checked_add(tables)?
+            .checked_add(2 * c)?;
+        let kept = rows
+            .checked_mul(c)?
+            .checked_mul(12)?
+            .checked_mul(l.checked_add(1)?)?;
+        let scores = rows
+            .checked_mul(self.context as u64)?
+            .checked_mul(self.heads as u64)?;
+        let logits = rows.checked_mul(self.vocab as u64)?;
+        params
+            .checked_mul(3)?
+            .checked_add(kept)?
+            .checked_add(scores)?
+            .checked_add(logits)?
+            .checked_mul(size_of::<f32>() as u64)
     }
 
     /// A batch of `batch` sequences of `seq` positions.
@@ -179,6 +201,11 @@ impl<'a, B: Backend> Gpt<'a, B> {
             Keep::Fitted => Keep::Fitted,
         };
         let rows = shape.batch * shape.context;
+        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        inputs
+            .try_reserve_exact(rows)
+            .and_then(|()| targets.try_reserve_exact(rows))
+            .map_err(|e| anyhow!("the tokens of a batch of {rows}: {e}"))?;
         Ok(Self {
             workers,
             state: State {
@@ -201,8 +228,8 @@ impl<'a, B: Backend> Gpt<'a, B> {
                 },
                 seed: args.seed,
                 step: 0,
-                inputs: Vec::with_capacity(rows),
-                targets: Vec::with_capacity(rows),
+                inputs,
+                targets,
             },
         })
     }

@@ -57,10 +57,8 @@ pub struct Param<B: Backend> {
     /// Rows and columns as kept here.
     rows: usize,
     cols: usize,
-    /// Kept as the transpose of PyTorch's layout (a linear layer's weight).
-    transposed: bool,
-    /// Weight decay applies (matrices and embeddings).
-    decay: bool,
+    /// What it is to the optimiser and to PyTorch.
+    kind: Kind,
     value: Shared<B>,
     moments: [B::Buf; 2],
 }
@@ -97,9 +95,7 @@ impl<B: Backend> Param<B> {
             }
         }
         Ok(Self {
-            transposed: kind == Kind::Linear,
-            // nanoGPT's rule: every tensor of two dimensions or more.
-            decay: kind != Kind::Vector,
+            kind,
             name,
             rows,
             cols,
@@ -125,10 +121,10 @@ impl<B: Backend> Param<B> {
 
     /// PyTorch's shape.
     fn torch_shape(&self) -> Vec<usize> {
-        match (self.transposed, self.rows) {
-            (true, _) => vec![self.cols, self.rows],
-            (false, 1) => vec![self.cols],
-            (false, _) => vec![self.rows, self.cols],
+        match self.kind {
+            Kind::Linear => vec![self.cols, self.rows],
+            Kind::Table => vec![self.rows, self.cols],
+            Kind::Vector => vec![self.cols],
         }
     }
 
@@ -136,7 +132,7 @@ impl<B: Backend> Param<B> {
     fn torch_bytes(&self) -> Vec<u8> {
         let values = self.get();
         let mut bytes = Vec::with_capacity(values.len() * 4);
-        if self.transposed {
+        if self.kind == Kind::Linear {
             for c in 0..self.cols {
                 for r in 0..self.rows {
                     bytes.extend(values[r * self.cols + c].to_le_bytes());
@@ -149,26 +145,37 @@ impl<B: Backend> Param<B> {
     }
 
     /// Sets the elements from `view` (PyTorch's layout), checked against this parameter's
-    /// dtype and shape.
+    /// dtype and shape, each value finite.
     fn set(&mut self, view: &TensorView<'_>, file: &Path) -> Result<(), BadInput> {
         let name = &self.name;
         if view.dtype() != Dtype::F32 {
             return Err(BadInput(format!(
-                "{}: {name} is {:?}; the model's tensors are F32",
+                "--load {}: {name} is {:?}; the model's tensors are F32",
                 file.display(),
                 view.dtype()
             )));
         }
         if view.shape() != self.torch_shape() {
             return Err(BadInput(format!(
-                "{}: {name} is {:?} in the file, the model's is {:?} (--vocab, --context, \
-                 --width and --layers must match the file's model)",
+                "--load {}: {name} is {:?} in the file, the model's is {:?} (--vocab, \
+                 --context, --width and --layers must match the file's model; --heads too, \
+                 though the shapes do not show it)",
                 file.display(),
                 view.shape(),
                 self.torch_shape()
             )));
         }
-        let (rows, cols, transposed) = (self.rows, self.cols, self.transposed);
+        let values = view.data().chunks_exact(4);
+        if values
+            .clone()
+            .any(|v| !f32::from_le_bytes(v.try_into().expect("4")).is_finite())
+        {
+            return Err(BadInput(format!(
+                "--load {}: {name} holds a value that is not finite",
+                file.display()
+            )));
+        }
+        let (rows, cols, transposed) = (self.rows, self.cols, self.kind == Kind::Linear);
         let values = Arc::get_mut(&mut self.value)
             .map(B::slice_mut)
             .ok_or_else(|| BadInput(format!("{name} is shared while it is loaded")))?;
@@ -187,8 +194,13 @@ impl<B: Backend> Param<B> {
     /// AdamW's step `t` with `grad` (decay only where it applies), split over the current
     /// rayon pool's threads; an error if a kernel still holds the parameter.
     pub fn update(&mut self, grad: &[f32], opt: &AdamW, t: i32) -> anyhow::Result<()> {
+        // nanoGPT's rule: decay every tensor of two dimensions or more.
         let opt = AdamW {
-            weight_decay: if self.decay { opt.weight_decay } else { 0.0 },
+            weight_decay: if self.kind == Kind::Vector {
+                0.0
+            } else {
+                opt.weight_decay
+            },
             ..*opt
         };
         let name = &self.name;
@@ -307,7 +319,10 @@ impl<B: Backend> Params<B> {
         let table = (Init::Normal(std), Kind::Table);
         let wte = param("transformer.wte.weight".into(), (shape.vocab, c), table)?;
         let wpe = param("transformer.wpe.weight".into(), (shape.context, c), table)?;
-        let mut blocks = Vec::with_capacity(shape.layers);
+        let mut blocks = Vec::new();
+        blocks
+            .try_reserve_exact(shape.layers)
+            .map_err(|e| anyhow!("{} blocks: {e}", shape.layers))?;
         for b in 0..shape.layers {
             let params = BLOCK_PARAMS
                 .iter()
@@ -383,7 +398,7 @@ impl<B: Backend> Params<B> {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow!("{e}"))?;
         safetensors::serialize_to_file(views, None, path)
-            .map_err(|e| anyhow!("writing {}: {e}", path.display()))
+            .map_err(|e| anyhow!("--save-init {}: {e}", path.display()))
     }
 
     /// Sets the parameters from the safetensors file at `path`; an error naming the tensor if
@@ -426,9 +441,12 @@ impl<B: Backend> Params<B> {
             param.set(&view, path)?;
         }
         let known: Vec<String> = self.all().map(|p| p.name.clone()).collect();
+        // nanoGPT's own checkpoints may hold each block's causal mask (`attn.bias`), a buffer,
+        // not a parameter: passed over as nanoGPT's loader does.
+        let mask = |n: &str| n.ends_with(".attn.bias");
         if let Some(extra) = names
             .iter()
-            .find(|n| **n != tied && !known.iter().any(|k| k == *n))
+            .find(|n| **n != tied && !mask(n) && !known.iter().any(|k| k == *n))
         {
             let shape = tensors
                 .tensor(extra)
