@@ -1,26 +1,40 @@
-//! Causal multi-head self-attention, fused: for each sequence and head, the queries are taken
-//! a block of [`QUERY_BLOCK`] rows at a time against the keys up to the block's last row only
-//! (the masked half is never computed), the block's scores are turned into softmax weights in
-//! this thread's scratch and multiplied by the values at once. No score matrix is kept: the
-//! backward pass computes each block's weights again, with the same operations in the same
-//! order, so they are the same bits (or, with [`forward`]'s `probs`, reads them back).
+//! Causal multi-head self-attention, fused as a CPU flash attention is. Each (sequence, head)
+//! pair is one task: its queries, keys and values are gathered into this thread's scratch
+//! (zero-padded to whole vectors), then the queries are taken a block of [`QUERY_BLOCK`] rows
+//! at a time. A block's scores are computed only up to each group of rows' own position (the
+//! masked half is never computed), turned into softmax weights in place and multiplied by the
+//! values at once. No score matrix is kept: the backward pass computes each block's weights
+//! again with the same operations in the same order, so they are the same bits (or, with
+//! [`forward`]'s `probs`, reads them back).
+//!
+//! The products are register-tiled loops of fused multiply-adds over the padded scratch
+//! (compiled for AVX-512, AVX2 and the baseline by [`vectorized!`](super::simd)): at a head
+//! size of 32 the pair's operands are a few KiB, and a general GEMM call per block spent more
+//! time packing and starting than multiplying.
 //!
 //! The input is the `q | k | v` projection of a GPT block, `batch x seq` rows of `3 x width`
 //! columns, head `h` at columns `h x size ..` of each third; the output is `batch x seq` rows
-//! of `width`. Each (sequence, head) pair is one task on the current rayon pool, its products
-//! single-threaded calls of the `gemm` crate cut by the shapes alone, so the results are the
-//! same at any thread count.
+//! of `width`. Every pair's work is fixed by the shapes, so the results are the same at any
+//! thread count.
 
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::gemm::{gemm, gemm_into, Mat};
 use super::scratch::with_scratch;
 use super::simd::{exp, vectorized, Lanes};
 
 /// Query rows per block.
 pub const QUERY_BLOCK: usize = 64;
+
+/// Rows of a tile of the output products (queries) and of the key and value gradients (keys).
+const ROWS: usize = 8;
+/// Query rows of a tile of the score products.
+const SCORE_ROWS: usize = 4;
+/// Elements of a vector (AVX-512's `f32` lanes): the padding of the head and the keys.
+const LANES: usize = 16;
+/// Vectors of keys per tile of the score products.
+const KEY_VECTORS: usize = 4;
 
 /// An attention's shape: `batch` sequences of `seq` positions, `heads` heads of `size`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +83,51 @@ impl Heads {
     fn scale(&self) -> f32 {
         1.0 / (self.size as f32).sqrt()
     }
+
+    /// The padded sizes of one pair's scratch.
+    fn dims(&self) -> Dims {
+        Dims {
+            seq: self.seq,
+            size: self.size,
+            head: self.size.next_multiple_of(LANES),
+            rows: self.seq.next_multiple_of(ROWS),
+            keys: self.seq.next_multiple_of(LANES * KEY_VECTORS),
+            scale: self.scale(),
+        }
+    }
+}
+
+/// One pair's sizes in its scratch: the head padded to whole vectors, the queries to whole
+/// tiles, the keys to whole tiles of the score products. Padding is zeros, which adds
+/// nothing to a sum, and padded rows and columns are never written out.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    seq: usize,
+    size: usize,
+    /// The head, padded.
+    head: usize,
+    /// Query rows, padded.
+    rows: usize,
+    /// Keys, padded.
+    keys: usize,
+    scale: f32,
+}
+
+impl Dims {
+    /// Elements of a row-major `rows x head` operand (queries, gradients).
+    fn by_rows(&self) -> usize {
+        self.rows.max(self.keys) * self.head
+    }
+
+    /// Elements of a transposed `head x keys` operand (keys, values).
+    fn by_keys(&self) -> usize {
+        self.head * self.keys
+    }
+
+    /// Elements of a block's scores.
+    fn block(&self) -> usize {
+        QUERY_BLOCK * self.keys
+    }
 }
 
 /// A pointer to an output that the tasks share, each writing its own elements.
@@ -81,7 +140,7 @@ unsafe impl Send for Shared {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Shared {}
 
-/// Where one (sequence, head) pair's operands start.
+/// Where one (sequence, head) pair's operands start in `qkv` (and its output in `out`).
 #[derive(Clone, Copy)]
 struct Pair {
     /// First row of the sequence.
@@ -96,6 +155,92 @@ impl Pair {
             base: index / shape.heads * shape.seq,
             column: index % shape.heads * shape.size,
         }
+    }
+
+    /// Gathers part `part` (0: queries, 1: keys, 2: values) of the pair from `qkv` into
+    /// `to`, row by row (`head` elements a row) or, if `transposed`, column by column (`keys`
+    /// elements a row). The head's padding is zeros; the rows past the sequence are left as
+    /// they are (no sum reads them).
+    fn gather(
+        &self,
+        shape: &Heads,
+        d: &Dims,
+        qkv: &[f32],
+        part: usize,
+        transposed: bool,
+        to: &mut [f32],
+    ) {
+        let rs = 3 * shape.width();
+        let from = &qkv[self.base * rs + part * shape.width() + self.column..];
+        if transposed {
+            to[d.size * d.keys..d.head * d.keys].fill(0.0);
+            for t in 0..d.seq {
+                for (i, &v) in from[t * rs..][..d.size].iter().enumerate() {
+                    to[i * d.keys + t] = v;
+                }
+            }
+        } else {
+            copy_rows(d, from, rs, to);
+        }
+    }
+
+    /// Gathers the pair's columns of a `batch x seq` by `width` matrix (an output or its
+    /// gradient), row by row, into `to` (the head's padding zeros).
+    fn gather_out(&self, shape: &Heads, d: &Dims, from: &[f32], to: &mut [f32]) {
+        let c = shape.width();
+        copy_rows(d, &from[self.base * c + self.column..], c, to);
+    }
+
+    /// Writes the pair's rows `from` (`head` elements a row) to its columns of part `part` of
+    /// a matrix of `parts x width` columns at `to`.
+    ///
+    /// # Safety
+    ///
+    /// `to` reaches the whole matrix and no other reference reaches this pair's elements.
+    unsafe fn scatter(
+        &self,
+        shape: &Heads,
+        d: &Dims,
+        from: &[f32],
+        to: Shared,
+        parts: usize,
+        part: usize,
+    ) {
+        let (c, rs) = (shape.width(), parts * shape.width());
+        for t in 0..d.seq {
+            let row = &from[t * d.head..][..d.size];
+            // SAFETY: row `base + t`, columns `part x c + column .. + size`, are this pair's
+            // (the caller's contract) and lie inside the matrix.
+            let at = unsafe { to.0.add((self.base + t) * rs + part * c + self.column) };
+            for (i, &v) in row.iter().enumerate() {
+                // SAFETY: as above, element `i < size` of that row.
+                unsafe { at.add(i).write(v) };
+            }
+        }
+    }
+}
+
+/// Copies `seq` rows of `size` elements, `stride` apart in `from`, into `to`'s rows of `head`
+/// (the padding zeros), element by element (a call to `memcpy` a row cost more than the row).
+fn copy_rows(d: &Dims, from: &[f32], stride: usize, to: &mut [f32]) {
+    for t in 0..d.seq {
+        let (row, to) = (
+            &from[t * stride..][..d.size],
+            &mut to[t * d.head..][..d.head],
+        );
+        let (data, padding) = to.split_at_mut(d.size);
+        let (mut to, mut from) = (data.chunks_exact_mut(LANES), row.chunks_exact(LANES));
+        for (to, from) in (&mut to).zip(&mut from) {
+            let (to, from): (&mut [f32; LANES], &[f32; LANES]) = (
+                to.try_into().expect("a vector"),
+                from.try_into().expect("a vector"),
+            );
+            *to = *from;
+        }
+        for (to, &v) in to.into_remainder().iter_mut().zip(from.remainder()) {
+            *to = v;
+        }
+        padding.fill(0.0);
     }
 }
 
@@ -118,10 +263,22 @@ pub fn forward(
         return;
     }
     let out = Shared(out.as_mut_ptr().cast());
-    let run = |pair: usize, probs: Option<&mut [MaybeUninit<f32>]>| {
-        // SAFETY: each pair writes only its own head's columns of its own sequence's rows
-        // (`Shared`'s contract), inside `out` (checked by `shape.check`).
-        unsafe { forward_pair(&shape, Pair::of(&shape, pair), qkv, out, probs) }
+    let run = |index: usize, probs: Option<&mut [MaybeUninit<f32>]>| {
+        let (pair, d) = (Pair::of(&shape, index), shape.dims());
+        let len = 2 * d.by_rows() + 2 * d.by_keys() + d.block();
+        with_scratch(len, 0, |scratch, _| {
+            let (q, rest) = scratch.split_at_mut(d.by_rows());
+            let (kt, rest) = rest.split_at_mut(d.by_keys());
+            let (v, rest) = rest.split_at_mut(d.by_keys());
+            let (o, scores) = rest.split_at_mut(d.by_rows());
+            pair.gather(&shape, &d, qkv, 0, false, q);
+            pair.gather(&shape, &d, qkv, 1, true, kt);
+            pair.gather(&shape, &d, qkv, 2, false, v);
+            attend(d, q, kt, v, scores, o, probs);
+            // SAFETY: each pair writes only its own head's columns of its own sequence's
+            // rows (`Shared`'s contract), inside `out` (checked by `shape.check`).
+            unsafe { pair.scatter(&shape, &d, o, out, 1, 0) };
+        });
     };
     match probs {
         Some(probs) => {
@@ -136,121 +293,192 @@ pub fn forward(
     }
 }
 
-/// One pair of [`forward`].
-///
-/// # Safety
-///
-/// `out` reaches the whole output, and no other reference reaches this pair's elements.
-unsafe fn forward_pair(
-    shape: &Heads,
-    pair: Pair,
-    qkv: &[f32],
-    out: Shared,
-    mut probs: Option<&mut [MaybeUninit<f32>]>,
-) {
-    let (t, size, c) = (shape.seq, shape.size, shape.width());
-    let (q, kt, v) = operands(shape, pair, qkv);
-    with_scratch(QUERY_BLOCK * t, 0, |scores, _| {
-        for q0 in (0..t).step_by(QUERY_BLOCK) {
-            let rows = QUERY_BLOCK.min(t - q0);
-            let keys = q0 + rows;
-            let weights = &mut scores[..rows * keys];
-            block_weights(shape, q.below(q0), kt, q0, rows, weights);
+vectorized! {
+    /// One pair's forward pass on its gathered operands: `q` (rows), `kt` (keys transposed),
+    /// `v` (rows) into `o` (rows); `scores` is a block's scratch.
+    fn attend(
+        d: Dims,
+        q: &[f32],
+        kt: &[f32],
+        v: &[f32],
+        scores: &mut [f32],
+        o: &mut [f32],
+        probs: Option<&mut [MaybeUninit<f32>]>,
+    ) {
+        let mut probs = probs;
+        for q0 in (0..d.seq).step_by(QUERY_BLOCK) {
+            let rows = QUERY_BLOCK.min(d.seq - q0);
+            let weights = &mut scores[..QUERY_BLOCK * d.keys];
+            block_weights(d, q, kt, q0, rows, weights);
             if let Some(probs) = probs.as_deref_mut() {
-                for (r, row) in weights.chunks_exact(keys).enumerate() {
-                    let to = &mut probs[(q0 + r) * t..][..t];
-                    for (to, &w) in to.iter_mut().zip(row) {
+                for r in 0..rows {
+                    let to = &mut probs[(q0 + r) * d.seq..][..d.seq];
+                    for (to, &w) in to.iter_mut().zip(&weights[r * d.keys..]) {
                         to.write(w);
                     }
-                    to[keys..].iter_mut().for_each(|to| {
-                        to.write(0.0);
-                    });
                 }
             }
-            // SAFETY: the rows `q0..keys` of this head's columns (row stride `c`) lie in
-            // `out` and are this pair's alone (the caller's contract).
-            unsafe {
-                let to = out.0.add((pair.base + q0) * c + pair.column);
-                gemm_into(
-                    rows,
-                    keys,
-                    size,
-                    Mat::rows(weights, keys),
-                    v,
-                    to,
-                    c,
-                    false,
-                    1,
-                );
+            for r0 in (0..rows).step_by(ROWS) {
+                // The tile's last row reaches key q0 + r0 + ROWS - 1; the weights after it
+                // are zeros.
+                let reach = (q0 + r0 + ROWS).min(d.seq);
+                let tile = &mut o[(q0 + r0) * d.head..][..ROWS * d.head];
+                weighted_rows(d, &weights[r0 * d.keys..], v, reach, tile, false);
             }
         }
-    });
+    }
 }
 
-/// A pair's queries, keys (transposed) and values, as strided views of `qkv`.
-fn operands<'a>(shape: &Heads, pair: Pair, qkv: &'a [f32]) -> (Mat<'a>, Mat<'a>, Mat<'a>) {
-    let (c, rs) = (shape.width(), 3 * shape.width());
-    let at = |part: usize| &qkv[pair.base * rs + part * c + pair.column..];
-    let q = Mat::strided(at(0), rs, 1);
-    let kt = Mat::strided(at(1), 1, rs);
-    let v = Mat::strided(at(2), rs, 1);
-    (q, kt, v)
+/// The softmax weights of query rows `q0..q0 + rows` into `weights` (`QUERY_BLOCK` rows of
+/// `keys`): their scores against the keys up to each tile's last row, by tiles of fused
+/// multiply-adds, then each row's softmax over the keys up to its own position, zeros after.
+#[inline(always)]
+fn block_weights(d: Dims, q: &[f32], kt: &[f32], q0: usize, rows: usize, weights: &mut [f32]) {
+    scores(d, q, kt, q0, rows, weights);
+    softmax_rows(
+        &mut weights[..rows * d.keys],
+        d.keys,
+        q0,
+        rows,
+        d.seq,
+        d.scale,
+    );
 }
 
-/// The softmax weights of query rows `q0..q0 + rows` (`q` starts at row `q0`) against keys
-/// `0..q0 + rows` into `weights` (row-major, `q0 + rows` columns): the scores by one GEMM,
-/// then each row's softmax over the keys up to its own position, zeros after.
-fn block_weights(
-    shape: &Heads,
-    q: Mat<'_>,
-    kt: Mat<'_>,
-    q0: usize,
-    rows: usize,
-    weights: &mut [f32],
+/// The scores of query rows `q0..q0 + rows` of `a` (rows of `head`) against the keys `kt`
+/// (transposed), into `out` (rows of `keys`), each tile of rows against the keys up to its
+/// last row only (rounded up to a tile of keys); what lies after is left as it was.
+#[inline(always)]
+fn scores(d: Dims, a: &[f32], kt: &[f32], q0: usize, rows: usize, out: &mut [f32]) {
+    for r0 in (0..rows).step_by(SCORE_ROWS) {
+        let reach = q0 + r0 + SCORE_ROWS; // keys the tile's rows can see, at most
+        for j0 in (0..reach.min(d.keys)).step_by(LANES * KEY_VECTORS) {
+            let a = &a[(q0 + r0) * d.head..][..SCORE_ROWS * d.head];
+            score_tile(d, a, kt, j0, &mut out[r0 * d.keys..]);
+        }
+    }
+}
+
+/// `SCORE_ROWS` rows of scores against keys `j0..j0 + LANES x KEY_VECTORS`: `out[r][j] =
+/// sum over the head of a[r] x kt[.][j]` (row `r` of `out` at `r x keys`).
+#[inline(always)]
+fn score_tile(d: Dims, a: &[f32], kt: &[f32], j0: usize, out: &mut [f32]) {
+    const WIDE: usize = LANES * KEY_VECTORS;
+    let mut acc = [[0.0f32; WIDE]; SCORE_ROWS];
+    for i in 0..d.head {
+        let keys: &[f32; WIDE] = kt[i * d.keys + j0..][..WIDE].try_into().expect("a tile");
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let x = a[r * d.head + i];
+            for (acc, &k) in acc.iter_mut().zip(keys) {
+                *acc = x.mul_add(k, *acc);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        out[r * d.keys + j0..][..WIDE].copy_from_slice(acc);
+    }
+}
+
+/// `ROWS` rows of `p x b` (or `+=` if `accumulate`): `out[r] = sum over keys j < reach of
+/// p[r][j] x b[j]`, `p` rows of `keys`, `b` and `out` rows of `head`.
+#[inline(always)]
+fn weighted_rows(d: Dims, p: &[f32], b: &[f32], reach: usize, out: &mut [f32], accumulate: bool) {
+    for h0 in (0..d.head).step_by(2 * LANES) {
+        if d.head - h0 >= 2 * LANES {
+            weighted_tile::<{ 2 * LANES }>(d, p, b, reach, h0, out, accumulate);
+        } else {
+            weighted_tile::<LANES>(d, p, b, reach, h0, out, accumulate);
+        }
+    }
+}
+
+/// [`weighted_rows`] for the head's columns `h0..h0 + W`.
+#[inline(always)]
+fn weighted_tile<const W: usize>(
+    d: Dims,
+    p: &[f32],
+    b: &[f32],
+    reach: usize,
+    h0: usize,
+    out: &mut [f32],
+    accumulate: bool,
 ) {
-    let keys = q0 + rows;
-    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout; the GEMM writes every element without
-    // reading it, and the slice is initialised already (scratch).
-    let raw = unsafe { &mut *(weights as *mut [f32] as *mut [MaybeUninit<f32>]) };
-    gemm(rows, shape.size, keys, q, kt, raw, false, 1);
-    softmax_rows(weights, keys, q0, shape.scale());
-}
-
-vectorized! {
-    /// Row `r` of `weights` (rows of `keys`) becomes the softmax of `scale x` its first `q0 +
-    /// r + 1` scores, and zeros after: `e^(scale (s - max))` over their sum.
-    fn softmax_rows(weights: &mut [f32], keys: usize, q0: usize, scale: f32) {
-        for (r, row) in weights.chunks_exact_mut(keys).enumerate() {
-            let (valid, masked) = row.split_at_mut(q0 + r + 1);
-            let max = Lanes::max_of(valid);
-            for w in valid.iter_mut() {
-                *w = exp((*w - max) * scale);
+    let mut acc = [[0.0f32; W]; ROWS];
+    for j in 0..reach {
+        let row: &[f32; W] = b[j * d.head + h0..][..W].try_into().expect("a tile");
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let w = p[r * d.keys + j];
+            for (acc, &x) in acc.iter_mut().zip(row) {
+                *acc = w.mul_add(x, *acc);
             }
-            let inverse = 1.0 / Lanes::sum_of(valid, |w| w);
-            valid.iter_mut().for_each(|w| *w *= inverse);
-            masked.fill(0.0);
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        let to = &mut out[r * d.head + h0..][..W];
+        if accumulate {
+            to.iter_mut().zip(acc).for_each(|(t, a)| *t += a);
+        } else {
+            to.copy_from_slice(acc);
         }
     }
 }
 
-vectorized! {
-    /// `ds = p (dp - d) scale`, row `r` with `d[r]`: the scores' gradient from the weights'.
-    fn score_grad_rows(p: &[f32], dp: &mut [f32], keys: usize, d: &[f32], scale: f32) {
-        for ((p, dp), &d) in p.chunks_exact(keys).zip(dp.chunks_exact_mut(keys)).zip(d) {
-            for (g, &p) in dp.iter_mut().zip(p) {
-                *g = p * (*g - d) * scale;
-            }
+/// Adds to keys `j0..j0 + ROWS` of `out` (rows of `head`) `sum over query rows r in
+/// from..rows of p[r][j] x x[r]`, `p` rows of `keys`, `x` rows of `head`.
+#[inline(always)]
+fn key_rows(d: Dims, p: &[f32], x: &[f32], j0: usize, from: usize, rows: usize, out: &mut [f32]) {
+    for h0 in (0..d.head).step_by(2 * LANES) {
+        if d.head - h0 >= 2 * LANES {
+            key_tile::<{ 2 * LANES }>(d, p, x, j0, from, rows, h0, out);
+        } else {
+            key_tile::<LANES>(d, p, x, j0, from, rows, h0, out);
         }
     }
 }
 
-vectorized! {
-    /// `d[i] = sum over the head's columns of dout * out`, row `i` of the pair.
-    fn output_dots(dout: &[f32], out: &[f32], row_stride: usize, size: usize, d: &mut [f32]) {
-        for (i, d) in d.iter_mut().enumerate() {
-            let at = i * row_stride;
-            *d = Lanes::sum_of_pairs(&dout[at..][..size], &out[at..][..size], |g, o| g * o);
+/// [`key_rows`] for the head's columns `h0..h0 + W`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // a tile's operands and bounds
+fn key_tile<const W: usize>(
+    d: Dims,
+    p: &[f32],
+    x: &[f32],
+    j0: usize,
+    from: usize,
+    rows: usize,
+    h0: usize,
+    out: &mut [f32],
+) {
+    let mut acc = [[0.0f32; W]; ROWS];
+    for r in from..rows {
+        let row: &[f32; W] = x[r * d.head + h0..][..W].try_into().expect("a tile");
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let w = p[r * d.keys + j0 + j];
+            for (acc, &x) in acc.iter_mut().zip(row) {
+                *acc = w.mul_add(x, *acc);
+            }
         }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        let to = &mut out[(j0 + j) * d.head + h0..][..W];
+        to.iter_mut().zip(acc).for_each(|(t, a)| *t += a);
+    }
+}
+
+/// Row `r` of `weights` (rows of `keys`; query `q0 + r`) becomes the softmax of `scale x` its
+/// first `q0 + r + 1` scores, `e^(scale (s - max))` over their sum, and zeros after, up to
+/// `keys`.
+#[inline(always)]
+fn softmax_rows(weights: &mut [f32], keys: usize, q0: usize, rows: usize, seq: usize, scale: f32) {
+    for (r, row) in weights.chunks_exact_mut(keys).take(rows).enumerate() {
+        let (valid, masked) = row.split_at_mut((q0 + r + 1).min(seq));
+        let max = Lanes::max_of(valid);
+        for w in valid.iter_mut() {
+            *w = exp((*w - max) * scale);
+        }
+        let inverse = 1.0 / Lanes::sum_of(valid, |w| w);
+        valid.iter_mut().for_each(|w| *w *= inverse);
+        masked.fill(0.0);
     }
 }
 
@@ -283,85 +511,114 @@ pub fn backward(
     }
     let dqkv = Shared(dqkv.as_mut_ptr().cast());
     (0..pairs).into_par_iter().for_each(|index| {
-        let pair = Pair::of(&shape, index);
+        let (pair, d) = (Pair::of(&shape, index), shape.dims());
         let probs = probs.map(|p| &p[index * shape.seq * shape.seq..][..shape.seq * shape.seq]);
-        // SAFETY: each pair writes only its own head's columns of its sequence's rows of
-        // `dqkv` (`Shared`'s contract), inside it (checked above).
-        unsafe { backward_pair(&shape, pair, qkv, out, dout, probs, dqkv) };
+        let len = 7 * d.by_rows() + 2 * d.by_keys() + 2 * d.block() + d.rows;
+        with_scratch(len, 0, |scratch, _| {
+            let (q, rest) = scratch.split_at_mut(d.by_rows());
+            let (kt, rest) = rest.split_at_mut(d.by_keys());
+            let (k, rest) = rest.split_at_mut(d.by_rows());
+            let (vt, rest) = rest.split_at_mut(d.by_keys());
+            let (o, rest) = rest.split_at_mut(d.by_rows());
+            let (g, rest) = rest.split_at_mut(d.by_rows());
+            let (dq, rest) = rest.split_at_mut(d.by_rows());
+            let (dk, rest) = rest.split_at_mut(d.by_rows());
+            let (dv, rest) = rest.split_at_mut(d.by_rows());
+            let (p, rest) = rest.split_at_mut(d.block());
+            let (dp, dots) = rest.split_at_mut(d.block());
+            pair.gather(&shape, &d, qkv, 0, false, q);
+            pair.gather(&shape, &d, qkv, 1, true, kt);
+            pair.gather(&shape, &d, qkv, 1, false, k);
+            pair.gather(&shape, &d, qkv, 2, true, vt);
+            pair.gather_out(&shape, &d, out, o);
+            pair.gather_out(&shape, &d, dout, g);
+            let operands = Operands { q, kt, k, vt, o, g };
+            dk.fill(0.0);
+            dv.fill(0.0);
+            attend_backward(d, &operands, probs, p, dp, dots, dq, dk, dv);
+            for (part, from) in [(0, &*dq), (1, &*dk), (2, &*dv)] {
+                // SAFETY: each pair writes only its own head's columns of its sequence's
+                // rows of `dqkv` (`Shared`'s contract), inside it (checked above).
+                unsafe { pair.scatter(&shape, &d, from, dqkv, 3, part) };
+            }
+        });
     });
 }
 
-/// One pair of [`backward`].
-///
-/// # Safety
-///
-/// `dqkv` reaches the whole gradient, and no other reference reaches this pair's elements.
-unsafe fn backward_pair(
-    shape: &Heads,
-    pair: Pair,
-    qkv: &[f32],
-    out: &[f32],
-    dout: &[f32],
-    probs: Option<&[f32]>,
-    dqkv: Shared,
-) {
-    let (t, size, c, rs) = (shape.seq, shape.size, shape.width(), 3 * shape.width());
-    let (q, kt, v) = operands(shape, pair, qkv);
-    let k = Mat::strided(&qkv[pair.base * rs + c + pair.column..], rs, 1);
-    let vt = Mat::strided(v.data, 1, rs);
-    let head = pair.base * c + pair.column;
-    let (out, dout) = (&out[head..], &dout[head..]);
-    // SAFETY: every pointer below stays in this pair's rows and head columns of `dqkv` (the
-    // caller's contract): rows `base..base + t`, columns `part x c + column ..+ size`.
-    let at = |row: usize, part: usize| unsafe {
-        dqkv.0.add((pair.base + row) * rs + part * c + pair.column)
-    };
-    for row in 0..t {
-        for part in [1, 2] {
-            // SAFETY: as above; the keys' and values' gradients are sums, zeroed first.
-            unsafe { std::ptr::write_bytes(at(row, part), 0, size) };
+/// One pair's gathered operands for its backward pass (each padded: see [`Dims`]).
+struct Operands<'a> {
+    /// Queries, rows.
+    q: &'a [f32],
+    /// Keys, transposed.
+    kt: &'a [f32],
+    /// Keys, rows.
+    k: &'a [f32],
+    /// Values, transposed.
+    vt: &'a [f32],
+    /// The output, rows.
+    o: &'a [f32],
+    /// The output's gradient, rows.
+    g: &'a [f32],
+}
+
+vectorized! {
+    /// One pair's backward pass: the gradients of its queries, keys and values (rows; the
+    /// keys' and values' summed into `dk` and `dv`, zeroed by the caller), block by block of
+    /// queries. `p`, `dp` and `dots` are scratch.
+    #[allow(clippy::too_many_arguments)] // the pair's operands, scratch and gradients
+    fn attend_backward(
+        d: Dims,
+        x: &Operands<'_>,
+        probs: Option<&[f32]>,
+        p: &mut [f32],
+        dp: &mut [f32],
+        dots: &mut [f32],
+        dq: &mut [f32],
+        dk: &mut [f32],
+        dv: &mut [f32],
+    ) {
+        // dots[i] = dout[i] . out[i]: the softmax's correction.
+        for (i, dot) in dots.iter_mut().enumerate().take(d.seq) {
+            let at = i * d.head;
+            *dot = Lanes::sum_of_pairs(&x.g[at..][..d.head], &x.o[at..][..d.head], |g, o| g * o);
         }
-    }
-    with_scratch(2 * QUERY_BLOCK * t, t, |blocks, d| {
-        output_dots(dout, out, c, size, d);
-        let (p, dp) = blocks.split_at_mut(QUERY_BLOCK * t);
-        for q0 in (0..t).step_by(QUERY_BLOCK) {
-            let rows = QUERY_BLOCK.min(t - q0);
-            let keys = q0 + rows;
-            let (p, dp) = (&mut p[..rows * keys], &mut dp[..rows * keys]);
+        for q0 in (0..d.seq).step_by(QUERY_BLOCK) {
+            let rows = QUERY_BLOCK.min(d.seq - q0);
             match probs {
                 Some(kept) => {
-                    for (r, row) in p.chunks_exact_mut(keys).enumerate() {
-                        row.copy_from_slice(&kept[(q0 + r) * t..][..keys]);
+                    p.fill(0.0);
+                    for r in 0..rows {
+                        p[r * d.keys..][..d.seq].copy_from_slice(&kept[(q0 + r) * d.seq..][..d.seq]);
                     }
                 }
-                None => block_weights(shape, q.below(q0), kt, q0, rows, p),
+                None => block_weights(d, x.q, x.kt, q0, rows, p),
             }
-            let dout_block = Mat::strided(&dout[q0 * c..], c, 1);
-            // SAFETY: `MaybeUninit<f32>` has `f32`'s layout; the GEMM writes every element.
-            let raw = unsafe { &mut *(&mut *dp as *mut [f32] as *mut [MaybeUninit<f32>]) };
-            gemm(rows, size, keys, dout_block, vt, raw, false, 1);
-            score_grad_rows(p, dp, keys, &d[q0..q0 + rows], shape.scale());
-            let (p, ds) = (&*p, &*dp);
-            // SAFETY: the three outputs are this pair's rows of the query, key and value
-            // gradients (the caller's contract); the keys' and values' were zeroed above.
-            unsafe {
-                gemm_into(
-                    rows,
-                    keys,
-                    size,
-                    Mat::rows(ds, keys),
-                    k,
-                    at(q0, 0),
-                    rs,
-                    false,
-                    1,
-                );
-                let ds_t = Mat::strided(ds, 1, keys);
-                gemm_into(keys, rows, size, ds_t, q.below(q0), at(0, 1), rs, true, 1);
-                let p_t = Mat::strided(p, 1, keys);
-                gemm_into(keys, rows, size, p_t, dout_block, at(0, 2), rs, true, 1);
+            // dp = dout vt over the keys each tile can see, which covers every key up to the
+            // block's first tile of keys after its last row: as far as the readers below
+            // read. Then ds = p (dp - dot) scale (0 where p is).
+            scores(d, x.g, x.vt, q0, rows, dp);
+            let seen = (q0 + QUERY_BLOCK).min(d.keys);
+            for r in 0..rows {
+                let dot = dots[q0 + r];
+                let (w, g) = (&p[r * d.keys..][..seen], &mut dp[r * d.keys..][..seen]);
+                for (g, &w) in g.iter_mut().zip(w) {
+                    *g = w * (*g - dot) * d.scale;
+                }
+            }
+            let ds = &*dp;
+            for r0 in (0..rows).step_by(ROWS) {
+                let reach = (q0 + r0 + ROWS).min(d.seq);
+                let tile = &mut dq[(q0 + r0) * d.head..][..ROWS * d.head];
+                weighted_rows(d, &ds[r0 * d.keys..], x.k, reach, tile, false);
+            }
+            // The keys' and values' gradients: key j gets the rows of the block that see it.
+            let block_q = &x.q[q0 * d.head..];
+            let block_g = &x.g[q0 * d.head..];
+            for j0 in (0..(q0 + rows).next_multiple_of(ROWS)).step_by(ROWS) {
+                let from = j0.saturating_sub(q0);
+                key_rows(d, ds, block_q, j0, from, rows, dk);
+                key_rows(d, p, block_g, j0, from, rows, dv);
             }
         }
-    });
+    }
 }

@@ -18,9 +18,10 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::elementwise::{add_into, gelu_into};
+use super::elementwise::gelu_into;
 use super::layernorm;
 use super::scratch::with_scratch;
+use super::simd::vectorized;
 
 /// A matrix operand: its elements and its row and column strides.
 #[derive(Clone, Copy, Debug)]
@@ -375,10 +376,11 @@ pub fn weight_grad(
     gemm(k, rows, n, input, grad, out, false, threads);
 }
 
-/// `out[n] = ` the sum of the `rows` rows of `grad` (row-major, `n` columns), each column
-/// summed from the first row to the last: a layer's bias gradient. Its columns are split over
-/// `threads` threads of the current rayon pool; each column's sum is the same whatever the
-/// split.
+/// `out[n] = ` the sum of the `rows` rows of `grad` (row-major, `n` columns): a layer's bias
+/// gradient. The rows are cut into blocks of [`ROW_BLOCK`] whatever the thread count, each
+/// block summed row by row (on the current rayon pool's threads at once), and the blocks'
+/// sums are added in block order: the same bits at any thread count, every row read once,
+/// whole.
 ///
 /// # Panics
 ///
@@ -395,23 +397,45 @@ pub fn column_sums(
         fits && out.len() >= n,
         "operands too short for their shapes"
     );
-    // Whole cache lines per thread.
-    let block = n.div_ceil(threads.max(1)).next_multiple_of(16);
-    let sum = |(i, out): (usize, &mut [MaybeUninit<f32>])| {
-        let first = i * block;
-        out.iter_mut().for_each(|v| {
-            v.write(0.0);
-        });
-        // SAFETY: every element was just written.
-        let sums = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
-        for row in grad[..rows * n].chunks_exact(n) {
-            add_into(sums, &row[first..first + sums.len()]);
+    let out = &mut out[..n];
+    out.fill(MaybeUninit::new(0.0));
+    // SAFETY: every element was just written.
+    let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let grad = &grad[..rows * n];
+    let blocks = rows.div_ceil(ROW_BLOCK);
+    with_scratch(blocks * n, 0, |partial, _| {
+        let sum_block = |(sums, block): (&mut [f32], &[f32])| {
+            sums.fill(0.0);
+            for row in block.chunks_exact(n) {
+                add_rows(sums, row);
+            }
+        };
+        if threads > 1 && blocks > 1 {
+            partial
+                .par_chunks_mut(n)
+                .zip(grad.par_chunks(ROW_BLOCK * n))
+                .for_each(sum_block);
+        } else {
+            partial
+                .chunks_mut(n)
+                .zip(grad.chunks(ROW_BLOCK * n))
+                .for_each(sum_block);
         }
-    };
-    if threads > 1 && n > block {
-        out[..n].par_chunks_mut(block).enumerate().for_each(sum);
-    } else {
-        out[..n].chunks_mut(block).enumerate().for_each(sum);
+        for sums in partial.chunks_exact(n) {
+            add_rows(out, sums);
+        }
+    });
+}
+
+vectorized! {
+    /// `acc += values`, element by element.
+    fn add_rows(acc: &mut [f32], values: &[f32]) {
+        for (a, v) in acc.iter_mut().zip(values) {
+            *a += v;
+        }
     }
 }
 
@@ -560,10 +584,18 @@ mod tests {
             );
             let (g, w) = (Mat::rows(&grad, n), Mat::transposed(&weight, n));
             assert!(close(&one[3], &naive(rows, n, k, g, w)), "grad W^T");
+            // Each block of ROW_BLOCK rows summed in order, then the blocks in order.
             let sums: Vec<f32> = (0..n)
-                .map(|c| grad.chunks_exact(n).map(|row| row[c]).sum())
+                .map(|c| {
+                    grad.chunks(ROW_BLOCK * n)
+                        .map(|block| block.chunks_exact(n).map(|row| row[c]).sum::<f32>())
+                        .fold(0.0, |total, block| total + block)
+                })
                 .collect();
-            assert_eq!(one[2], sums, "the bias gradient sums the rows in order");
+            assert_eq!(
+                one[2], sums,
+                "the bias gradient sums the rows in blocks, in order"
+            );
             for threads in [2, 3, 8] {
                 let other = run(threads);
                 for (kernel, (a, b)) in ["forward", "weight grad", "bias grad", "input grad"]
