@@ -31,9 +31,9 @@ pub(crate) use std::thread_local;
 
 pub(crate) use crossbeam_epoch as epoch;
 
-/// A process-wide count outside every protocol (pools alive, identities handed out, front
-/// end fallbacks): it synchronises nothing, so it is `std`'s atomic even under loom (loom
-/// would reset it per execution and explore its accesses for nothing).
+/// A count outside every protocol (pools alive, identities handed out, front end fallbacks,
+/// a pool's evictions by class): it synchronises nothing, so it is `std`'s atomic even under
+/// loom (loom would reset it per execution and explore its accesses for nothing).
 #[derive(Debug)]
 pub(crate) struct Tally(std::sync::atomic::AtomicU64);
 

@@ -196,6 +196,11 @@ fn eviction_prefers_the_class_the_request_needs() {
     assert!(!large.is_resident());
     let stats = pool.stats();
     assert_eq!(
+        (stats.evictions, stats.window_evictions),
+        (1, 0),
+        "one value, not a window"
+    );
+    assert_eq!(
         stats.reserved_bytes,
         192 * KIB as u64,
         "the block was reused, not reserved anew"
@@ -245,6 +250,14 @@ fn a_large_request_evicts_neighbours_whose_pages_make_its_range() {
     assert_eq!(stats.mapped_bytes, mapped, "new pages were mapped");
     assert_eq!(stats.purged_bytes, 0, "freed pages were purged");
     assert_eq!(stats.reserved_bytes, 4 * MIB as u64);
+    // The statistics say so: two window evictions, both of the 1 MiB class.
+    assert_eq!((stats.evictions, stats.window_evictions), (2, 2));
+    let classes = pool.class_stats();
+    let mib = classes.iter().find(|c| c.block_bytes == MIB).unwrap();
+    assert_eq!((mib.evicted_blocks, mib.in_use_blocks), (2, 2));
+    assert!(classes
+        .iter()
+        .all(|c| c.block_bytes == MIB || c.evicted_blocks == 0));
     drop(served);
     // The evicted ones recompute with their contents.
     for (k, value) in values.iter().enumerate() {

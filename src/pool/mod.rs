@@ -286,8 +286,9 @@ impl BufferPool {
         inner.books.counters.reset_peaks(&inner.config);
     }
 
-    /// The blocks of every size class the pool holds, in use or cached (classes it holds
-    /// none of are left out). A scan of the pool's block records.
+    /// The blocks of every size class the pool holds, in use or cached, and the evictions of
+    /// each class over the pool's life (classes with none of either are left out). A scan of
+    /// the pool's block records.
     ///
     /// ```
     /// let pool = ferropool::BufferPool::new();
@@ -314,6 +315,16 @@ impl BufferPool {
                 }
             }
         });
+        for (class, count) in self.inner().evictor.evicted_by_class.iter().enumerate() {
+            let evicted = count.get();
+            if evicted > 0 {
+                let entry = by_class.entry(class).or_insert_with(|| ClassStats {
+                    block_bytes: class::class_size(class),
+                    ..ClassStats::default()
+                });
+                entry.evicted_blocks = evicted;
+            }
+        }
         let mut classes: Vec<_> = by_class.into_values().collect();
         classes.sort_by_key(|c| c.block_bytes);
         classes

@@ -64,6 +64,14 @@ pub struct Summary {
     /// The validation loss after the last step (`None`: the model has none).
     #[serde(default)]
     pub val_loss: Option<f32>,
+    /// Values the pool evicted by its window step (a run of neighbours that makes room for a
+    /// large request) per steady-state step (`None`: no pool).
+    #[serde(default)]
+    pub window_evictions_per_step: Option<f64>,
+    /// The pool's evictions over the whole run by block size: (bytes, evictions), smallest
+    /// first.
+    #[serde(default)]
+    pub evictions_by_size: Vec<(u64, u64)>,
     /// Seconds `torch.compile` took (a compiled PyTorch run only).
     #[serde(default)]
     pub compile_s: Option<f64>,
@@ -113,6 +121,7 @@ struct Counters {
     mimalloc: u64,
     system: u64,
     evictions: u64,
+    window_evictions: u64,
     recomputed: u64,
     recompute_ns: u64,
 }
@@ -127,6 +136,7 @@ impl std::ops::Sub for Counters {
             mimalloc: self.mimalloc - o.mimalloc,
             system: self.system - o.system,
             evictions: self.evictions - o.evictions,
+            window_evictions: self.window_evictions - o.window_evictions,
             recomputed: self.recomputed - o.recomputed,
             recompute_ns: self.recompute_ns - o.recompute_ns,
         }
@@ -141,6 +151,7 @@ impl std::ops::AddAssign for Counters {
         self.mimalloc += o.mimalloc;
         self.system += o.system;
         self.evictions += o.evictions;
+        self.window_evictions += o.window_evictions;
         self.recomputed += o.recomputed;
         self.recompute_ns += o.recompute_ns;
     }
@@ -182,6 +193,7 @@ pub fn train<B: Backend>(
                 + front.map_or(0, |front| front.stats().os_calls)
                 + PoolAllocator::fallback_allocations(),
             evictions: s.as_ref().map_or(0, |s| s.evictions),
+            window_evictions: s.as_ref().map_or(0, |s| s.window_evictions),
             recomputed: s.as_ref().map_or(0, |s| s.recomputed_bytes),
             recompute_ns: s.as_ref().map_or(0, |s| s.recompute_ns),
         }
@@ -237,10 +249,18 @@ pub fn train<B: Backend>(
         summary.peak_live_bytes = Some(a.peak_in_use_bytes);
         summary.peak_reserved_bytes = Some(a.peak_reserved_bytes);
         summary.evictions_per_step = Some(per_step(window.evictions));
+        summary.window_evictions_per_step = Some(per_step(window.window_evictions));
         summary.recomputed_bytes_per_step = Some(per_step(window.recomputed));
         summary.recompute_share = Some(window.recompute_ns as f64 / 1e9 / seconds.max(1e-9));
     }
     summary.outside_peak_bytes = front.map(|front| front.stats().peak_in_use_bytes);
+    summary.evictions_by_size = pool.map_or_else(Vec::new, |pool| {
+        let classes = pool.class_stats();
+        let evicted = classes.iter().filter(|c| c.evicted_blocks > 0);
+        evicted
+            .map(|c| (c.block_bytes as u64, c.evicted_blocks))
+            .collect()
+    });
     summary.peak_rss = peak_rss();
     summary.val_loss = match args.eval_every {
         0 => None,

@@ -283,8 +283,25 @@ fn memory_table(
     ];
     if args.keep() == Keep::Fitted {
         rows.push((
-            "inputs evicted per step",
+            "tensors evicted per step",
             format!("{:.1}", summary.evictions_per_step.unwrap_or(0.0)),
+        ));
+        rows.push((
+            "evicted by the window step per step",
+            format!("{:.1}", summary.window_evictions_per_step.unwrap_or(0.0)),
+        ));
+        let sizes: Vec<String> = summary
+            .evictions_by_size
+            .iter()
+            .map(|(size, count)| format!("{count} x {}", bytes(*size)))
+            .collect();
+        rows.push((
+            "evictions over the run, by block size",
+            if sizes.is_empty() {
+                "none".to_owned()
+            } else {
+                sizes.join(", ")
+            },
         ));
         rows.push((
             "recomputed per step",

@@ -94,6 +94,9 @@ impl Evictor {
         drop(buffer);
         self.evictions.fetch_add(1, Ordering::Relaxed);
         self.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if let Some(count) = self.evicted_by_class.get(class) {
+            count.add(1);
+        }
         pool.books.trace(PoolEventKind::Evict, bytes, class);
         true
     }
@@ -247,7 +250,9 @@ impl Evictor {
         let mut freed = 0u64;
         for buffer in taken {
             freed = freed.saturating_add(buffer.capacity() as u64);
-            self.evicted(pool, Some(buffer));
+            if self.evicted(pool, Some(buffer)) {
+                self.window_evictions.add(1);
+            }
         }
         freed
     }

@@ -10,9 +10,10 @@
 use std::fmt;
 
 use super::super::PoolBuffer;
+use crate::pool::class;
 use crate::sync::{
     thread_id, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering,
-    ThreadId, UnsafeCell,
+    Tally, ThreadId, UnsafeCell,
 };
 
 /// Where an evictable value's bytes are.
@@ -306,6 +307,10 @@ pub(in crate::pool) struct Evictor {
     pub(in crate::pool) clock: AtomicU64,
     pub(in crate::pool) evictions: AtomicU64,
     pub(in crate::pool) evicted_bytes: AtomicU64,
+    /// Evictions by the class of the block given back (one count per class).
+    pub(in crate::pool) evicted_by_class: Box<[Tally]>,
+    /// Values the window step evicted (they count in `evictions` too).
+    pub(in crate::pool) window_evictions: Tally,
     pub(in crate::pool) recomputations: AtomicU64,
     pub(in crate::pool) recomputed_bytes: AtomicU64,
     pub(in crate::pool) recompute_ns: AtomicU64,
@@ -334,6 +339,8 @@ impl Evictor {
             clock: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             evicted_bytes: AtomicU64::new(0),
+            evicted_by_class: (0..class::CLASSES).map(|_| Tally::new(0)).collect(),
+            window_evictions: Tally::new(0),
             recomputations: AtomicU64::new(0),
             recomputed_bytes: AtomicU64::new(0),
             recompute_ns: AtomicU64::new(0),

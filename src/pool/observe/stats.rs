@@ -113,6 +113,11 @@ pub struct PoolStats {
     pub evictions: u64,
     /// The bytes (block sizes) of those evictions.
     pub evicted_bytes: u64,
+    /// Of those evictions, the values the window step evicted: a run of neighbours whose
+    /// blocks, with the free pages beside them, make room for a large request (see
+    /// [`BufferPool::class_stats`](super::super::BufferPool::class_stats) for the evictions
+    /// by size).
+    pub window_evictions: u64,
     /// Evicted values recomputed on a read.
     pub recomputations: u64,
     /// The bytes (block sizes) of those recomputes.
@@ -329,6 +334,8 @@ pub struct ClassStats {
     pub in_use_blocks: u64,
     /// Blocks of the class the pool holds and has not handed out.
     pub cached_blocks: u64,
+    /// Evictable values of the class the pool has evicted, over its life.
+    pub evicted_blocks: u64,
 }
 
 /// One live block, as [`BufferPool::snapshot`](super::super::BufferPool::snapshot) reports it.
@@ -436,6 +443,7 @@ impl PoolStats {
         let e = &pool.evictor;
         s.evictions = e.evictions.load(Ordering::Relaxed);
         s.evicted_bytes = e.evicted_bytes.load(Ordering::Relaxed);
+        s.window_evictions = e.window_evictions.get();
         s.recomputations = e.recomputations.load(Ordering::Relaxed);
         s.recomputed_bytes = e.recomputed_bytes.load(Ordering::Relaxed);
         s.recompute_ns = e.recompute_ns.load(Ordering::Relaxed);
