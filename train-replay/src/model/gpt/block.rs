@@ -98,14 +98,16 @@ impl<B: Backend> Layer<'_, '_, B> {
         }
     }
 
-    /// Multiply-adds of `op`, a recompute's cost.
+    /// A recompute's cost, in multiply-adds at a GEMM's rate.
     fn cost(&self, op: Op) -> u64 {
         let (n, c) = (self.heads.rows() as u64, self.heads.width() as u64);
         let h = self.heads;
         let attention = (h.batch * h.heads) as u64 * (h.seq as u64).pow(2) * h.size as u64;
         match op {
             Op::Qkv => n * c * 3 * c,
-            Op::Attention => attention,
+            // Its multiply-adds run at about a third of a GEMM's rate (small products and
+            // a softmax between them): the cost is the time a recompute takes.
+            Op::Attention => attention * 3,
             Op::Proj => n * c * c,
             Op::Fc | Op::Out => n * c * 4 * c,
         }
