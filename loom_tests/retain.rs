@@ -1,14 +1,14 @@
 //! Loom model of retained values on a shared allocation group: clones, reads and drops race
 //! across threads.
 //!
-//! The group, its descriptor arena (a per-execution `lazy_static` with a private collector;
-//! see `descriptors()` in `src/group/mod.rs`) and the pool all run on loom here. The pool's
-//! thread caches are off in this model: a cache created on a spawned loom thread is torn
-//! down by that thread's thread-local destructors, which loom runs after `join` returns, and
-//! loom then reports the executions as non-deterministic. The shared lists carry every free
-//! instead, which is the cross-thread path replay uses. The property: every reader sees the bytes it
-//! retained (never freed or reused memory), and the last handle to drop, whichever thread it
-//! is on, returns the buffer to the pool exactly once.
+//! The group, its descriptor arena (a per-execution `lazy_static` with a private collector; see
+//! `descriptors()` in `src/group/mod.rs`) and the pool all run on loom here. The pool's thread
+//! caches are off in this model: a cache created on a spawned loom thread is torn down by that
+//! thread's thread-local destructors, which loom runs after `join` returns, and loom then reports
+//! the executions as non-deterministic. The shared lists carry every free instead, which is the
+//! cross-thread path replay uses. The property: every reader sees the bytes it retained (never
+//! freed or reused memory), and the last handle to drop, whichever thread it is on, returns the
+//! buffer to the pool exactly once.
 #![cfg(loom)]
 
 mod common;

@@ -101,8 +101,20 @@ impl<G, K, A> CheckpointNode<G, K, A> {
     /// ```
     /// use std::sync::Arc;
     /// use ferropool::{CheckpointNode, RetainedInputMap};
-    /// let chain = CheckpointNode::push(None, Arc::new("segment 0"), "x", 0u32, Arc::new(RetainedInputMap::new()));
-    /// let chain = CheckpointNode::push(Some(chain), Arc::new("segment 1"), "y", 1u32, Arc::new(RetainedInputMap::new()));
+    /// let chain = CheckpointNode::push(
+    ///     None,
+    ///     Arc::new("segment 0"),
+    ///     "x",
+    ///     0u32,
+    ///     Arc::new(RetainedInputMap::new()),
+    /// );
+    /// let chain = CheckpointNode::push(
+    ///     Some(chain),
+    ///     Arc::new("segment 1"),
+    ///     "y",
+    ///     1u32,
+    ///     Arc::new(RetainedInputMap::new()),
+    /// );
     /// assert_eq!(chain.depth(), 2);
     /// assert_eq!(chain.lookup_alias(&"x"), Some(&0));
     /// ```

@@ -98,7 +98,8 @@ impl Error {
     ///
     /// ```
     /// use ferropool::{Error, ErrorPhase};
-    /// let e = Error::runtime_state("RetainedValue::tensor_read", ErrorPhase::Execution, "stale slot");
+    /// let e =
+    ///     Error::runtime_state("RetainedValue::tensor_read", ErrorPhase::Execution, "stale slot");
     /// assert_eq!(e.to_string(), "RetainedValue::tensor_read failed during execution: stale slot");
     /// ```
     pub fn runtime_state(
@@ -120,7 +121,12 @@ impl Error {
     /// ```
     /// use ferropool::{Error, ErrorPhase, GroupError};
     /// let cause = GroupError::Shared { handles: 2 };
-    /// let e = Error::runtime_state_from("Runtime::replay", ErrorPhase::Execution, "cannot extend the saved group", cause.clone());
+    /// let e = Error::runtime_state_from(
+    ///     "Runtime::replay",
+    ///     ErrorPhase::Execution,
+    ///     "cannot extend the saved group",
+    ///     cause.clone(),
+    /// );
     /// let source = std::error::Error::source(&e).unwrap();
     /// assert_eq!(source.downcast_ref::<GroupError>(), Some(&cause));
     /// ```

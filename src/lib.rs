@@ -4,14 +4,20 @@
 //! who owns them, how many threads read saved tensors at once while a backward pass is
 //! replayed, and how all of it goes back without a leak, a double drop or a page fault.
 //!
-//! | layer | types | what it gives |
-//! |---|---|---|
-//! | buffers | [`BufferPool`], [`PoolBuffer`], [`PoolConfig`], [`PoolStats`], [`PoolAllocator`] | size-classed blocks, per-thread caches the pool can always take back, a byte budget, PyTorch-grade statistics, a snapshot of live blocks by [`MemoryTag`], a Perfetto trace; a `#[global_allocator]` front end |
-//! | tensors | [`Tensor`], [`TensorRead`], [`Layout`], [`DType`], [`Element`] | typed, strided views over pooled bytes; `f16`/`bf16` from [`half`]; caller-owned payloads ([`ExternalPayload`]) |
-//! | descriptors | [`SlotArena`], [`Key`], [`ArenaConfig`] | a lock-free arena of generational slots reclaimed with crossbeam-epoch |
-//! | groups | [`AllocationGroup`], [`DescriptorSlot`], [`TensorValue`] | one owner of buffers, many views; read-only while shared |
-//! | retention | [`RetainedValue`], [`RetentionContainer`], [`RetainedInputMap`] | handles that keep a group alive and read it from any thread without a lock |
-//! | checkpoints | [`CheckpointNode`] | chains of retained inputs, graphs and aliases |
+//! - **buffers**: [`BufferPool`], [`PoolBuffer`], [`PoolConfig`], [`PoolStats`], [`PoolAllocator`]
+//!   — size-classed blocks, per-thread caches the pool can always take back, a byte budget,
+//!   PyTorch-grade statistics, a snapshot of live blocks by [`MemoryTag`], a Perfetto trace; a
+//!   `#[global_allocator]` front end
+//! - **tensors**: [`Tensor`], [`TensorRead`], [`Layout`], [`DType`], [`Element`] — typed, strided
+//!   views over pooled bytes; `f16`/`bf16` from [`half`]; caller-owned payloads
+//!   ([`ExternalPayload`])
+//! - **descriptors**: [`SlotArena`], [`Key`], [`ArenaConfig`] — a lock-free arena of generational
+//!   slots reclaimed with crossbeam-epoch
+//! - **groups**: [`AllocationGroup`], [`DescriptorSlot`], [`TensorValue`] — one owner of buffers,
+//!   many views; read-only while shared
+//! - **retention**: [`RetainedValue`], [`RetentionContainer`], [`RetainedInputMap`] — handles that
+//!   keep a group alive and read it from any thread without a lock
+//! - **checkpoints**: [`CheckpointNode`] — chains of retained inputs, graphs and aliases
 //!
 //! ```
 //! use ferropool::{AllocationGroup, BufferPool, RetainedValue, Tensor};
@@ -24,7 +30,9 @@
 //! let readers: Vec<_> = (0..4)
 //!     .map(|_| {
 //!         let saved = saved.clone();
-//!         std::thread::spawn(move || saved.tensor_read().unwrap().as_slice::<f32>().unwrap().iter().sum::<f32>())
+//!         std::thread::spawn(move || {
+//!             saved.tensor_read().unwrap().as_slice::<f32>().unwrap().iter().sum::<f32>()
+//!         })
 //!     })
 //!     .collect();
 //! for reader in readers {
@@ -77,7 +85,12 @@
 //!     drop(pool.alloc(1 << 20)?);
 //! }
 //! let trace: serde_json::Value = serde_json::from_str(&pool.trace_json())?;
-//! let phases: Vec<_> = trace["traceEvents"].as_array().unwrap().iter().map(|e| e["ph"].clone()).collect();
+//! let phases: Vec<_> = trace["traceEvents"]
+//!     .as_array()
+//!     .unwrap()
+//!     .iter()
+//!     .map(|e| e["ph"].clone())
+//!     .collect();
 //! assert!(phases.contains(&"B".into()) && phases.contains(&"C".into()));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

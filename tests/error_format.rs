@@ -1,5 +1,5 @@
-//! Formatting the pool's errors and statistics allocates nothing: a message may be written while the pool
-//! is the global allocator and short of budget. This binary counts every allocation of the
+//! Formatting the pool's errors and statistics allocates nothing: a message may be written while
+//! the pool is the global allocator and short of budget. This binary counts every allocation of the
 //! process, so it holds one test.
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -1,7 +1,7 @@
-//! `PoolAllocator` installed as the global allocator: a multi-threaded, `Vec`-heavy and
-//! re-entrant workload on 8 threads, after which the pool has served the large allocations
-//! and holds nothing more than before; budget refusals are served by the fallback and
-//! counted in the pool's statistics. (No test harness: the pool is configured before anything allocates.)
+//! `PoolAllocator` installed as the global allocator: a multi-threaded, `Vec`-heavy and re-entrant
+//! workload on 8 threads, after which the pool has served the large allocations and holds nothing
+//! more than before; budget refusals are served by the fallback and counted in the pool's
+//! statistics. (No test harness: the pool is configured before anything allocates.)
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::collections::HashMap;

@@ -465,7 +465,10 @@ impl BufferPool {
     ///
     /// ```
     /// use ferropool::{BufferPool, PoolConfig};
-    /// let pool = BufferPool::with_config(PoolConfig { trace_capacity: 64, ..PoolConfig::default() })?;
+    /// let pool = BufferPool::with_config(PoolConfig {
+    ///     trace_capacity: 64,
+    ///     ..PoolConfig::default()
+    /// })?;
     /// drop(pool.alloc(4096)?);
     /// let json = pool.trace_json();
     /// assert!(json.starts_with("{\"displayTimeUnit\""));

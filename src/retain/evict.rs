@@ -99,7 +99,10 @@ impl Recompute {
 /// use ferropool::{BufferPool, Recompute, RetainedValue, RetentionContainer, Tensor};
 /// let pool = BufferPool::new();
 /// let tensor = Tensor::from_slice_in(&pool, &[0u8; 4096], &[4096])?;
-/// let recompute = { let pool = pool.clone(); Recompute::new([], move |_| Ok(Tensor::from_slice_in(&pool, &[0u8; 4096], &[4096])?)) };
+/// let recompute = {
+///     let pool = pool.clone();
+///     Recompute::new([], move |_| Ok(Tensor::from_slice_in(&pool, &[0u8; 4096], &[4096])?))
+/// };
 /// let saved = RetainedValue::evictable(&pool, tensor, recompute)?;
 /// let RetentionContainer::Evictable(held) = saved.container() else { panic!() };
 /// assert!(held.is_resident());

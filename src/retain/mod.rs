@@ -273,8 +273,13 @@ impl RetainedValue {
     ///
     /// ```
     /// use ferropool::{BufferPool, PoolConfig, Recompute, RetainedValue, Tensor};
-    /// let pool = BufferPool::with_config(PoolConfig { budget: Some(2 << 20), ..PoolConfig::default() })?;
-    /// let ones = |pool: &BufferPool| Tensor::from_iter_in(pool, std::iter::repeat_n(1.0f32, 1 << 18), &[1 << 18]);
+    /// let pool = BufferPool::with_config(PoolConfig {
+    ///     budget: Some(2 << 20),
+    ///     ..PoolConfig::default()
+    /// })?;
+    /// let ones = |pool: &BufferPool| {
+    ///     Tensor::from_iter_in(pool, std::iter::repeat_n(1.0f32, 1 << 18), &[1 << 18])
+    /// };
     /// let recompute = { let pool = pool.clone(); Recompute::new([], move |_| Ok(ones(&pool)?)) };
     /// let saved = RetainedValue::evictable(&pool, ones(&pool)?, recompute)?; // 1 MiB
     /// let other = pool.alloc(3 << 19)?; // 1.5 MiB: only fits once `saved` is evicted

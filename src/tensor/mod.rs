@@ -527,7 +527,10 @@ impl Tensor {
     /// let pool = BufferPool::new();
     /// let a = array![[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]];
     /// let t = Tensor::from_ndarray_in(&pool, &a)?; // standard layout: one memcpy
-    /// assert_eq!((t.shape(), t.as_slice::<f32>()?), (&[2, 3][..], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0][..]));
+    /// assert_eq!(
+    ///     (t.shape(), t.as_slice::<f32>()?),
+    ///     (&[2, 3][..], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0][..])
+    /// );
     /// let transposed = Tensor::from_ndarray_in(&pool, &a.t())?; // strided: walked in order
     /// assert_eq!(transposed.as_slice::<f32>()?, &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
     /// let column = Tensor::from_ndarray_in(&pool, &a.index_axis(Axis(1), 2))?;

@@ -219,101 +219,116 @@ fn run_child(name: &str, command: &mut Command) -> anyhow::Result<Summary> {
     }
 }
 
+/// A figure of one run.
+type Figure = dyn Fn(&Summary) -> f64;
+
+/// The runs of each variant (the pool's first), as the table's columns show them.
+struct Columns<'a> {
+    names: &'a [&'a str],
+    runs: &'a [Vec<Summary>],
+    rounds: usize,
+}
+
+impl Columns<'_> {
+    /// The header: a column per variant, and the pool's ratios.
+    fn header(&self) -> Vec<String> {
+        let column = |name: &str| match name {
+            "pool" => "ferropool".to_string(),
+            "pytorch" => "PyTorch".to_string(),
+            "pytorch-compiled" => "PyTorch compiled".to_string(),
+            other => format!("Vec<f32> {other}"),
+        };
+        let mut header = vec![String::new()];
+        header.extend(self.names.iter().map(|n| column(n)));
+        header.push("ferropool vs".into());
+        header
+    }
+
+    /// `f`'s median over `runs` (with its range when there are several rounds).
+    fn cell(&self, runs: &[Summary], f: &Figure, show: &dyn Fn(f64) -> String) -> String {
+        let (m, lo, hi) = spread(runs.iter().map(f).collect());
+        match self.rounds {
+            1 => show(m),
+            _ => format!("{} ({}-{})", show(m), show(lo), show(hi)),
+        }
+    }
+
+    /// The pool's median of `f` over each other variant's.
+    fn ratios(&self, f: &Figure) -> String {
+        let median = |runs: &[Summary]| spread(runs.iter().map(f).collect()).0;
+        let pool = median(&self.runs[0]);
+        self.names[1..]
+            .iter()
+            .zip(&self.runs[1..])
+            .map(|(name, runs)| format!("{:.2}x {name}", pool / median(runs)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A row: `label`, each variant's cell, and the ratios if `ratio`.
+    fn row(
+        &self,
+        label: &str,
+        f: &Figure,
+        show: &dyn Fn(f64) -> String,
+        ratio: bool,
+    ) -> Vec<String> {
+        let mut cells = vec![label.to_owned()];
+        cells.extend(self.runs.iter().map(|r| self.cell(r, f, show)));
+        cells.push(if ratio { self.ratios(f) } else { String::new() });
+        cells
+    }
+}
+
 /// The table: one column per variant, medians over the rounds (and the range when there are
 /// several), ratios of the pool against each of the others.
 fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
-    let column = |name: &str| match name {
-        "pool" => "ferropool".to_string(),
-        "pytorch" => "PyTorch".to_string(),
-        "pytorch-compiled" => "PyTorch compiled".to_string(),
-        other => format!("Vec<f32> {other}"),
+    let columns = Columns {
+        names,
+        runs,
+        rounds,
     };
-    let median =
-        |runs: &[Summary], f: &dyn Fn(&Summary) -> f64| spread(runs.iter().map(f).collect());
-    let cell = |runs: &[Summary], f: &dyn Fn(&Summary) -> f64, show: &dyn Fn(f64) -> String| {
-        let (m, lo, hi) = median(runs, f);
-        if rounds > 1 {
-            format!("{} ({}-{})", show(m), show(lo), show(hi))
-        } else {
-            show(m)
-        }
+    let mut figures = table(columns.header());
+    // Calls are `NaN` where a run does not count them (PyTorch).
+    let calls_cell = |v: f64| match v.is_nan() {
+        true => "-".to_owned(),
+        false => format!("{v:.1}"),
     };
-    let ratios = |f: &dyn Fn(&Summary) -> f64| {
-        let pool = median(&runs[0], f).0;
-        names[1..]
-            .iter()
-            .zip(&runs[1..])
-            .map(|(name, runs)| format!("{:.2}x {name}", pool / median(runs, f).0))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut header: Vec<String> = vec![String::new()];
-    header.extend(names.iter().map(|n| column(n)));
-    header.push("ferropool vs".into());
-    let mut figures = table(header);
-    let mut row =
-        |label: &str, f: &dyn Fn(&Summary) -> f64, show: &dyn Fn(f64) -> String, ratio| {
-            let mut cells = vec![label.to_owned()];
-            cells.extend(runs.iter().map(|r| cell(r, f, show)));
-            cells.push(if ratio { ratios(f) } else { String::new() });
-            figures.add_row(cells);
-        };
-    let calls = |value: Option<f64>| value.unwrap_or(f64::NAN);
-    row("steps/s", &|s| s.steps_per_s, &|v| format!("{v:.2}"), true);
-    row(
+    let one = |v: f64| format!("{v:.1}");
+    figures.add_row(columns.row("steps/s", &|s| s.steps_per_s, &|v| format!("{v:.2}"), true));
+    figures.add_row(columns.row(
         "minor page faults per step",
         &|s| s.faults_per_step,
-        &|v| format!("{v:.1}"),
+        &one,
         false,
-    );
-    // Calls are `NaN` where a run does not count them (PyTorch).
-    let calls_cell = |v: f64| {
-        if v.is_nan() {
-            "-".into()
-        } else {
-            format!("{v:.1}")
-        }
-    };
-    row(
-        "calls to glibc per step",
-        &|s| calls(s.glibc_calls_per_step),
-        &calls_cell,
-        false,
-    );
-    row(
-        "calls to mimalloc per step",
-        &|s| calls(s.mimalloc_calls_per_step),
-        &calls_cell,
-        false,
-    );
-    row(
-        "peak RSS",
-        &|s| s.peak_rss as f64,
-        &|v| bytes(v as u64).to_string(),
-        true,
-    );
+    ));
+    let glibc = |s: &Summary| s.glibc_calls_per_step.unwrap_or(f64::NAN);
+    figures.add_row(columns.row("calls to glibc per step", &glibc, &calls_cell, false));
+    let mimalloc = |s: &Summary| s.mimalloc_calls_per_step.unwrap_or(f64::NAN);
+    figures.add_row(columns.row("calls to mimalloc per step", &mimalloc, &calls_cell, false));
+    let rss = |v: f64| bytes(v as u64).to_string();
+    figures.add_row(columns.row("peak RSS", &|s| s.peak_rss as f64, &rss, true));
     if runs.iter().any(|r| r[0].compile_s.is_some()) {
         let mut cells = vec!["compile time, s (apart)".to_owned()];
-        cells.extend(runs.iter().map(|r| {
-            r[0].compile_s.map_or("-".into(), |_| {
-                cell(r, &|s| s.compile_s.unwrap_or(0.0), &|v| format!("{v:.1}"))
-            })
+        cells.extend(runs.iter().map(|r| match r[0].compile_s {
+            Some(_) => columns.cell(r, &|s| s.compile_s.unwrap_or(0.0), &one),
+            None => "-".into(),
         }));
         cells.push(String::new());
         figures.add_row(cells);
     }
     let mut losses = vec!["loss, first -> last".to_owned()];
-    losses.extend(
-        runs.iter()
-            .map(|r| format!("{:.3} -> {:.3}", r[0].first_loss, r[0].last_loss)),
-    );
+    let loss = |r: &Vec<Summary>| format!("{:.3} -> {:.3}", r[0].first_loss, r[0].last_loss);
+    losses.extend(runs.iter().map(loss));
     losses.push(String::new());
     figures.add_row(losses);
     println!();
     println!("{figures}");
     println!();
     println!(
-        "(steady state: the second half of the steps; {rounds} round(s), medians (min-max). Calls: those that reach glibc or mimalloc; ferropool's front end sends requests under 4 KiB to mimalloc. PyTorch's calls are not counted.)"
+        "(steady state: the second half of the steps; {rounds} round(s), medians (min-max). \
+         Calls: those that reach glibc or mimalloc; ferropool's front end sends requests \
+         under 4 KiB to mimalloc. PyTorch's calls are not counted.)"
     );
 }
 

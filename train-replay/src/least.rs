@@ -36,11 +36,11 @@ const TRY_STEPS: usize = 2;
 /// The search's resolution.
 const LEAST_STEP: u64 = 1 << 20;
 
-/// The least budget (a whole number of MiB) at which [`TRY_STEPS`] dry steps of this run
-/// complete (see [`build`](crate::model::build)'s dry models), by bisection between `refused` (which failed) and the
-/// peak a run without eviction reserves. What a budget holds depends only on the order of
-/// the step's requests, which a dry step keeps, so the run completes at the MiB named and
-/// fails a MiB below. Leaves the pool trimmed and without a budget.
+/// The least budget (a whole number of MiB) at which [`TRY_STEPS`] dry steps of this run complete
+/// (see [`build`](crate::model::build)'s dry models), by bisection between `refused` (which failed)
+/// and the peak a run without eviction reserves. What a budget holds depends only on the order of
+/// the step's requests, which a dry step keeps, so the run completes at the MiB named and fails a
+/// MiB below. Leaves the pool trimmed and without a budget.
 fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
     let pool = &backend.pool;
     // Whether `TRY_STEPS` steps of a fresh run complete under `budget`.

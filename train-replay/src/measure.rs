@@ -160,6 +160,78 @@ impl std::ops::AddAssign for Counters {
 /// Losses of the first steps a summary keeps (what `compare` checks against PyTorch's).
 pub const KEPT_LOSSES: usize = 20;
 
+/// Where a run's counters come from: the process, its allocators, and the backend's pool and
+/// the front end's (if the training has a pool of its own beside it).
+struct Gauges<'p> {
+    pool: Option<&'p BufferPool>,
+    front: Option<&'static BufferPool>,
+    started: Instant,
+}
+
+impl<'p> Gauges<'p> {
+    fn new(pool: Option<&'p BufferPool>) -> Self {
+        let front = pool
+            .filter(|_| allocator::choice().is_pool())
+            .map(|_| BufferPool::global())
+            .filter(|front| pool.is_some_and(|pool| pool.id() != front.id()));
+        Self {
+            pool,
+            front,
+            started: Instant::now(),
+        }
+    }
+
+    /// Every counter a step is measured by, now.
+    fn now(&self) -> Counters {
+        let s = self.pool.map(BufferPool::stats);
+        let of = |f: fn(&ferropool::PoolStats) -> u64| s.as_ref().map_or(0, f);
+        Counters {
+            ns: self.started.elapsed().as_nanos(),
+            faults: minor_faults(),
+            glibc: allocator::glibc_calls(),
+            mimalloc: allocator::mimalloc_calls(),
+            // The pools' calls to the OS (maps, unmaps and purges of their pages), and the
+            // requests a pool refused that went to the front end's fallback allocator.
+            system: of(|s| s.os_calls)
+                + self.front.map_or(0, |front| front.stats().os_calls)
+                + PoolAllocator::fallback_allocations(),
+            evictions: of(|s| s.evictions),
+            window_evictions: of(|s| s.window_evictions),
+            recomputed: of(|s| s.recomputed_bytes),
+            recompute_ns: of(|s| s.recompute_ns),
+        }
+    }
+
+    /// Completes `summary` from the counters of the `measured` steps in `window`.
+    fn finish(&self, summary: &mut Summary, window: &Counters, measured: f64) {
+        let seconds = window.ns as f64 / 1e9;
+        let per_step = |count: u64| count as f64 / measured;
+        summary.steps_per_s = measured / seconds.max(1e-9);
+        summary.faults_per_step = per_step(window.faults);
+        summary.glibc_calls_per_step = Some(per_step(window.glibc));
+        summary.mimalloc_calls_per_step = Some(per_step(window.mimalloc));
+        summary.pool_system_calls_per_step = allocator::choice()
+            .is_pool()
+            .then(|| per_step(window.system));
+        if let Some(pool) = self.pool {
+            let a = pool.stats();
+            summary.peak_live_bytes = Some(a.peak_in_use_bytes);
+            summary.peak_reserved_bytes = Some(a.peak_reserved_bytes);
+            summary.evictions_per_step = Some(per_step(window.evictions));
+            summary.window_evictions_per_step = Some(per_step(window.window_evictions));
+            summary.recomputed_bytes_per_step = Some(per_step(window.recomputed));
+            summary.recompute_share = Some(window.recompute_ns as f64 / 1e9 / seconds.max(1e-9));
+            let classes = pool.class_stats();
+            let evicted = classes.iter().filter(|c| c.evicted_blocks > 0);
+            summary.evictions_by_size = evicted
+                .map(|c| (c.block_bytes as u64, c.evicted_blocks))
+                .collect();
+        }
+        summary.outside_peak_bytes = self.front.map(|front| front.stats().peak_in_use_bytes);
+        summary.peak_rss = peak_rss();
+    }
+}
+
 /// Runs the training; `on_event` sees each step's loss, the validation losses (every
 /// `--eval-every` steps and after the last, without `--json`; none with `--eval-every 0`) and
 /// the sample. A loss that is not finite ends the run with an error. `pool` is the
@@ -172,32 +244,7 @@ pub fn train<B: Backend>(
     pool: Option<&BufferPool>,
     mut on_event: impl FnMut(Event<'_>),
 ) -> anyhow::Result<Summary> {
-    let stats = || pool.map(BufferPool::stats);
-    // The front end's pool (the training has a pool of its own).
-    let front = pool
-        .filter(|_| allocator::choice().is_pool())
-        .map(|_| BufferPool::global())
-        .filter(|front| pool.is_some_and(|pool| pool.id() != front.id()));
-    let started = Instant::now();
-    // Every counter a step is measured by, now.
-    let now = || {
-        let s = stats();
-        Counters {
-            ns: started.elapsed().as_nanos(),
-            faults: minor_faults(),
-            glibc: allocator::glibc_calls(),
-            mimalloc: allocator::mimalloc_calls(),
-            // The pools' calls to the OS (maps, unmaps and purges of their pages), and the
-            // requests a pool refused that went to the front end's fallback allocator.
-            system: s.as_ref().map_or(0, |s| s.os_calls)
-                + front.map_or(0, |front| front.stats().os_calls)
-                + PoolAllocator::fallback_allocations(),
-            evictions: s.as_ref().map_or(0, |s| s.evictions),
-            window_evictions: s.as_ref().map_or(0, |s| s.window_evictions),
-            recomputed: s.as_ref().map_or(0, |s| s.recomputed_bytes),
-            recompute_ns: s.as_ref().map_or(0, |s| s.recompute_ns),
-        }
-    };
+    let gauges = Gauges::new(pool);
     let mut model = crate::model::build(backend, args, false)?;
     let warmup = (args.steps / 2).min(args.steps.saturating_sub(1));
     let mut summary = Summary {
@@ -207,7 +254,7 @@ pub fn train<B: Backend>(
     let evaluate = !args.json && args.eval_every > 0;
     let mut window = Counters::default();
     for step in 0..args.steps {
-        let before = now();
+        let before = gauges.now();
         let loss = model.step()?;
         if !loss.is_finite() {
             return Err(anyhow::anyhow!(
@@ -216,11 +263,9 @@ pub fn train<B: Backend>(
             ));
         }
         if step >= warmup {
-            window += now() - before;
+            window += gauges.now() - before;
         }
-        if step == 0 {
-            summary.first_loss = loss;
-        }
+        summary.first_loss = summary.losses.first().copied().unwrap_or(loss);
         summary.last_loss = loss;
         if summary.losses.len() < KEPT_LOSSES {
             summary.losses.push(loss);
@@ -235,33 +280,7 @@ pub fn train<B: Backend>(
             }
         }
     }
-    let measured = (args.steps - warmup).max(1) as f64;
-    let seconds = window.ns as f64 / 1e9;
-    let per_step = |count: u64| count as f64 / measured;
-    summary.steps_per_s = measured / seconds.max(1e-9);
-    summary.faults_per_step = per_step(window.faults);
-    summary.glibc_calls_per_step = Some(per_step(window.glibc));
-    summary.mimalloc_calls_per_step = Some(per_step(window.mimalloc));
-    summary.pool_system_calls_per_step = allocator::choice()
-        .is_pool()
-        .then(|| per_step(window.system));
-    if let Some(a) = stats() {
-        summary.peak_live_bytes = Some(a.peak_in_use_bytes);
-        summary.peak_reserved_bytes = Some(a.peak_reserved_bytes);
-        summary.evictions_per_step = Some(per_step(window.evictions));
-        summary.window_evictions_per_step = Some(per_step(window.window_evictions));
-        summary.recomputed_bytes_per_step = Some(per_step(window.recomputed));
-        summary.recompute_share = Some(window.recompute_ns as f64 / 1e9 / seconds.max(1e-9));
-    }
-    summary.outside_peak_bytes = front.map(|front| front.stats().peak_in_use_bytes);
-    summary.evictions_by_size = pool.map_or_else(Vec::new, |pool| {
-        let classes = pool.class_stats();
-        let evicted = classes.iter().filter(|c| c.evicted_blocks > 0);
-        evicted
-            .map(|c| (c.block_bytes as u64, c.evicted_blocks))
-            .collect()
-    });
-    summary.peak_rss = peak_rss();
+    gauges.finish(&mut summary, &window, (args.steps - warmup).max(1) as f64);
     summary.val_loss = match args.eval_every {
         0 => None,
         _ => model.validate()?,

@@ -230,87 +230,9 @@ fn memory_table(
     stats: &ferropool::PoolStats,
     ring_bytes: u64,
 ) -> comfy_table::Table {
-    let peak_rss = if ring_bytes == 0 {
-        bytes(summary.peak_rss).to_string()
-    } else {
-        format!(
-            "{} (without the trace ring's {})",
-            bytes(summary.peak_rss.saturating_sub(ring_bytes)),
-            bytes(ring_bytes)
-        )
-    };
-    let mut rows: Vec<(&str, String)> = vec![
-        (
-            "peak live bytes",
-            bytes(stats.peak_in_use_bytes).to_string(),
-        ),
-        (
-            "peak reserved bytes",
-            bytes(stats.peak_reserved_bytes).to_string(),
-        ),
-        (
-            "reserved / live at the peak",
-            format!(
-                "{:.2}x",
-                stats.peak_reserved_bytes as f64 / stats.peak_in_use_bytes.max(1) as f64
-            ),
-        ),
-        (
-            "rounding waste (now)",
-            bytes(stats.rounding_waste_bytes()).to_string(),
-        ),
-        (
-            "thread-cache hit rate",
-            format!("{:.1}%", stats.cache_hit_rate() * 100.0),
-        ),
-        (
-            "calls to glibc per step",
-            format!("{:.1}", summary.glibc_calls_per_step.unwrap_or(0.0)),
-        ),
-        (
-            "small calls to mimalloc per step",
-            format!("{:.1}", summary.mimalloc_calls_per_step.unwrap_or(0.0)),
-        ),
-        (
-            "pool's calls to the system per step",
-            format!("{:.1}", summary.pool_system_calls_per_step.unwrap_or(0.0)),
-        ),
-        (
-            "minor page faults per step",
-            format!("{:.1}", summary.faults_per_step),
-        ),
-        ("peak RSS", peak_rss),
-    ];
+    let mut rows = pool_rows(summary, stats, ring_bytes);
     if args.keep() == Keep::Fitted {
-        rows.push((
-            "tensors evicted per step",
-            format!("{:.1}", summary.evictions_per_step.unwrap_or(0.0)),
-        ));
-        rows.push((
-            "evicted by the window step per step",
-            format!("{:.1}", summary.window_evictions_per_step.unwrap_or(0.0)),
-        ));
-        let sizes: Vec<String> = summary
-            .evictions_by_size
-            .iter()
-            .map(|(size, count)| format!("{count} x {}", bytes(*size)))
-            .collect();
-        rows.push((
-            "evictions over the run, by block size",
-            if sizes.is_empty() {
-                "none".to_owned()
-            } else {
-                sizes.join(", ")
-            },
-        ));
-        rows.push((
-            "recomputed per step",
-            bytes(summary.recomputed_bytes_per_step.unwrap_or(0.0) as u64).to_string(),
-        ));
-        rows.push((
-            "time recomputing",
-            format!("{:.1}%", summary.recompute_share.unwrap_or(0.0) * 100.0),
-        ));
+        rows.extend(eviction_rows(summary));
     }
     if let Some(outside) = summary.outside_peak_bytes {
         rows.push((
@@ -323,6 +245,99 @@ fn memory_table(
         memory.add_row([name.to_owned(), value]);
     }
     memory
+}
+
+/// The rows every run on the pool shows: its peaks, its caches, the calls that reached an
+/// allocator or the system, the faults and the peak RSS.
+fn pool_rows(
+    summary: &Summary,
+    stats: &ferropool::PoolStats,
+    ring_bytes: u64,
+) -> Vec<(&'static str, String)> {
+    let peak_rss = match ring_bytes {
+        0 => bytes(summary.peak_rss).to_string(),
+        _ => format!(
+            "{} (without the trace ring's {})",
+            bytes(summary.peak_rss.saturating_sub(ring_bytes)),
+            bytes(ring_bytes)
+        ),
+    };
+    let per_step = |v: Option<f64>| format!("{:.1}", v.unwrap_or(0.0));
+    let live = stats.peak_in_use_bytes.max(1) as f64;
+    vec![
+        (
+            "peak live bytes",
+            bytes(stats.peak_in_use_bytes).to_string(),
+        ),
+        (
+            "peak reserved bytes",
+            bytes(stats.peak_reserved_bytes).to_string(),
+        ),
+        (
+            "reserved / live at the peak",
+            format!("{:.2}x", stats.peak_reserved_bytes as f64 / live),
+        ),
+        (
+            "rounding waste (now)",
+            bytes(stats.rounding_waste_bytes()).to_string(),
+        ),
+        (
+            "thread-cache hit rate",
+            format!("{:.1}%", stats.cache_hit_rate() * 100.0),
+        ),
+        (
+            "calls to glibc per step",
+            per_step(summary.glibc_calls_per_step),
+        ),
+        (
+            "small calls to mimalloc per step",
+            per_step(summary.mimalloc_calls_per_step),
+        ),
+        (
+            "pool's calls to the system per step",
+            per_step(summary.pool_system_calls_per_step),
+        ),
+        (
+            "minor page faults per step",
+            format!("{:.1}", summary.faults_per_step),
+        ),
+        ("peak RSS", peak_rss),
+    ]
+}
+
+/// The rows of a run fitted to its budget: what the pool evicted and recomputed.
+fn eviction_rows(summary: &Summary) -> Vec<(&'static str, String)> {
+    let sizes: Vec<String> = summary
+        .evictions_by_size
+        .iter()
+        .map(|(size, count)| format!("{count} x {}", bytes(*size)))
+        .collect();
+    let per_step = |v: Option<f64>| format!("{:.1}", v.unwrap_or(0.0));
+    vec![
+        (
+            "tensors evicted per step",
+            per_step(summary.evictions_per_step),
+        ),
+        (
+            "evicted by the window step per step",
+            per_step(summary.window_evictions_per_step),
+        ),
+        (
+            "evictions over the run, by block size",
+            match sizes.is_empty() {
+                true => "none".to_owned(),
+                false => sizes.join(", "),
+            },
+        ),
+        (
+            "recomputed per step",
+            bytes(summary.recomputed_bytes_per_step.unwrap_or(0.0) as u64).to_string(),
+        ),
+        (
+            "time recomputing",
+            format!("{:.1}%", summary.recompute_share.unwrap_or(0.0) * 100.0),
+        ),
+    ]
 }
 
 /// Writes the trace (`--trace`) and the memory timeline (`--plot`) of the run whose step

@@ -4,17 +4,17 @@
 //!
 //! The pool keeps a registry of them. When an allocation through a handle
 //! ([`BufferPool::alloc`](super::super::BufferPool::alloc) and friends, never the global
-//! allocator's front end) is refused by the budget, the allocation entry in
-//! `engine/inner.rs` calls this file's one hook, `make_room`, and retries. `make_room`
-//! first takes Coop's step for a request of 256 KiB or more (which the page layer serves):
-//! it evicts the cheapest *window*, a run of values whose blocks, with the free pages
-//! beside and between them, make one free range the request fits in, so that it takes
-//! those pages rather than new ones (see `evict_window` for when it does not). Then, until the budget has room, it evicts one
-//! value at a time, the one with the lowest score among those no reader pins: first among
-//! the values whose block is of the class the request needs (the freed block serves it
-//! directly, so what the pool reserves stays what is live), then among all. The score is
-//! Dynamic Tensor Rematerialization's: the cost of recomputing the value, evicted inputs
-//! included, over its bytes times its staleness (pool clock ticks since its last pin).
+//! allocator's front end) is refused by the budget, the allocation entry in `engine/inner.rs` calls
+//! this file's one hook, `make_room`, and retries. `make_room` first takes Coop's step for a
+//! request of 256 KiB or more (which the page layer serves): it evicts the cheapest *window*, a run
+//! of values whose blocks, with the free pages beside and between them, make one free range the
+//! request fits in, so that it takes those pages rather than new ones (see `evict_window` for when
+//! it does not). Then, until the budget has room, it evicts one value at a time, the one with the
+//! lowest score among those no reader pins: first among the values whose block is of the class the
+//! request needs (the freed block serves it directly, so what the pool reserves stays what is
+//! live), then among all. The score is Dynamic Tensor Rematerialization's: the cost of recomputing
+//! the value, evicted inputs included, over its bytes times its staleness (pool clock ticks since
+//! its last pin).
 //!
 //! Each value's state is a small lock (`Mutex` and `Condvar`), taken by readers, the
 //! recomputing thread and the evicting thread, never while allocating or running user code,

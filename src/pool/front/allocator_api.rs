@@ -20,7 +20,10 @@ use super::raw::{self, MAX_ALIGN};
 /// use allocator_api2::vec::Vec;
 /// use ferropool::{BufferPool, PoolConfig};
 ///
-/// let pool = BufferPool::with_config(PoolConfig { budget: Some(1 << 20), ..PoolConfig::default() })?;
+/// let pool = BufferPool::with_config(PoolConfig {
+///     budget: Some(1 << 20),
+///     ..PoolConfig::default()
+/// })?;
 /// let mut weights: Vec<f32, &BufferPool> = Vec::with_capacity_in(1024, &pool);
 /// weights.extend((0..1024).map(|i| i as f32));
 /// assert!(pool.stats().in_use_bytes >= 4096);

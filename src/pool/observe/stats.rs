@@ -313,8 +313,8 @@ impl fmt::Write for StackText {
     }
 }
 
-/// The blocks of one size class, as [`BufferPool::class_stats`](super::super::BufferPool::class_stats)
-/// reports them.
+/// The blocks of one size class, as
+/// [`BufferPool::class_stats`](super::super::BufferPool::class_stats) reports them.
 ///
 /// ```
 /// let pool = ferropool::BufferPool::new();

@@ -359,7 +359,10 @@ impl MemoryByTag {
     /// ```
     /// use ferropool::{BufferPool, MemoryTag};
     /// let pool = BufferPool::new();
-    /// let tagged = { let _scope = MemoryTag::new("a").enter(); [pool.alloc(64)?, pool.alloc(64)?] };
+    /// let tagged = {
+    ///     let _scope = MemoryTag::new("a").enter();
+    ///     [pool.alloc(64)?, pool.alloc(64)?]
+    /// };
     /// let untagged = pool.alloc(64)?;
     /// assert_eq!(pool.memory_by_tag().len(), 2);
     /// # Ok::<(), ferropool::PoolError>(())
@@ -395,7 +398,9 @@ impl MemoryByTag {
 /// ```
 /// use ferropool::{MemoryByTag, MemoryTag};
 /// let weights = MemoryTag::new("weights");
-/// let by_tag: MemoryByTag = [(Some(weights), 64), (None, 8), (Some(weights), 64)].into_iter().collect();
+/// let by_tag: MemoryByTag = [(Some(weights), 64), (None, 8), (Some(weights), 64)]
+///     .into_iter()
+///     .collect();
 /// assert_eq!((by_tag.get(weights), by_tag.untagged(), by_tag.len()), (128, 8, 2));
 /// ```
 impl FromIterator<(Option<MemoryTag>, u64)> for MemoryByTag {

@@ -34,10 +34,12 @@ pub enum PoolEventKind {
     SystemFree,
     /// A trim ran (`bytes` is what it released).
     Trim,
-    /// A caller's own moment (see [`BufferPool::trace_mark`](super::super::BufferPool::trace_mark)).
+    /// A caller's own moment (see
+    /// [`BufferPool::trace_mark`](super::super::BufferPool::trace_mark)).
     Mark,
-    /// A span began on the thread (see [`BufferPool::trace_span`](super::super::BufferPool::trace_span));
-    /// the event's `name` is the span's.
+    /// A span began on the thread (see
+    /// [`BufferPool::trace_span`](super::super::BufferPool::trace_span)); the event's `name` is the
+    /// span's.
     SpanBegin,
     /// A span of the thread ended; the event's `name` is the span's. The export, like
     /// Perfetto, takes it as the end of the thread's innermost open span: spans nest as
@@ -417,11 +419,12 @@ fn deserialize_name<'de, D: serde::Deserializer<'de>>(
     })
 }
 
-/// An open span of the trace (see [`BufferPool::trace_span`](super::super::BufferPool::trace_span)):
-/// it began when it was made, on this thread, and ends when it drops. Spans on a thread
-/// nest: the exported trace (`B`/`E` events) closes the innermost open span at each end, so
-/// guards dropped out of order (an explicit `drop` of an outer guard) show swapped ends.
-/// It stays on the thread that began it (the span is on that thread's track):
+/// An open span of the trace (see
+/// [`BufferPool::trace_span`](super::super::BufferPool::trace_span)): it began when it was made, on
+/// this thread, and ends when it drops. Spans on a thread nest: the exported trace (`B`/`E` events)
+/// closes the innermost open span at each end, so guards dropped out of order (an explicit `drop`
+/// of an outer guard) show swapped ends. It stays on the thread that began it (the span is on that
+/// thread's track):
 ///
 /// ```compile_fail
 /// fn send<T: Send>(_: T) {}
