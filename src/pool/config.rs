@@ -24,7 +24,9 @@ pub(super) const MAX_CACHED_BLOCK: usize = 1 << 20;
 pub struct PoolConfig {
     /// Alignment of every buffer: a power of two from 8 to 4096. Default 64.
     pub alignment: usize,
-    /// Bytes the pool may hold from the system (in use plus cached). `None`: no limit.
+    /// Bytes the pool may hold from the system (in use plus cached, and its free pages that
+    /// may be resident). `None`: no limit; `Some(u64::MAX)` is the same (`budget()` reads
+    /// `None`, and nothing a budget changes applies).
     pub budget: Option<u64>,
     /// Bytes each thread may keep cached per pool, in blocks it allocated itself and freed
     /// again (blocks freed by another thread go to the pool's shared lists, where the thread

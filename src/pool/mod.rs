@@ -183,7 +183,9 @@ impl BufferPool {
 
     /// Returns every cached block to the system now: the shared lists and every thread's
     /// cache (waiting, at most, for an operation a thread is running on the pool at that
-    /// moment). Returns the bytes released.
+    /// moment), and every free page of the pool's own that may be resident. Returns the bytes
+    /// given back: the cached blocks, and the free pages that were dirty before the call (a
+    /// block released here and then purged counts once).
     ///
     /// ```
     /// let pool = ferropool::BufferPool::new();
@@ -195,10 +197,11 @@ impl BufferPool {
     pub fn trim(&self) -> u64 {
         let inner = self.inner();
         inner.books.counters.trims.fetch_add(1, Ordering::Relaxed);
+        let dirty = inner.memory.pages.dirty_bytes();
         let released = inner.release_cached();
         inner.memory.pages.trim();
         inner.books.trace(PoolEventKind::Trim, released, 0);
-        released
+        released + dirty
     }
 
     /// A gentle trim for a periodic moment such as the end of a training step: releases the
@@ -528,9 +531,15 @@ impl BufferPool {
         self.inner().memory.budget()
     }
 
-    /// Changes the byte budget (`None`: no limit). A lower budget than the memory held
-    /// refuses new blocks until enough is freed or trimmed; nothing is taken back from
-    /// buffers in use.
+    /// Changes the byte budget (`None`: no limit; `Some(u64::MAX)` is the same as `None`).
+    ///
+    /// A budget below what the pool holds takes nothing back from buffers in use, and refuses
+    /// new blocks until enough is freed: the pool releases every cached block at once and
+    /// purges its free pages down to the budget, and until what it holds fits again, a freed
+    /// block goes back to the system rather than to a cache, so the pool's resident free
+    /// memory stays within the budget whatever `decay_ms` is. A budget also withdraws
+    /// huge-page advice from the pool's pages (given while there was none): a huge page would
+    /// make resident bytes around a small block that the budget does not see.
     ///
     /// ```
     /// let pool = ferropool::BufferPool::new();
@@ -542,7 +551,12 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn set_budget(&self, budget: Option<u64>) {
-        self.inner().memory.set_budget(budget);
+        let inner = self.inner();
+        inner.memory.set_budget(budget);
+        if inner.memory.over_budget() {
+            inner.release_cached();
+            inner.memory.fit_pages();
+        }
     }
 
     /// Starts tracing with a ring of `capacity` events (at most [`PoolConfig::MAX_TRACE_EVENTS`]: a

@@ -43,6 +43,15 @@ pub fn choice() -> Choice {
     ALLOCATOR.choice()
 }
 
+/// Gives what the process-wide pool caches back to the system (with the pool as the global
+/// allocator; nothing otherwise): after a one-off large allocation, such as a weights file
+/// read whole, which the pool would otherwise keep for the run.
+pub fn give_back_cached() {
+    if choice().is_pool() {
+        ferropool::BufferPool::global().trim();
+    }
+}
+
 /// Calls that reached glibc so far.
 pub fn glibc_calls() -> u64 {
     ALLOCATOR.glibc_calls()

@@ -550,7 +550,7 @@ impl PoolInner {
         class: usize,
         requested: usize,
     ) -> bool {
-        if !self.caches.keep(class) || self.books.ring().is_some() {
+        if !self.caches.keep(class) || self.books.ring().is_some() || self.memory.over_budget() {
             return false;
         }
         let Some((cache, thread, _)) = self.my_remembered_cache() else {
@@ -633,7 +633,8 @@ impl PoolInner {
                 true
             }
             Entry::Open { cache_usable, busy } => {
-                let merge = self.merges_on_free(class_bytes);
+                // Over a lowered budget the block goes back too, not to a cache.
+                let merge = self.merges_on_free(class_bytes) || self.memory.over_budget();
                 let cached = !merge
                     && cache_usable
                     && allocator == thread

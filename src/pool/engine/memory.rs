@@ -97,12 +97,29 @@ impl Memory {
         self.budget.load(Ordering::Relaxed) != u64::MAX
     }
 
-    /// Sets the budget (`None`: no limit), and purges the page layer's free pages down to it
-    /// at once.
+    /// Sets the budget (`None`: no limit), purges the page layer's free pages down to it at
+    /// once, and, with a budget, withdraws huge-page advice from the layer's pages.
     pub(in crate::pool) fn set_budget(&self, budget: Option<u64>) {
         let budget = budget.unwrap_or(u64::MAX);
         self.budget.store(budget, Ordering::Relaxed);
-        self.pages.fit(self.room_under(budget));
+        if budget != u64::MAX {
+            self.pages.forget_huge_pages();
+        }
+        self.fit_pages();
+    }
+
+    /// Purges the page layer's free pages until they fit in the budget beside what is held.
+    pub(in crate::pool) fn fit_pages(&self) {
+        self.pages
+            .fit(self.room_under(self.budget.load(Ordering::Relaxed)));
+    }
+
+    /// Whether the pool holds more than its budget (one lowered below what it held): until it
+    /// fits again, a freed block goes back to the system rather than to a cache.
+    #[inline(always)]
+    pub(in crate::pool) fn over_budget(&self) -> bool {
+        let budget = self.budget.load(Ordering::Relaxed);
+        budget != u64::MAX && self.reserved.load(Ordering::Relaxed) > budget
     }
 
     /// What `budget` leaves the page layer: the budget, and the bytes held outside it.
@@ -214,11 +231,23 @@ impl Memory {
             if !raw.is_null() {
                 self.heap_held
                     .fetch_add(class_bytes as u64, Ordering::Relaxed);
+                if self.budgeted() {
+                    // A heap block counts in the budget beside the free pages, which never
+                    // carve for it: purge them until both fit, as a carve would.
+                    self.pages
+                        .fit(self.room_under(self.budget.load(Ordering::Relaxed)));
+                    let committed =
+                        self.reserved.load(Ordering::Relaxed) + self.pages.dirty_bytes();
+                    self.pages.raise_committed(committed);
+                }
             }
             raw
         };
         if !raw.is_null() && advised && (huge_pages || shape.prefault) {
             advise::advise(raw, class_bytes, huge_pages, shape.prefault);
+            if huge_pages && paged {
+                self.pages.note_advised();
+            }
         }
         raw
     }
@@ -248,8 +277,9 @@ impl Memory {
     unsafe fn dealloc_block(&self, ptr: *mut u8, layout: Layout) {
         if self.paged(layout.size()) {
             let block = NonNull::new(ptr).expect("a block is never null");
+            let room = || self.room_under(self.budget.load(Ordering::Relaxed));
             // SAFETY: the caller's contract: the page layer gave out this block of this size.
-            unsafe { self.pages.give_back(block, layout.size()) };
+            unsafe { self.pages.give_back(block, layout.size(), room) };
             return;
         }
         self.heap_held

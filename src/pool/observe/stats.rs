@@ -134,8 +134,10 @@ pub struct PoolStats {
     /// off, a heap may keep what the pool released: then this is only what the pool holds.)
     #[cfg_attr(feature = "serde", serde(default))]
     pub committed_bytes: u64,
-    /// High-water mark of `committed_bytes`, sampled whenever the pool's pages serve a
-    /// block, and never below `peak_reserved_bytes`.
+    /// High-water mark of `committed_bytes`: raised whenever the pool's pages serve a block,
+    /// whenever a budgeted pool takes a block from the heap (the two ways what it commits
+    /// grows: a block given back only moves bytes from held to free), and by every read of
+    /// the statistics, so never below `committed_bytes` or `peak_reserved_bytes` in one read.
     #[cfg_attr(feature = "serde", serde(default))]
     pub peak_committed_bytes: u64,
     /// Bytes of the pool's free pages (not in any block) that may still be resident: freed
@@ -450,6 +452,7 @@ impl PoolStats {
         let pages = &memory.pages;
         s.dirty_bytes = pages.dirty_bytes();
         s.committed_bytes = s.reserved_bytes + s.dirty_bytes;
+        pages.raise_committed(s.committed_bytes);
         s.peak_committed_bytes = pages.peak_committed().max(s.peak_reserved_bytes);
         s.mapped_bytes = pages.mapped_bytes();
         s.os_calls = pages.os_calls();

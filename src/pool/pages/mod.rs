@@ -37,7 +37,7 @@ pub(crate) use os::PAGE;
 use ranges::{Free, FreeRanges};
 use vec::{Exhausted, SysVec};
 
-use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Blocks of at least this many bytes come from the page layer; smaller ones from the heap.
 /// Every class from here up is a whole number of pages (classes are eight per power of two,
@@ -177,8 +177,11 @@ pub(crate) struct PageLayer {
     /// The most that the blocks held (heap blocks included) plus `dirty` reached when a
     /// block was carved.
     peak_committed: AtomicU64,
-    /// Calls to the OS (map, unmap, purge).
+    /// Calls to the OS (map, unmap, purge, advice withdrawn).
     os_calls: AtomicU64,
+    /// Whether a block of the layer has had huge-page advice (which stays on its pages after
+    /// the block comes back) since the advice was last withdrawn.
+    advised: AtomicBool,
     /// Bytes purged so far.
     purged: AtomicU64,
 }
@@ -263,6 +266,7 @@ impl PageLayer {
             peak_committed: AtomicU64::new(0),
             os_calls: AtomicU64::new(0),
             purged: AtomicU64::new(0),
+            advised: AtomicBool::new(false),
         }
     }
 
@@ -369,12 +373,19 @@ impl PageLayer {
         }
     }
 
-    /// Takes back the block `[block, block + len)` that [`obtain`](Self::obtain) returned.
+    /// Takes back the block `[block, block + len)` that [`obtain`](Self::obtain) returned. Its
+    /// pages join the free ones, dirty; free pages are then purged until the dirty ones fit
+    /// in what `room` leaves (a budget lowered below what was held leaves no room for them).
     ///
     /// # Safety
     ///
     /// `block` came from `obtain` with this `len`, and nothing uses it afterwards.
-    pub(crate) unsafe fn give_back(&self, block: NonNull<u8>, len: usize) {
+    pub(crate) unsafe fn give_back(
+        &self,
+        block: NonNull<u8>,
+        len: usize,
+        room: impl FnOnce() -> Room,
+    ) {
         let mut state = self.lock();
         let now = self.now();
         self.decay(&mut state, now);
@@ -414,15 +425,15 @@ impl PageLayer {
         } else {
             state.next_decay = state.next_decay.min(now.saturating_add(self.decay_ms));
         }
+        let allowed = room().for_dirty(state.carved);
+        self.purge_to(&mut state, allowed);
         self.publish(&state);
     }
 
     /// Purges every dirty free page and unmaps every segment nothing of which is held.
-    /// Returns the bytes unmapped.
-    pub(crate) fn trim(&self) -> u64 {
+    pub(crate) fn trim(&self) {
         let mut state = self.lock();
         self.purge_to(&mut state, 0);
-        let mut unmapped = 0;
         let mut segment = 0;
         while segment < state.segments.as_slice().len() {
             let s = state.segments.as_slice()[segment];
@@ -446,10 +457,8 @@ impl PageLayer {
                 s.bits.free();
             }
             self.os_calls.fetch_add(1, Ordering::Relaxed);
-            unmapped += s.len as u64;
         }
         self.publish(&state);
-        unmapped
     }
 
     /// Purges the free pages whose decay time has passed.
@@ -466,6 +475,33 @@ impl PageLayer {
         let allowed = room.for_dirty(state.carved);
         self.purge_to(&mut state, allowed);
         self.publish(&state);
+    }
+
+    /// Notes that a block of the layer has had huge-page advice.
+    pub(crate) fn note_advised(&self) {
+        self.advised.store(true, Ordering::Relaxed);
+    }
+
+    /// Withdraws huge-page advice from every segment, if a block had it: a budget set after
+    /// the advice must not find huge pages made resident where it carves small blocks (the
+    /// advice stays on a range after its block comes back). Pages already huge stay so until
+    /// they are purged; new faults take small pages.
+    pub(crate) fn forget_huge_pages(&self) {
+        if !self.advised.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let state = self.lock();
+        for segment in state.segments.as_slice() {
+            // SAFETY: a whole segment from `map`; withdrawing advice changes no contents.
+            unsafe { os::no_huge_pages(segment.base, segment.len) };
+            self.os_calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Raises the committed peak with `committed` (the bytes held plus the dirty pages, read
+    /// by a caller that changed the first).
+    pub(crate) fn raise_committed(&self, committed: u64) {
+        self.peak_committed.fetch_max(committed, Ordering::Relaxed);
     }
 
     /// Bytes of free pages that may still be resident.
@@ -513,13 +549,15 @@ impl PageLayer {
         let step = SEGMENT_FIRST << state.maps.min(doublings);
         let need = len.checked_add(align - PAGE)?;
         let seg_len = need.max(step).checked_next_multiple_of(PAGE)?;
-        let bits = PageBits::new(seg_len / PAGE)?;
-        let Some(base) = os::map(seg_len) else {
-            // SAFETY: made just above, never shared.
-            unsafe { bits.free() };
+        // The segment first: a request the OS refuses takes no bookkeeping with it (the bits
+        // of a 1 TiB segment are 32 MiB of the system allocator's).
+        let base = os::map(seg_len)?;
+        self.os_calls.fetch_add(1, Ordering::Relaxed);
+        let Some(bits) = PageBits::new(seg_len / PAGE) else {
+            // SAFETY: mapped just above, never handed out.
+            unsafe { os::unmap(base, seg_len) };
             return None;
         };
-        self.os_calls.fetch_add(1, Ordering::Relaxed);
         let segment = Segment {
             base,
             len: seg_len,

@@ -1,7 +1,8 @@
-//! The page layer's three calls to the OS: map a segment, unmap it, purge pages of it.
+//! The page layer's calls to the OS: map a segment, unmap it, purge pages of it, withdraw
+//! huge-page advice from it.
 //!
-//! On Linux: anonymous private `mmap`, `munmap`, and `madvise(MADV_DONTNEED)`, after which
-//! the pages are no longer resident and read as zeros. Elsewhere, under Miri and under loom:
+//! On Linux: anonymous private `mmap`, `munmap`, `madvise(MADV_DONTNEED)`, after which the
+//! pages are no longer resident and read as zeros, and `madvise(MADV_NOHUGEPAGE)`. Elsewhere, under Miri and under loom:
 //! segments from the system allocator (zeroed; loom tracks them, so a model that strands one
 //! fails), and a purge writes zeros, which keeps the contract (a purged page reads as zeros)
 //! without returning memory.
@@ -50,6 +51,15 @@ mod platform {
         let done = unsafe { libc::madvise(addr.as_ptr().cast(), len, libc::MADV_DONTNEED) };
         debug_assert_eq!(done, 0, "madvise(MADV_DONTNEED) failed");
     }
+
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` is a whole segment from [`map`].
+    pub(crate) unsafe fn no_huge_pages(addr: NonNull<u8>, len: usize) {
+        // SAFETY: the caller's contract; MADV_NOHUGEPAGE changes no contents (advice only:
+        // a kernel without transparent huge pages refuses it, which changes nothing).
+        let _ = unsafe { libc::madvise(addr.as_ptr().cast(), len, libc::MADV_NOHUGEPAGE) };
+    }
 }
 
 #[cfg(any(not(target_os = "linux"), miri, loom))]
@@ -82,6 +92,11 @@ mod platform {
         // SAFETY: the caller's contract: the range is ours and unused.
         unsafe { addr.as_ptr().write_bytes(0, len) };
     }
+
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` is a whole segment from [`map`]. (No advice here.)
+    pub(crate) unsafe fn no_huge_pages(_: NonNull<u8>, _: usize) {}
 }
 
-pub(crate) use platform::{map, purge, unmap};
+pub(crate) use platform::{map, no_huge_pages, purge, unmap};

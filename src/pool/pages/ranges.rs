@@ -18,8 +18,25 @@ pub(crate) struct Free {
     pub(crate) len: usize,
     /// Its bytes in pages that may be resident (at most `len`).
     pub(crate) dirty: usize,
-    /// When it was last made dirty (milliseconds on the layer's clock).
+    /// When the oldest of its dirty pages was freed, at the latest (milliseconds on the
+    /// layer's clock): a merge keeps the older of two ranges' times, so that no page stays
+    /// resident past its time because a newer free landed beside it.
     pub(crate) since: u64,
+}
+
+/// The dirty bytes and time of the merge of `a` and `b`: the older of their times, as far as
+/// they hold dirty pages (a clean range's time counts for nothing).
+fn oldest(a: Free, b: Free) -> Free {
+    let since = match (a.dirty > 0, b.dirty > 0) {
+        (true, true) => a.since.min(b.since),
+        (true, false) => a.since,
+        (false, _) => b.since,
+    };
+    Free {
+        since,
+        dirty: a.dirty + b.dirty,
+        ..a
+    }
 }
 
 impl Free {
@@ -114,25 +131,25 @@ impl FreeRanges {
             (true, true) => {
                 let after = slice[at];
                 let before = &mut slice[at - 1];
+                before.since = oldest(oldest(*before, range), after).since;
                 before.len += range.len + after.len;
                 before.dirty += range.dirty + after.dirty;
-                before.since = before.since.max(range.since).max(after.since);
                 self.ranges.remove(at);
                 Ok(at - 1)
             }
             (true, false) => {
                 let before = &mut slice[at - 1];
+                before.since = oldest(*before, range).since;
                 before.len += range.len;
                 before.dirty += range.dirty;
-                before.since = before.since.max(range.since);
                 Ok(at - 1)
             }
             (false, true) => {
                 let after = &mut slice[at];
+                after.since = oldest(range, *after).since;
                 after.start = range.start;
                 after.len += range.len;
                 after.dirty += range.dirty;
-                after.since = after.since.max(range.since);
                 Ok(at)
             }
             (false, false) => {

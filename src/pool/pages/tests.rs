@@ -106,6 +106,14 @@ fn room(budget: u64) -> impl FnOnce() -> Room {
     move || Room { budget, outside: 0 }
 }
 
+/// No budget: what a pool without one gives the layer.
+fn unlimited() -> Room {
+    Room {
+        budget: u64::MAX,
+        outside: 0,
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Step {
     /// Obtain this many pages, aligned to this many pages (a power of two), zeroed or not.
@@ -113,6 +121,10 @@ enum Step {
     /// Give back the held block at this index (modulo how many are held).
     GiveBack(usize),
     Trim,
+    /// Set the budget to this many pages (only in a run under a budget), as
+    /// `BufferPool::set_budget` does: the pool refuses what does not fit from then on, and
+    /// the layer purges to the new room.
+    SetBudget(usize),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -120,13 +132,14 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (1usize..300, 0u32..4, any::<bool>()).prop_map(|(p, a, z)| Step::Obtain(p, a, z)),
         4 => any::<usize>().prop_map(Step::GiveBack),
         1 => Just(Step::Trim),
+        1 => (1usize..2000).prop_map(Step::SetBudget),
     ]
 }
 
 /// Runs `steps` under `budget` and checks the state after each.
 fn run(steps: &[Step], budget: Option<u64>) {
     let layer = PageLayer::new(u64::MAX);
-    let limit = budget.unwrap_or(u64::MAX);
+    let mut limit = budget.unwrap_or(u64::MAX);
     let mut held: Vec<(NonNull<u8>, usize)> = Vec::new();
     for step in steps {
         match *step {
@@ -154,22 +167,29 @@ fn run(steps: &[Step], budget: Option<u64>) {
             Step::GiveBack(i) if !held.is_empty() => {
                 let (block, len) = held.swap_remove(i % held.len());
                 // SAFETY: from `obtain` with this length; not used again.
-                unsafe { layer.give_back(block, len) };
+                unsafe { layer.give_back(block, len, room(limit)) };
             }
             Step::GiveBack(_) => {}
             Step::Trim => {
                 layer.trim();
             }
+            Step::SetBudget(pages) if budget.is_some() => {
+                limit = (pages * PAGE) as u64;
+                layer.fit(room(limit)());
+            }
+            Step::SetBudget(_) => {}
         }
         layer.check(&held);
-        if budget.is_some() {
-            let carved: u64 = held.iter().map(|h| h.1 as u64).sum();
+        // Whenever what is held fits (a budget lowered below it waits for frees), the held
+        // blocks and the dirty free pages fit together.
+        let carved: u64 = held.iter().map(|h| h.1 as u64).sum();
+        if budget.is_some() && carved <= limit {
             assert!(carved + layer.dirty_bytes() <= limit, "past the budget");
         }
     }
     for (block, len) in held.drain(..) {
         // SAFETY: as above.
-        unsafe { layer.give_back(block, len) };
+        unsafe { layer.give_back(block, len, unlimited) };
     }
     layer.check(&[]);
     layer.trim();
@@ -227,7 +247,7 @@ fn a_block_given_back_serves_a_request_of_another_size_without_the_os() {
         .unwrap();
     let calls = layer.os_calls();
     // SAFETY: from `obtain`, not used again.
-    unsafe { layer.give_back(big, 64 * PAGE) };
+    unsafe { layer.give_back(big, 64 * PAGE, unlimited) };
     let a = layer
         .obtain(16 * PAGE, PAGE, false, room(u64::MAX))
         .unwrap();
@@ -240,8 +260,8 @@ fn a_block_given_back_serves_a_request_of_another_size_without_the_os() {
     // SAFETY: both ours, not used again.
     unsafe {
         a.as_ptr().write_bytes(7, 16 * PAGE);
-        layer.give_back(a, 16 * PAGE);
-        layer.give_back(b, 48 * PAGE);
+        layer.give_back(a, 16 * PAGE, unlimited);
+        layer.give_back(b, 48 * PAGE, unlimited);
     }
     let z = layer.obtain(16 * PAGE, PAGE, true, room(u64::MAX)).unwrap();
     // SAFETY: ours.
@@ -250,7 +270,7 @@ fn a_block_given_back_serves_a_request_of_another_size_without_the_os() {
         .all(|&b| b == 0));
     layer.check(&[(z, 16 * PAGE)]);
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(z, 16 * PAGE) };
+    unsafe { layer.give_back(z, 16 * PAGE, unlimited) };
 }
 
 #[test]
@@ -260,7 +280,7 @@ fn a_budget_purges_the_free_pages_it_has_no_room_for() {
     let a = layer.obtain(32 * PAGE, PAGE, false, room(budget)).unwrap();
     let b = layer.obtain(32 * PAGE, PAGE, false, room(budget)).unwrap();
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(a, 32 * PAGE) };
+    unsafe { layer.give_back(a, 32 * PAGE, unlimited) };
     assert_eq!(layer.dirty_bytes(), 32 * PAGE as u64);
     // 40 pages fit in no dirty range: they come from clean pages, and the budget then has
     // room for 8 dirty pages beside the 72 held; the purge goes PURGE_SLACK past that, so
@@ -275,8 +295,8 @@ fn a_budget_purges_the_free_pages_it_has_no_room_for() {
     layer.check(&[(b, 32 * PAGE), (c, 40 * PAGE)]);
     // SAFETY: ours, not used again.
     unsafe {
-        layer.give_back(b, 32 * PAGE);
-        layer.give_back(c, 40 * PAGE);
+        layer.give_back(b, 32 * PAGE, unlimited);
+        layer.give_back(c, 40 * PAGE, unlimited);
     }
 }
 
@@ -285,7 +305,7 @@ fn a_decay_of_zero_returns_each_page_at_once() {
     let layer = PageLayer::new(0);
     let a = layer.obtain(8 * PAGE, PAGE, false, room(u64::MAX)).unwrap();
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(a, 8 * PAGE) };
+    unsafe { layer.give_back(a, 8 * PAGE, unlimited) };
     assert_eq!(layer.dirty_bytes(), 0);
     assert_eq!(layer.purged_bytes(), 8 * PAGE as u64);
 }
@@ -298,11 +318,11 @@ fn a_request_takes_the_resident_pages_inside_a_range_before_its_clean_head() {
     let b = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
     let c = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(b, 8 * PAGE) };
+    unsafe { layer.give_back(b, 8 * PAGE, unlimited) };
     // b's pages are clean now.
     layer.trim();
     // SAFETY: as above.
-    unsafe { layer.give_back(c, 8 * PAGE) };
+    unsafe { layer.give_back(c, 8 * PAGE, unlimited) };
     // One range: b (clean), c (dirty), the segment's clean rest.
     assert_eq!(layer.dirty_bytes(), 8 * PAGE as u64);
     let again = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
@@ -314,8 +334,8 @@ fn a_request_takes_the_resident_pages_inside_a_range_before_its_clean_head() {
     layer.check(&[(a, 8 * PAGE), (again, 8 * PAGE)]);
     // SAFETY: as above.
     unsafe {
-        layer.give_back(a, 8 * PAGE);
-        layer.give_back(again, 8 * PAGE);
+        layer.give_back(a, 8 * PAGE, unlimited);
+        layer.give_back(again, 8 * PAGE, unlimited);
     }
 }
 
@@ -329,13 +349,14 @@ fn segments_stay_large_after_many_maps() {
     for _ in 0..50 {
         let block = layer.obtain(PAGE, PAGE, false, room(u64::MAX)).unwrap();
         // SAFETY: ours, not used again.
-        unsafe { layer.give_back(block, PAGE) };
-        assert!(layer.trim() > 0, "the segment went back");
+        unsafe { layer.give_back(block, PAGE, unlimited) };
+        layer.trim();
+        assert_eq!(layer.mapped_bytes(), 0, "the segment went back");
     }
     let block = layer.obtain(PAGE, PAGE, false, room(u64::MAX)).unwrap();
     assert_eq!(layer.mapped_bytes(), super::SEGMENT_MAX as u64);
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(block, PAGE) };
+    unsafe { layer.give_back(block, PAGE, unlimited) };
 }
 
 /// A request that no resident run holds whole goes where it covers the most resident pages,
@@ -349,13 +370,13 @@ fn a_request_no_resident_run_holds_takes_the_most_resident_pages() {
     let (a, b, c, d, e, f) = (pages(2), pages(2), pages(2), pages(1), pages(3), pages(1));
     // SAFETY: ours, not used again.
     unsafe {
-        layer.give_back(c, 2 * PAGE);
-        layer.give_back(e, 3 * PAGE);
+        layer.give_back(c, 2 * PAGE, unlimited);
+        layer.give_back(e, 3 * PAGE, unlimited);
     }
     // c's and e's pages are clean now.
     layer.trim();
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(b, 2 * PAGE) };
+    unsafe { layer.give_back(b, 2 * PAGE, unlimited) };
     // Free: b (2 pages, resident) + c (2, clean); e (3, clean), the shortest that holds 3.
     let got = pages(3);
     assert_eq!(got, b, "the piece that covers b's resident pages");
@@ -363,10 +384,10 @@ fn a_request_no_resident_run_holds_takes_the_most_resident_pages() {
     layer.check(&[(a, 2 * PAGE), (got, 3 * PAGE), (d, PAGE), (f, PAGE)]);
     // SAFETY: ours, not used again.
     unsafe {
-        layer.give_back(a, 2 * PAGE);
-        layer.give_back(got, 3 * PAGE);
-        layer.give_back(d, PAGE);
-        layer.give_back(f, PAGE);
+        layer.give_back(a, 2 * PAGE, unlimited);
+        layer.give_back(got, 3 * PAGE, unlimited);
+        layer.give_back(d, PAGE, unlimited);
+        layer.give_back(f, PAGE, unlimited);
     }
 }
 
@@ -385,8 +406,8 @@ fn a_purge_takes_the_smallest_resident_fragment_first() {
     let last = layer.obtain(PAGE, PAGE, false, any()).unwrap();
     // SAFETY: ours, not used again.
     unsafe {
-        layer.give_back(fragment, 2 * MIB);
-        layer.give_back(large, 8 * MIB);
+        layer.give_back(fragment, 2 * MIB, unlimited);
+        layer.give_back(large, 8 * MIB, unlimited);
     }
     assert_eq!(layer.dirty_bytes(), 10 * MIB as u64);
     // Held after the next carve: 5 pages and 9 MiB. The budget leaves room for all but one
@@ -406,9 +427,9 @@ fn a_purge_takes_the_smallest_resident_fragment_first() {
     // SAFETY: ours, not used again.
     unsafe {
         for block in held.into_iter().chain([between, last]) {
-            layer.give_back(block, PAGE);
+            layer.give_back(block, PAGE, unlimited);
         }
-        layer.give_back(clean, 9 * MIB);
-        layer.give_back(again, 8 * MIB);
+        layer.give_back(clean, 9 * MIB, unlimited);
+        layer.give_back(again, 8 * MIB, unlimited);
     }
 }

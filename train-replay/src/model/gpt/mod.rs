@@ -189,6 +189,8 @@ impl<'a, B: Backend> Gpt<'a, B> {
         if let (Some(path), false) = (&args.save_init, dry) {
             params.save(path)?;
         }
+        // The file was read (or written) whole, outside the training's pool.
+        crate::allocator::give_back_cached();
         let threads = args.threads();
         let workers = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
