@@ -163,10 +163,12 @@ pub struct Args {
     /// it with an error (exit code 1) that names that least, the whole MiB at which the run
     /// completes and below which it does not; with --checkpoint-every, a run whose tensors do
     /// not fit stops with an error that says what it needed.
-    /// Outside the budget stay the GEMM's packing buffers and the fused kernels' scratch (per
-    /// thread, sized by the shapes and the core's cache), small allocations, the binary and
-    /// the stacks: the process-wide pool serves them, and the run's table reports that
-    /// pool's peak.
+    /// What stays outside the training's pool counts against the budget too: the GEMM's
+    /// packing (a slab the size of the core's L2 cache on each thread) and the fused kernels'
+    /// scratch, per thread, and the process's small allocations. A share bounded from the
+    /// shapes and the threads is set aside for them, the training's pool gets the rest, and
+    /// the least named includes the share (so it grows with the threads). The binary and the
+    /// stacks stay outside.
     /// Units, in any case: B; k, M, G, T, P, E or kB, MB, ... (powers of 1000); Ki, Mi, Gi,
     /// Ti, Pi, Ei or KiB, MiB, ... (powers of 1024). A fraction such as 1.5GiB is rounded to
     /// the nearest byte; `1e9` is 10^9 bytes.

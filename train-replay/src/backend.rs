@@ -229,7 +229,11 @@ pub struct OverBudget {
     pub budget: u64,
     /// What the run needed at that point: the bytes in use and the block refused.
     pub needed: u64,
-    message: String,
+    /// The tensor refused, for messages.
+    tensor: String,
+    /// Its block's bytes, and what was in use then.
+    block: u64,
+    in_use: u64,
 }
 
 impl OverBudget {
@@ -242,27 +246,49 @@ impl OverBudget {
         } else {
             format!("{rows} x {cols} f32")
         };
-        let message = format!(
-            "the pool's budget of {:.2} cannot hold this run: a {:.2} tensor ({tensor}) was \
-             refused with {:.2} in use: the run needed at least {:.2} at that point. Raise \
-             --budget (a run without it prints its peak reserved bytes), or lower --batch or \
-             the model's size.",
-            bytes(budget),
-            bytes(oom.block_bytes as u64),
-            bytes(oom.in_use),
-            bytes(needed),
-        );
         Self {
             budget,
             needed,
-            message,
+            tensor,
+            block: oom.block_bytes as u64,
+            in_use: oom.in_use,
         }
+    }
+
+    /// The message for a run whose `--budget` set `outside` bytes aside for what stays
+    /// outside the training's pool (the pool got the rest: [`budget`](Self::budget)).
+    pub fn message(&self, outside: u64) -> String {
+        self.message_of(self.budget.saturating_add(outside), outside)
+    }
+
+    /// [`message`](Self::message) for a run of `--budget given` (the pool got `given -
+    /// outside`, or nothing when `outside` is more).
+    pub fn message_of(&self, given: u64, outside: u64) -> String {
+        let share = match outside {
+            0 => String::new(),
+            _ => format!(
+                " ({:.2} for the training's pool after {:.2} set aside for what stays outside \
+                 it: the GEMM's packing, the kernels' scratch, small allocations)",
+                bytes(self.budget),
+                bytes(outside)
+            ),
+        };
+        format!(
+            "--budget {:.2}{share} cannot hold this run: a {:.2} tensor ({}) was refused with \
+             {:.2} in use: the run needed at least {:.2} at that point. Raise --budget (a run \
+             without it prints its peak reserved bytes), or lower --batch or the model's size.",
+            bytes(given),
+            bytes(self.block),
+            self.tensor,
+            bytes(self.in_use),
+            bytes(self.needed.saturating_add(outside)),
+        )
     }
 }
 
 impl std::fmt::Display for OverBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(&self.message(0))
     }
 }
 

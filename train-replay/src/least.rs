@@ -8,25 +8,46 @@ use crate::backend::{OverBudget, PoolBackend};
 use crate::show::bytes;
 
 /// The error of a run fitted to a budget that could not hold it even with every evictable
-/// input evicted: one message that names the least budget the run needs, found by trying
+/// tensor evicted: one message that names the least budget the run needs, found by trying
 /// steps of the same run at budgets between the one refused and what the run holds without
-/// evicting anything.
-pub fn below_least(backend: &PoolBackend, args: &Args, refused: &anyhow::Error) -> anyhow::Error {
+/// evicting anything, plus `outside`, the share of `--budget` set aside for what stays
+/// outside the training's pool (whole MiB, so the least stays exact to the MiB).
+pub fn below_least(
+    backend: &PoolBackend,
+    args: &Args,
+    outside: u64,
+    refused: &anyhow::Error,
+) -> anyhow::Error {
     let pool = &backend.pool;
     let budget = args.budget.unwrap_or(u64::MAX);
-    match least_budget(backend, args, budget) {
-        Ok(least) => anyhow!(
-            "the pool's budget of {:.2} is below the least this run needs, {:.2}: even with \
-             every kept tensor that may be recomputed evicted, the tensors a step reads at once \
-             do not fit. Raise --budget to at least {:.2}, or lower --batch or the model's size.",
-            bytes(budget),
-            bytes(least),
-            bytes(least),
-        ),
+    let share = format!(
+        "{:.2} for the training's pool after {:.2} set aside for what stays outside it (the \
+         GEMM's packing and the kernels' scratch of {} thread(s), small allocations)",
+        bytes(budget.saturating_sub(outside)),
+        bytes(outside),
+        args.threads()
+    );
+    match least_budget(backend, args, budget.saturating_sub(outside)) {
+        Ok(least) => {
+            let least = least.saturating_add(outside);
+            anyhow!(
+                "--budget {:.2} ({share}) is below the least this run needs, {:.2}: even with \
+                 every kept tensor that may be recomputed evicted, the tensors a step reads at \
+                 once do not fit. Raise --budget to at least {:.2}, or lower --batch or the \
+                 model's size.",
+                bytes(budget),
+                bytes(least),
+                bytes(least),
+            )
+        }
         // The search itself failed (a refusal that is not the budget's): the first error.
         Err(error) => {
-            pool.set_budget(args.budget);
-            anyhow!("{refused:#} (and finding the least budget failed: {error:#})")
+            pool.set_budget(args.budget.map(|b| b.saturating_sub(outside)));
+            let refused = match refused.downcast_ref::<OverBudget>() {
+                Some(over) => over.message_of(budget, outside),
+                None => format!("{refused:#}"),
+            };
+            anyhow!("{refused} (and finding the least budget failed: {error:#})")
         }
     }
 }

@@ -8,7 +8,8 @@
 //! - [`backend`]: where a step's tensors live (the pool, or plain `Vec<f32>`);
 //! - [`allocator`]: the process's global allocator (ferropool's front end, glibc or mimalloc);
 //! - [`train`], [`compare`], [`sweep`]: the subcommands, each in its file;
-//! - [`measure`], [`least`], [`plot`], [`show`]: what a run measures and shows.
+//! - [`measure`], [`least`], [`outside`], [`plot`], [`show`]: what a run measures and shows, and
+//!   the share of a budget set aside outside the training's pool.
 
 pub mod allocator;
 pub mod args;
@@ -19,6 +20,7 @@ pub mod kernels;
 pub mod least;
 pub mod measure;
 pub mod model;
+pub mod outside;
 pub mod plot;
 pub mod show;
 pub mod sweep;

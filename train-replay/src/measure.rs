@@ -58,6 +58,10 @@ pub struct Summary {
     /// moments and gradients: a few hundred KiB). `None`: no pool.
     #[serde(default)]
     pub outside_peak_bytes: Option<u64>,
+    /// The share of `--budget` set aside for what stays outside the training's pool (the
+    /// GEMM's packing, the kernels' scratch, small allocations; `None`: no budget).
+    #[serde(default)]
+    pub outside_reserve_bytes: Option<u64>,
     /// The losses of the first steps, at most [`KEPT_LOSSES`].
     #[serde(default)]
     pub losses: Vec<f32>,

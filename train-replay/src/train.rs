@@ -14,6 +14,7 @@ use crate::backend::{OverBudget, PoolBackend, VecBackend};
 use crate::least::below_least;
 use crate::measure::{train, Event, Summary};
 use crate::model::mlp::{CLASSES, INPUT};
+use crate::outside;
 use crate::plot::plot;
 use crate::show::{bytes, table};
 
@@ -28,11 +29,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // with the budget if there is one. The process-wide pool, which the front end serves
     // every crate's allocations of 4 KiB and more from (the GEMM's packing buffers, the
     // kernels' scratch), stays outside it: those bytes come and go as the threads run
-    // (a thread's packing buffer appears at its first GEMM), and inside the budget they
-    // would move the least a run needs with the threads' timing. The table reports that
-    // pool's peak apart. A tensor the budget refuses ends the run with an error.
+    // (a thread's packing buffer appears at its first GEMM), and inside the training's
+    // pool they would move the least a run needs with the threads' timing. They count
+    // against --budget all the same: a share bounded from the shapes and the threads is set
+    // aside for them (`outside`), and the training's pool gets the rest. The table reports
+    // the share and that pool's peak. A tensor the budget refuses ends the run with an error.
+    let outside = args.budget.map_or(0, |_| outside::reserve(args));
     let pool = BufferPool::with_config(PoolConfig {
-        budget: args.budget,
+        budget: args.budget.map(|budget| budget.saturating_sub(outside)),
         ..PoolConfig::default()
     })?;
     let pool = &pool;
@@ -57,12 +61,20 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         progress.show(event);
     });
     progress.finish();
-    let summary = match trained {
+    let mut summary = match trained {
         Err(error) if args.keep() == Keep::Fitted && error.is::<OverBudget>() => {
-            return Err(below_least(&backend, args, &error));
+            return Err(below_least(&backend, args, outside, &error));
         }
-        trained => trained?,
+        Err(error) => match error.downcast_ref::<OverBudget>() {
+            Some(over) => {
+                let given = args.budget.unwrap_or(u64::MAX);
+                return Err(anyhow!(over.message_of(given, outside)));
+            }
+            None => return Err(error),
+        },
+        Ok(summary) => summary,
     };
+    summary.outside_reserve_bytes = args.budget.map(|_| outside);
     if args.json {
         println!("{}", summary.line());
         return Ok(());
@@ -236,8 +248,14 @@ fn memory_table(
     }
     if let Some(outside) = summary.outside_peak_bytes {
         rows.push((
-            "the front end's pool, peak live (GEMM packing, scratch; outside the budget)",
+            "the front end's pool, peak live (GEMM packing, scratch; outside the training's)",
             bytes(outside).to_string(),
+        ));
+    }
+    if let Some(reserve) = summary.outside_reserve_bytes {
+        rows.push((
+            "of --budget, set aside for what stays outside the training's pool",
+            bytes(reserve).to_string(),
         ));
     }
     let mut memory = table(["memory (pool)", "value"]);

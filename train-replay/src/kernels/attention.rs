@@ -79,6 +79,12 @@ impl Heads {
         assert!(ok, "operands too short for their shapes");
     }
 
+    /// Elements of scratch a thread takes for a pair, at most (the backward pass's).
+    pub fn scratch_len(&self) -> usize {
+        let d = self.dims();
+        7 * d.by_rows() + 2 * d.by_keys() + 2 * d.block() + d.rows
+    }
+
     /// The scores' scale, `1 / sqrt(size)`.
     fn scale(&self) -> f32 {
         1.0 / (self.size as f32).sqrt()
@@ -513,8 +519,7 @@ pub fn backward(
     (0..pairs).into_par_iter().for_each(|index| {
         let (pair, d) = (Pair::of(&shape, index), shape.dims());
         let probs = probs.map(|p| &p[index * shape.seq * shape.seq..][..shape.seq * shape.seq]);
-        let len = 7 * d.by_rows() + 2 * d.by_keys() + 2 * d.block() + d.rows;
-        with_scratch(len, 0, |scratch, _| {
+        with_scratch(shape.scratch_len(), 0, |scratch, _| {
             let (q, rest) = scratch.split_at_mut(d.by_rows());
             let (kt, rest) = rest.split_at_mut(d.by_keys());
             let (k, rest) = rest.split_at_mut(d.by_rows());
