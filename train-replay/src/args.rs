@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::error::BadInput;
+
 /// Train a GPT (or an MLP) on the CPU with activation checkpointing, every tensor in
 /// ferropool.
 ///
@@ -196,20 +198,6 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
 }
-
-/// A command line that parsed but asks for something the job cannot do (a width that the
-/// heads do not divide, a data file too short): the run stops with exit code 2 and this
-/// message, which names the flag and what it takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadInput(pub String);
-
-impl std::fmt::Display for BadInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadInput {}
 
 /// What the forward pass keeps for the backward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

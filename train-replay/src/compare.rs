@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::allocator::{COMPARED, VARIABLE};
-use crate::args::{Args, BadInput, CompareArgs, Keep, ModelKind};
+use crate::args::{Args, CompareArgs, Keep, ModelKind};
+use crate::error::BadInput;
 use ferropool_figures::spread;
 
 use crate::measure::Summary;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::args::BadInput;
+use crate::error::BadInput;
 
 /// The text that ships with the job.
 const SHIPPED: &[u8] = include_bytes!("../data/shakespeare.txt");

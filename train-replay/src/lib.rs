@@ -16,6 +16,7 @@ pub mod args;
 pub mod backend;
 pub mod compare;
 pub mod data;
+pub mod error;
 pub mod kernels;
 pub mod least;
 pub mod measure;

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use ferropool_choice::ChosenAllocator;
-use train_replay::args::{BadInput, Cli, Command};
+use train_replay::args::{Cli, Command};
+use train_replay::error::BadInput;
 
 #[global_allocator]
 static GLOBAL: &ChosenAllocator = &train_replay::allocator::ALLOCATOR;

@@ -30,9 +30,10 @@ use anyhow::anyhow;
 use rand::{Rng as _, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
-use crate::args::{Args, BadInput, Keep};
+use crate::args::{Args, Keep};
 use crate::backend::Backend;
 use crate::data::{Part, Text};
+use crate::error::BadInput;
 use crate::kernels::attention::Heads;
 use crate::kernels::elementwise::AdamW;
 

@@ -19,8 +19,8 @@ use rand::Rng as _;
 use rand_distr::StandardNormal;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use crate::args::BadInput;
 use crate::backend::Backend;
+use crate::error::BadInput;
 use crate::kernels::elementwise::AdamW;
 
 use super::Shape;
