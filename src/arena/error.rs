@@ -1,6 +1,6 @@
 //! The arena's error type.
 
-use super::SlotPhase;
+use super::slot::SlotPhase;
 
 /// Errors of [`SlotArena`](crate::SlotArena).
 ///

@@ -38,6 +38,7 @@ mod pin;
 mod recycle;
 mod shard;
 mod slot;
+mod slow;
 mod table;
 mod trim;
 
@@ -56,11 +57,10 @@ use crate::roster::Roster;
 use crate::stack::NIL;
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::{epoch, Arc, AtomicU32, AtomicU64, Ordering};
-use cache::{Added, ArenaThreadCache};
-use panics::Panics;
+use cache::Added;
 use recycle::ReadyLists;
 use shard::Shard;
-use slot::{OCCUPIED, REMOVED, VACANT};
+use slot::OCCUPIED;
 use table::{ArenaInner, Shape, CHUNK};
 
 /// A lock-free arena of generational slots whose removed values are reclaimed through
@@ -357,40 +357,6 @@ impl<T: Send + 'static> SlotArena<T> {
         Ok(Key::new(arena.shape.id, index, generation))
     }
 
-    /// [`try_insert`](Self::try_insert) when the calling thread's hand is empty: a vacant
-    /// slot from [`refill`](Self::refill), with `value` handed back for the insert, or the
-    /// error with `value`.
-    #[cold]
-    #[inline(never)]
-    fn refilled_slot(
-        &self,
-        cache: Option<(&ArenaThreadCache, usize)>,
-        value: T,
-    ) -> Result<(u32, T), (ArenaError, T)> {
-        let arena = &self.arena;
-        let (cache, shard) = match cache {
-            Some((cache, shard)) => (Some(cache), shard),
-            None => (None, arena.my_shard()),
-        };
-        let mut panics = Panics::default();
-        let refilled = self.refill(cache, shard, &mut panics);
-        if panics.caught() {
-            // A recycled value's drop panicked. Give the slot back, drop `value` (in a
-            // catch: its own drop may panic too, and a second panic while unwinding would
-            // abort), then resume the first panic.
-            if let Ok(index) = refilled {
-                arena.push_one(shard, index);
-            }
-            panics.catch(|| drop(value));
-            panics.resume();
-            unreachable!("a caught panic was resumed");
-        }
-        match refilled {
-            Ok(index) => Ok((index, value)),
-            Err(error) => Err((error, value)),
-        }
-    }
-
     /// Reads the value of `key`. Writes no shared memory and takes no lock.
     ///
     /// The reference stays valid while `guard` lives, even if the value is removed meanwhile.
@@ -553,23 +519,6 @@ impl<T: Send + 'static> SlotArena<T> {
         Ok(())
     }
 
-    /// [`discard`](Self::discard) for a thread without a cache: a pinned `remove`.
-    #[cold]
-    #[inline(never)]
-    fn discard_without_cache(&self, key: Key) -> Result<(), ArenaError> {
-        self.remove(key, &self.pin()).map(drop)
-    }
-
-    /// The rest of a [`discard`](Self::discard) whose slot did not simply join the cache's
-    /// batch: defers the batch it filled, under a pin taken for that.
-    #[cold]
-    #[inline(never)]
-    fn defer_discarded(&self, added: Added<'_>, shard: usize, index: u32) {
-        if let Some(slots) = self.batch_to_defer(added, shard, index) {
-            self.defer_full_batch(shard, slots, &self.pin());
-        }
-    }
-
     /// Removes the value of `key` and returns it by value. Exclusive access means no reader
     /// can hold it, so the slot is reusable at once.
     ///
@@ -600,7 +549,7 @@ impl<T: Send + 'static> SlotArena<T> {
             // there first, so that this thread's next insert takes this slot.
             let shard = match arena.my_cache() {
                 Some((cache, shard)) => {
-                    let hand = arena.take_hand(cache);
+                    let hand = cache.take_hand();
                     if hand != NIL {
                         arena.push_chain(shard, hand);
                     }
@@ -611,85 +560,6 @@ impl<T: Send + 'static> SlotArena<T> {
             arena.push_one(shard, key.index());
         }
         Ok(value)
-    }
-
-    /// Hands every partly filled removal batch to the collector now instead of when it
-    /// fills, and recycles the batches whose grace period has passed. Call it at a step
-    /// boundary to get removed slots back sooner.
-    ///
-    /// Every thread's batch is taken, whatever that thread is doing (idle or exited threads'
-    /// included), together with the vacant slots it holds for its next inserts: a thread
-    /// keeps both in its *cache*, which it works on without read-modify-writes, and a flush
-    /// takes the caches back with one heavy fence (`membarrier` on Linux) when any holds
-    /// something.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use ferropool::SlotArena;
-    /// let (arena, weights) = (SlotArena::new(), Arc::new([0.5f32; 4]));
-    /// let key = arena.insert(Arc::clone(&weights))?;
-    /// arena.remove(key, &arena.pin())?;
-    /// for _ in 0..1000 {
-    ///     if Arc::strong_count(&weights) == 1 { break; } // the removed value was dropped
-    ///     arena.flush(&arena.pin())?;
-    /// }
-    /// assert_eq!(Arc::strong_count(&weights), 1);
-    /// # Ok::<(), ferropool::ArenaError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`ArenaError::ForeignGuard`] if `guard` is not pinned on this arena's collector.
-    ///
-    /// # Panics
-    ///
-    /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)).
-    pub fn flush(&self, guard: &Guard) -> Result<(), ArenaError> {
-        self.check_guard(guard)?;
-        self.defer_every_batch(guard);
-        guard.flush();
-        self.collect_backlog(guard);
-        let mut panics = Panics::default();
-        self.recycle_every_ready(&mut panics);
-        panics.resume();
-        Ok(())
-    }
-
-    /// Takes every thread cache's hand and batch (the hands go back to their shards) and
-    /// every shard's partly filled batch, and hands the batches to the collector.
-    fn defer_every_batch(&self, guard: &Guard) {
-        let caches = self.arena.drain_caches();
-        for (shard, slots) in caches.into_iter().chain(self.arena.take_partial_batches()) {
-            self.defer_batch(shard, slots, guard);
-        }
-    }
-
-    /// Recycles every shard's ready batches onto its own free list (unless this thread is
-    /// recycling already, see `recycle::recycling`).
-    fn recycle_every_ready(&self, panics: &mut Panics) {
-        recycle::recycling(|| {
-            for shard in 0..self.arena.shards.len() {
-                self.recycle_ready(shard, shard, panics);
-            }
-        });
-    }
-
-    /// Collects again while that moves this arena's batches onto its ready lists. One
-    /// collection runs at most 8 of the collector's queued bags (crossbeam-epoch's bound),
-    /// so without this a backlog queued while some reader stayed pinned (a bag per 8 full
-    /// batches) would take a `flush` per 8 bags to recycle. Each extra collection must move
-    /// a batch, so there are at most as many as batches were in transit at the start.
-    fn collect_backlog(&self, guard: &Guard) {
-        let mut pending = self.ready.pending();
-        let most = pending;
-        for _ in 0..most {
-            guard.flush();
-            let now = self.ready.pending();
-            if now >= pending {
-                break;
-            }
-            pending = now;
-        }
     }
 
     /// Calls `f` on every live value, under one pin.
@@ -770,128 +640,6 @@ impl<T: Send + 'static> SlotArena<T> {
         self.len() == 0
     }
 
-    /// Bytes the arena holds for per-thread state: the caches of the threads that used it
-    /// (each with room for a removal batch), and the map that finds them. It follows how
-    /// many threads used the arena, not how high their thread indices are.
-    ///
-    /// ```
-    /// let arena = ferropool::SlotArena::new();
-    /// assert_eq!(arena.thread_state_bytes(), 0);
-    /// arena.insert(1u32)?;
-    /// assert!(arena.thread_state_bytes() > 0 && arena.thread_state_bytes() < 64 << 10);
-    /// # Ok::<(), ferropool::ArenaError>(())
-    /// ```
-    pub fn thread_state_bytes(&self) -> usize {
-        let batches = self.arena.caches.records_allocated() as usize
-            * self.arena.shape.removal_batch as usize
-            * std::mem::size_of::<AtomicU32>();
-        self.arena.caches.footprint() + batches
-    }
-
-    /// Slots in allocated pages.
-    ///
-    /// ```
-    /// use ferropool::{ArenaConfig, SlotArena};
-    /// let config = ArenaConfig { first_page_len: 4, ..ArenaConfig::default() };
-    /// let arena = SlotArena::with_config(config)?;
-    /// assert_eq!(arena.capacity(), 0);
-    /// for x in 0..5u32 {
-    ///     arena.insert(x)?;
-    /// }
-    /// assert_eq!(arena.capacity(), 4 + 8); // pages of 4, then 8 slots
-    /// # Ok::<(), ferropool::ArenaError>(())
-    /// ```
-    pub fn capacity(&self) -> u64 {
-        self.arena.slots.allocated()
-    }
-
-    /// Returns vacant memory to the system: hands partly filled removal batches to the
-    /// collector, recycles the batches whose grace period has passed, then releases the
-    /// trailing pages whose slots are all vacant. Returns how many slots were released.
-    ///
-    /// Safe to call at any time from any thread: released memory is freed only after every
-    /// operation of a thread cache in flight has ended (an unpinned [`discard`](Self::discard)
-    /// may be reading a released page) and then an epoch grace period. So a `trim` waits
-    /// for other threads' short cache operations, and one waits for ever on a thread stopped
-    /// inside one (for example in the child of a `fork` taken at that moment).
-    /// Removed values still in their grace period keep their pages (a later call gets
-    /// them); so does every page below an occupied slot (keys never move). Keys into a
-    /// released page stay stale: the page's next allocation starts its generations past
-    /// every generation it reached. A call that meets another `trim` in progress, or an
-    /// insert at [`ArenaConfig::max_slots`] looking for a vacant slot, releases no page
-    /// (a later call does).
-    ///
-    /// ```
-    /// use ferropool::SlotArena;
-    /// let mut arena = SlotArena::new();
-    /// let key = arena.insert(1u64)?;
-    /// assert_eq!(arena.trim(), 0); // the page holds a live value
-    /// arena.take(key)?;
-    /// assert_eq!(arena.trim(), 64); // the default first page
-    /// assert_eq!(arena.capacity(), 0);
-    /// # Ok::<(), ferropool::ArenaError>(())
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)).
-    pub fn trim(&self) -> u64 {
-        let guard = self.pin();
-        self.flush(&guard)
-            .expect("the arena's own guard is pinned on its collector");
-        let mut pages = Vec::new();
-        let released = self.arena.release_vacant_pages(|page| pages.push(page));
-        if !pages.is_empty() {
-            // An unpinned `discard` may be reading a slot of these pages: wait for it.
-            self.arena.wait_out_operations();
-        }
-        for page in pages {
-            // SAFETY: the page is unlinked, and no operation of a thread cache that could
-            // have reached it is still in flight; pinned readers that reached it before
-            // are waited for by the grace period, after which the closure (which only frees
-            // vacant slots: no `T` is dropped) runs.
-            unsafe { guard.defer_unchecked(move || drop(page)) };
-        }
-        released
-    }
-
-    /// With exclusive access: recycles every removed value not still in transit through the
-    /// collector (no reader can hold one: `&mut self` excludes readers), then releases the
-    /// trailing vacant pages at once, as [`trim`](Self::trim) does. Returns the slots
-    /// released.
-    ///
-    /// ```
-    /// use ferropool::SlotArena;
-    /// let mut arena = SlotArena::new();
-    /// let key = arena.insert(vec![0u8; 1024])?;
-    /// arena.remove(key, &arena.pin())?;
-    /// assert_eq!(arena.shrink(), 64); // the removed value is dropped, its page released
-    /// assert_eq!(arena.capacity(), 0);
-    /// # Ok::<(), ferropool::ArenaError>(())
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// Resumes the panic of a removed value's `Drop` (see [Destructors](Self#destructors)),
-    /// after the pages are released.
-    pub fn shrink(&mut self) -> u64 {
-        let mut panics = Panics::default();
-        let arena = &self.arena;
-        // Exclusive access: no owner is inside an operation on its cache, so draining waits
-        // for nobody.
-        let caches = arena.drain_caches();
-        for (shard, slots) in caches.into_iter().chain(arena.take_partial_batches()) {
-            arena.recycle(slots, shard, &mut panics);
-        }
-        for shard in 0..arena.shards.len() {
-            self.recycle_ready(shard, shard, &mut panics);
-        }
-        // Exclusive access: no reader can hold a released page, so it is freed at once.
-        let released = arena.release_vacant_pages(drop);
-        panics.resume();
-        released
-    }
-
     /// Rejects guards that do not protect this arena (another collector, or `unprotected`).
     #[inline]
     fn check_guard(&self, guard: &Guard) -> Result<(), ArenaError> {
@@ -923,122 +671,5 @@ impl<T: Send + 'static> fmt::Debug for SlotArena<T> {
     }
 }
 
-impl<T: Send + 'static> Drop for SlotArena<T> {
-    fn drop(&mut self) {
-        // No reader can exist (readers borrow the arena), so every value can be dropped now,
-        // removed ones included, whether their batch is pending, in transit through the
-        // collector or ready. A batch in transit later lands on a ready list nobody reads,
-        // and is freed with it.
-        let mut panics = Panics::default();
-        self.arena.for_each_slot(|_, slot| {
-            let state = slot.state.load(Ordering::Relaxed);
-            let phase = slot::phase(state);
-            if phase == OCCUPIED || phase == REMOVED {
-                slot.state.store(
-                    slot::state(slot::generation(state), VACANT),
-                    Ordering::Relaxed,
-                );
-                panics.catch(|| {
-                    // SAFETY: OCCUPIED or REMOVED means initialised (invariant on `state`);
-                    // the state was just changed, so nothing drops it again.
-                    slot.value
-                        .with_mut(|value_ptr| unsafe { (*value_ptr).assume_init_drop() });
-                });
-            }
-        });
-        panics.resume_unless_unwinding();
-    }
-}
-
 #[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    #[cfg_attr(miri, ignore = "2,200 threads: too slow under Miri")]
-    fn one_thread_with_a_high_index_costs_an_arena_little() {
-        crate::thread::on_a_high_index(2_200, || {
-            let arena = SlotArena::new();
-            let key = arena.insert(1u64).unwrap();
-            assert!(
-                arena.thread_state_bytes() <= 64 << 10,
-                "{} bytes of thread caches for one thread",
-                arena.thread_state_bytes()
-            );
-            let guard = arena.pin();
-            assert!(arena.remove(key, &guard).is_ok());
-            let fences = crate::sync::asymmetric::heavy_fences_here();
-            arena.flush(&guard).unwrap();
-            assert_eq!(
-                crate::sync::asymmetric::heavy_fences_here() - fences,
-                1,
-                "one fence per flush"
-            );
-        });
-    }
-
-    /// `trim` gives the vacant slots it keeps back to the shards they came from, not to the
-    /// trimming thread's: a thread whose slots went elsewhere would find its shard dry and
-    /// claim fresh slots.
-    #[test]
-    fn trim_gives_vacant_slots_back_to_their_shards() {
-        let arena: SlotArena<u32> = SlotArena::with_config(ArenaConfig {
-            shards: Some(2), // two on every machine, one CPU included
-            ..ArenaConfig::default()
-        })
-        .unwrap();
-        let shards = arena.arena.shards.len();
-        assert_eq!(shards, 2);
-        let mine = arena.arena.my_shard();
-        let other = (mine + 1) % shards;
-        // A chunk for the other shard: one slot in hand (so the page stays), the rest listed.
-        let _in_hand = arena.arena.claim_fresh(None, other).unwrap();
-        assert_eq!(arena.trim(), 0);
-        assert!(
-            arena.arena.shards[mine].free.is_empty(),
-            "moved to the trimming thread"
-        );
-        assert!(
-            !arena.arena.shards[other].free.is_empty(),
-            "lost from their shard"
-        );
-    }
-
-    /// A slot whose generation would wrap is kept out of use for good: the key issued 2^32
-    /// generations earlier can never resolve again.
-    #[test]
-    fn generation_wrap_exhausts_the_slot() {
-        let collector = Collector::new();
-        let mut arena = SlotArena::with_config(ArenaConfig {
-            first_page_len: 1,
-            removal_batch: 2, // so the removal waits in its batch, which `shrink` recycles
-            collector: Some(collector.clone()),
-            ..ArenaConfig::default()
-        })
-        .unwrap();
-        let first = arena.insert(1u32).unwrap();
-        assert_eq!(first.generation(), 0);
-        // Fast-forward the slot to its last generation, as 2^32 - 1 reuses would.
-        let slot = arena.arena.slots.at(first.index());
-        let last = u32::MAX;
-        slot.state
-            .store(slot::state(last, OCCUPIED), Ordering::SeqCst);
-        let old = Key::new(arena.arena.shape.id, first.index(), last);
-        arena.remove(old, &arena.pin()).unwrap();
-        arena.shrink(); // exclusive: recycles the removal now
-        let slot = arena.arena.slots.at(first.index());
-        assert_eq!(
-            slot::phase(slot.state.load(Ordering::SeqCst)),
-            slot::EXHAUSTED
-        );
-        let next = arena.insert(2u32).unwrap();
-        assert_ne!(
-            next.index(),
-            first.index(),
-            "an exhausted slot is never reused"
-        );
-        let guard = arena.pin();
-        assert!(arena.get(first, &guard).is_err());
-        assert!(arena.get(old, &guard).is_err());
-    }
-}
+mod tests;

@@ -10,12 +10,13 @@ use std::num::NonZeroU64;
 
 use crossbeam_utils::CachePadded;
 
-use super::cache::{Added, ArenaThreadCache, ArenaThreadCaches, SWEEP_EVERY};
+use super::cache::{Added, ArenaThreadCache, ArenaThreadCaches};
+use super::error::ArenaError;
+use super::key::Key;
 use super::panics::Panics;
 use super::recycle::BatchSlots;
 use super::shard::{Shard, SharedBatch};
 use super::slot::{self, Slot, OCCUPIED, REMOVED};
-use super::{ArenaError, Key};
 use crate::paged::{PagedTable, Place};
 use crate::stack::{Link, NIL};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -130,7 +131,7 @@ impl<T> ArenaInner<T> {
         shard: usize,
     ) -> u32 {
         let rest = self.links.at(index).load(Ordering::Relaxed);
-        if rest != NIL && !cache.is_some_and(|cache| self.fill_hand(cache, rest)) {
+        if rest != NIL && !cache.is_some_and(|cache| cache.fill_hand(rest)) {
             self.push_chain(shard, rest);
         }
         index
@@ -426,8 +427,7 @@ impl<T> ArenaInner<T> {
                     .find_map(|from| self.pop_chain(from))
             };
             let mut found = pop_any();
-            let draining =
-                found.is_none() && self.caches.iter().any(|cache| cache.handshake.is_claimed());
+            let draining = found.is_none() && self.caches.iter().any(|cache| cache.is_claimed());
             if !draining && found.is_none() {
                 // A drainer that handed its cache back before that look pushed the hand
                 // first: on the lists now.
@@ -554,7 +554,7 @@ impl<T> ArenaInner<T> {
             // cleared when the index is given back); a cache page stays allocated, at the same
             // address, until the arena drops.
             let cache = unsafe { &*cache.cast::<ArenaThreadCache>() };
-            return Some((cache, cache.shard));
+            return Some((cache, cache.shard()));
         }
         self.find_my_cache()
     }
@@ -572,62 +572,19 @@ impl<T> ArenaInner<T> {
             ))
         })?;
         crate::thread::remember_arena_cache(self.shape.id.get(), std::ptr::from_ref(cache).cast());
-        Some((cache, cache.shard))
+        Some((cache, cache.shard()))
     }
 
     /// Takes a slot from the hand of `cache` (its owner only): its index, and the slot.
     #[inline]
     pub(super) fn pop_hand(&self, cache: &ArenaThreadCache) -> Option<(u32, &Slot<T>)> {
-        let busy = cache.handshake.begin();
-        let mut taken = None;
-        if cache.handshake.may_use() {
-            let head = cache.hand.load(Ordering::Relaxed);
-            if head != NIL {
-                // The slot is the caller's from here on (popped), which keeps its page.
-                let (slot, link) = self.slot_and_link(head - 1);
-                cache
-                    .hand
-                    .store(link.load(Ordering::Relaxed), Ordering::Relaxed);
-                taken = Some((head - 1, slot));
-            }
-        }
-        cache.handshake.end(busy);
-        taken
-    }
-
-    /// Puts the vacant chain `head` into the empty hand of `cache` (its owner only); whether it
-    /// did. A full hand (filled by an insert that a value's drop made meanwhile) or a drain
-    /// under way leaves the chain to the caller.
-    pub(super) fn fill_hand(&self, cache: &ArenaThreadCache, head: Link) -> bool {
-        let busy = cache.handshake.begin();
-        let kept = cache.handshake.may_use() && cache.hand.load(Ordering::Relaxed) == NIL;
-        if kept {
-            cache.hand.store(head, Ordering::Relaxed);
-        }
-        cache.handshake.end(busy);
-        kept
-    }
-
-    /// Takes the whole hand of `cache` (its owner only): its vacant chain, or `NIL` (also
-    /// while a drain is under way: the drainer takes it).
-    pub(super) fn take_hand(&self, cache: &ArenaThreadCache) -> Link {
-        let busy = cache.handshake.begin();
-        let mut hand = NIL;
-        if cache.handshake.may_use() {
-            hand = cache.hand.load(Ordering::Relaxed);
-            cache.hand.store(NIL, Ordering::Relaxed);
-        }
-        cache.handshake.end(busy);
-        hand
-    }
-
-    /// Adds the removed slot `index` to the batch of `cache` (its owner only).
-    #[inline]
-    pub(super) fn add_removed<'c>(&self, cache: &'c ArenaThreadCache, index: u32) -> Added<'c> {
-        let busy = cache.handshake.begin();
-        let added = Self::add_removed_in_operation(cache, index);
-        cache.handshake.end(busy);
-        added
+        let mut slot = None;
+        let index = cache.pop_hand(|index| {
+            let (found, link) = self.slot_and_link(index);
+            slot = Some(found);
+            link.load(Ordering::Relaxed)
+        })?;
+        Some((index, slot?))
     }
 
     /// Removes the value of `key` without an epoch pin (its owner only): marks the slot
@@ -643,34 +600,7 @@ impl<T> ArenaInner<T> {
         cache: &'c ArenaThreadCache,
         key: Key,
     ) -> Result<Added<'c>, ArenaError> {
-        let busy = cache.handshake.begin();
-        let added = self
-            .mark_removed(key)
-            .map(|_| Self::add_removed_in_operation(cache, key.index()));
-        cache.handshake.end(busy);
-        added
-    }
-
-    /// [`add_removed`](Self::add_removed) inside an operation the caller began.
-    #[inline(always)]
-    fn add_removed_in_operation(cache: &ArenaThreadCache, index: u32) -> Added<'_> {
-        if !cache.handshake.may_use() {
-            return Added::Busy;
-        }
-        let len = cache.removed_len.load(Ordering::Relaxed);
-        let Some(entry) = cache.removed.get(len as usize) else {
-            // Never: a batch that fills is taken at once (invariant on `removed`).
-            return Added::Busy;
-        };
-        entry.store(index, Ordering::Relaxed);
-        let len = len + 1;
-        if len as usize == cache.removed.len() {
-            cache.removed_len.store(0, Ordering::Relaxed);
-            Added::Full(cache)
-        } else {
-            cache.removed_len.store(len, Ordering::Relaxed);
-            Added::Kept
-        }
+        cache.remove_into_batch(|| self.mark_removed(key).map(|_| key.index()))
     }
 
     /// Adds the removed slot `index` to the shared removal batch of `shard` (a thread
@@ -705,7 +635,7 @@ impl<T> ArenaInner<T> {
     pub(super) fn wait_out_operations(&self) {
         crate::sync::asymmetric::heavy();
         for cache in self.caches.iter() {
-            cache.handshake.wait_out();
+            cache.wait_out();
         }
     }
 
@@ -718,30 +648,11 @@ impl<T> ArenaInner<T> {
     }
 
     /// As [`drain_caches`](Self::drain_caches), for the caches whose hand or batch has not
-    /// changed since the previous sweep looked: an idle or exited thread's, or the batch of
-    /// a thread that inserts without removing (a thread that reuses an exited one's index
-    /// inherits its cache). Parts in use change between sweeps (a hand shrinks with every
-    /// insert, a batch grows with every removal), so they are left alone.
+    /// changed since the previous sweep looked (see
+    /// [`ArenaThreadCache::unchanged_since_last_sweep`]; a thread that reuses an exited
+    /// one's index inherits its cache).
     pub(super) fn drain_idle_caches(&self) -> Vec<(usize, BatchSlots)> {
-        self.drain_caches_where(|cache| {
-            let hand = cache.hand.load(Ordering::Relaxed);
-            let removed = cache.newest_removed();
-            let stale = (hand != NIL && cache.seen_hand.load(Ordering::Relaxed) == hand)
-                || (removed != NIL && cache.seen_removed.load(Ordering::Relaxed) == removed);
-            cache.seen_hand.store(hand, Ordering::Relaxed);
-            cache.seen_removed.store(removed, Ordering::Relaxed);
-            stale
-        })
-    }
-
-    /// Counts a refill of `cache`'s owner (the owner only); whether it should sweep. Every
-    /// [`SWEEP_EVERY`]th refill of each thread in each arena: a sweep reads every cache of
-    /// the arena (and issues a `membarrier` when it takes one), while a refill comes once per
-    /// chain of inserts.
-    pub(super) fn sweep_due(&self, cache: &ArenaThreadCache) -> bool {
-        let refills = cache.refills.load(Ordering::Relaxed).wrapping_add(1);
-        cache.refills.store(refills, Ordering::Relaxed);
-        refills.is_multiple_of(SWEEP_EVERY)
+        self.drain_caches_where(ArenaThreadCache::unchanged_since_last_sweep)
     }
 
     /// Takes the hand and batch of every cache that holds something and that `pick` picks.
@@ -754,10 +665,8 @@ impl<T> ArenaInner<T> {
             // A racy look: a cache that seems empty is skipped. What its owner did before the
             // caller synchronised with it is visible here, so nothing the caller could know
             // of is missed.
-            let holds = cache.hand.load(Ordering::Relaxed) != NIL
-                || cache.removed_len.load(Ordering::Relaxed) != 0;
-            if holds && pick(cache) && cache.handshake.claim() {
-                claimed.push((cache.shard, &**cache));
+            if cache.holds() && pick(cache) && cache.claim() {
+                claimed.push((cache.shard(), &**cache));
             }
         }
         if claimed.is_empty() {
@@ -766,18 +675,13 @@ impl<T> ArenaInner<T> {
         crate::sync::asymmetric::heavy();
         let mut batches = Vec::new();
         for (shard, cache) in claimed {
-            cache.handshake.wait_out();
-            // The owner is out, and its later operations see the claim: ours.
-            let hand = cache.hand.load(Ordering::Relaxed);
-            let removed = cache.first_removed(cache.removed_len.load(Ordering::Relaxed) as usize);
-            cache.hand.store(NIL, Ordering::Relaxed);
-            cache.removed_len.store(0, Ordering::Relaxed);
+            let (hand, removed) = cache.take_claimed();
             // The hand on its shard's list before the claim ends: an insert at the cap that
             // sees no claim finds it there (`pop_at_the_cap`).
             if hand != NIL {
                 self.push_chain(shard, hand);
             }
-            cache.handshake.hand_back();
+            cache.hand_back();
             if !removed.is_empty() {
                 batches.push((shard, BatchSlots::Indices(removed)));
             }
