@@ -59,7 +59,7 @@
 //! ## Features
 //!
 //! - `allocator-api2`: `Allocator` for [`BufferPool`], for collections under a pool's budget.
-//! - `ndarray`: [`TensorRead::to_ndarray`] and `Tensor::to_ndarray`, zero-copy `ArrayViewD`s
+//! - `ndarray`: `TensorRead::to_ndarray` and `Tensor::to_ndarray`, zero-copy `ArrayViewD`s
 //!   of any view; `TensorWrite::to_ndarray_mut` and `Tensor::to_ndarray_mut`, zero-copy
 //!   `ArrayViewMutD`s of views whose indices reach distinct elements
 //!   ([`Layout::check_unaliased`]); `Tensor::from_ndarray_in`, one copy into a pool buffer.

@@ -35,7 +35,8 @@ use crate::arena::Key;
 use crate::identity::next_identity;
 use crate::pool::PoolBuffer;
 use crate::sync::Arc;
-use crate::tensor::{compact_copy, pooled_bytes, DType, Layout, Tensor, TensorError, TensorRead};
+use crate::tensor::bytes::pooled_bytes;
+use crate::tensor::{compact_copy, DType, Layout, Tensor, TensorError, TensorRead};
 
 /// One owner of pooled buffers and of typed descriptors (views) over them.
 ///

@@ -2,9 +2,10 @@
 
 use std::fmt;
 
+use crate::tensor::bytes::check_dtype;
 #[cfg(feature = "ndarray")]
-use crate::tensor::ndarray_view_mut;
-use crate::tensor::{check_dtype, DType, Element, Layout, TensorError};
+use crate::tensor::bytes::ndarray_view_mut;
+use crate::tensor::{DType, Element, Layout, TensorError};
 
 /// An exclusive writable view of one descriptor.
 ///

@@ -19,7 +19,8 @@ use super::{RetainedValue, RetentionContainer};
 use crate::error::{Error, ErrorPhase, Result};
 use crate::pool::{BufferPool, EvictionHandle, NotPinned};
 use crate::sync::Arc;
-use crate::tensor::{pooled_bytes, DType, Layout, Tensor, TensorRead};
+use crate::tensor::bytes::pooled_bytes;
+use crate::tensor::{DType, Layout, Tensor, TensorRead};
 
 /// The computation of a recompute: it gets one read per input, in the order of the inputs,
 /// and returns the value's tensor (same dtype and shape, from the value's pool).

@@ -1,20 +1,26 @@
 //! Tensors: dtypes, layouts, owned compact tensors in pooled buffers, caller-owned external
 //! payloads, and borrowed read-only views.
 
+pub(crate) mod bytes;
 mod dtype;
 mod error;
 mod layout;
 mod read;
+mod uninit;
 
 pub use dtype::{DType, Element};
 pub use error::TensorError;
 pub use layout::Layout;
 pub use read::{RawView, TensorRead};
+pub use uninit::UninitTensor;
 
 use std::any::Any;
 use std::fmt;
 
 use crate::pool::{BufferPool, PoolBuffer, PoolError};
+#[cfg(feature = "ndarray")]
+use bytes::ndarray_view_mut;
+use bytes::{byte_count, check_dtype, pooled_bytes};
 use layout::numel;
 use read::for_each_offset;
 
@@ -156,35 +162,6 @@ impl Tensor {
         shape: &[usize],
     ) -> Result<Self, TensorError> {
         Self::from_slice_in(pool, &data, shape)
-    }
-
-    /// A tensor of `shape` whose elements are not written yet, in `pool`: for a kernel that
-    /// overwrites every element anyway, so nothing is zeroed for nothing. Finish it with
-    /// [`UninitTensor::init_with`] or [`UninitTensor::copy_from`] (safe), or write through
-    /// [`UninitTensor::as_uninit_mut`] and call [`UninitTensor::assume_init`].
-    ///
-    /// ```
-    /// use ferropool::{BufferPool, Tensor};
-    /// let pool = BufferPool::new();
-    /// let squares = Tensor::uninit_in::<f32>(&pool, &[2, 2])?.init_with(|i| (i * i) as f32);
-    /// assert_eq!(squares.as_slice::<f32>()?, &[0.0, 1.0, 4.0, 9.0]);
-    /// # Ok::<(), ferropool::TensorError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`TensorError::InvalidLayout`] if the byte count overflows; [`TensorError::Pool`].
-    pub fn uninit_in<T: Element>(
-        pool: &BufferPool,
-        shape: &[usize],
-    ) -> Result<UninitTensor<T>, TensorError> {
-        let layout = Layout::contiguous(shape)?;
-        let bytes = byte_count(layout.numel(), std::mem::size_of::<T>(), shape)?;
-        Ok(UninitTensor {
-            buffer: pool.alloc(bytes)?,
-            layout,
-            element: std::marker::PhantomData,
-        })
     }
 
     /// A tensor of `shape` from the first elements of `iter`, in `pool`, written in place.
@@ -604,133 +581,6 @@ impl Tensor {
     }
 }
 
-/// A tensor whose elements are not written yet (see [`Tensor::uninit_in`]).
-///
-/// ```
-/// use ferropool::{BufferPool, Tensor, UninitTensor};
-/// let pool = BufferPool::new();
-/// let uninit: UninitTensor<i32> = Tensor::uninit_in(&pool, &[3])?;
-/// let t = uninit.init_with(|i| i as i32 + 1);
-/// assert_eq!(t.as_slice::<i32>()?, &[1, 2, 3]);
-/// # Ok::<(), ferropool::TensorError>(())
-/// ```
-pub struct UninitTensor<T: Element> {
-    /// Invariant: holds `layout.numel() * size_of::<T>()` bytes, aligned for `T`.
-    buffer: PoolBuffer,
-    layout: Layout,
-    element: std::marker::PhantomData<T>,
-}
-
-impl<T: Element> UninitTensor<T> {
-    /// The elements, for writing.
-    ///
-    /// ```
-    /// use ferropool::{BufferPool, Tensor};
-    /// let pool = BufferPool::new();
-    /// let mut uninit = Tensor::uninit_in::<f32>(&pool, &[2])?;
-    /// for (i, element) in uninit.as_uninit_mut().iter_mut().enumerate() {
-    ///     element.write(i as f32);
-    /// }
-    /// let t = unsafe { uninit.assume_init() }; // SAFETY: every element was written
-    /// assert_eq!(t.as_slice::<f32>()?, &[0.0, 1.0]);
-    /// # Ok::<(), ferropool::TensorError>(())
-    /// ```
-    pub fn as_uninit_mut(&mut self) -> &mut [std::mem::MaybeUninit<T>] {
-        let len = self.layout.numel();
-        // SAFETY: invariant on `buffer`: `len` elements' worth of bytes, aligned for `T`
-        // (pool alignment >= 8), exclusively ours; `MaybeUninit` claims nothing about them.
-        unsafe { std::slice::from_raw_parts_mut(self.buffer.as_mut_ptr().cast(), len) }
-    }
-
-    /// Writes element `i` (row-major) as `f(i)`, for every element, and returns the tensor.
-    ///
-    /// ```
-    /// use ferropool::{BufferPool, Tensor};
-    /// let pool = BufferPool::new();
-    /// let t = Tensor::uninit_in::<i64>(&pool, &[3])?.init_with(|i| 10 * i as i64);
-    /// assert_eq!(t.as_slice::<i64>()?, &[0, 10, 20]);
-    /// # Ok::<(), ferropool::TensorError>(())
-    /// ```
-    pub fn init_with(mut self, mut f: impl FnMut(usize) -> T) -> Tensor {
-        for (i, element) in self.as_uninit_mut().iter_mut().enumerate() {
-            element.write(f(i));
-        }
-        // SAFETY: the loop wrote every element.
-        unsafe { self.assume_init() }
-    }
-
-    /// Copies `src` into the elements and returns the tensor.
-    ///
-    /// ```
-    /// use ferropool::{BufferPool, Tensor};
-    /// let pool = BufferPool::new();
-    /// let t = Tensor::uninit_in::<f32>(&pool, &[2])?.copy_from(&[0.5, 1.5])?;
-    /// assert_eq!(t.as_slice::<f32>()?, &[0.5, 1.5]);
-    /// assert!(Tensor::uninit_in::<f32>(&pool, &[2])?.copy_from(&[1.0]).is_err());
-    /// # Ok::<(), ferropool::TensorError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`TensorError::ShapeMismatch`] unless `src` has exactly as many elements (the buffer
-    /// is then dropped).
-    pub fn copy_from(mut self, src: &[T]) -> Result<Tensor, TensorError> {
-        if src.len() != self.layout.numel() {
-            return Err(TensorError::ShapeMismatch {
-                shape: self.layout.shape().to_vec(),
-                expected_elements: self.layout.numel(),
-                found_elements: src.len(),
-            });
-        }
-        for (to, &from) in self.as_uninit_mut().iter_mut().zip(src) {
-            to.write(from);
-        }
-        // SAFETY: every element was written.
-        Ok(unsafe { self.assume_init() })
-    }
-
-    /// The tensor, once every element is written.
-    ///
-    /// ```
-    /// use ferropool::{BufferPool, Tensor};
-    /// let pool = BufferPool::new();
-    /// let mut uninit = Tensor::uninit_in::<u8>(&pool, &[4])?;
-    /// uninit.as_uninit_mut().fill(std::mem::MaybeUninit::new(9));
-    /// // SAFETY: `fill` wrote every element.
-    /// let t = unsafe { uninit.assume_init() };
-    /// assert_eq!(t.as_slice::<u8>()?, &[9; 4]);
-    /// # Ok::<(), ferropool::TensorError>(())
-    /// ```
-    ///
-    /// # Safety
-    ///
-    /// Every element has been written (through [`as_uninit_mut`](Self::as_uninit_mut), or
-    /// through the buffer's pointer by a kernel).
-    pub unsafe fn assume_init(mut self) -> Tensor {
-        // SAFETY: the caller's contract.
-        unsafe { self.buffer.assume_init() };
-        Tensor::pooled(self.buffer, T::DTYPE, self.layout)
-    }
-}
-
-impl<T: Element> fmt::Debug for UninitTensor<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UninitTensor")
-            .field("dtype", &T::DTYPE)
-            .field("shape", &self.layout.shape())
-            .finish()
-    }
-}
-
-/// Bytes of `count` elements of `size` bytes each, checked.
-fn byte_count(count: usize, size: usize, shape: &[usize]) -> Result<usize, TensorError> {
-    count
-        .checked_mul(size)
-        .ok_or_else(|| TensorError::InvalidLayout {
-            reason: format!("{shape:?} elements of {size} bytes overflow usize"),
-        })
-}
-
 /// A compact (row-major, offset 0) copy of a pooled view's elements, in a buffer from
 /// `alloc`, which is given the byte count.
 pub(crate) fn compact_copy(
@@ -768,79 +618,6 @@ pub(crate) fn compact_copy(
         dtype,
         Layout::contiguous(layout.shape())?,
     ))
-}
-
-/// `elements` (every element a buffer holds) seen through `layout` as a mutable ndarray
-/// view, once the layout is proven free of aliasing.
-#[cfg(feature = "ndarray")]
-pub(crate) fn ndarray_view_mut<'b, T: Element>(
-    elements: &'b mut [T],
-    layout: &Layout,
-) -> Result<ndarray::ArrayViewMutD<'b, T>, TensorError> {
-    layout.check_unaliased()?;
-    let (shape, from) = ndarray_shape(
-        layout.shape(),
-        layout.strides(),
-        layout.offset(),
-        elements.len(),
-    );
-    // ndarray checks again that the strides stay within the slice and do not overlap.
-    ndarray::ArrayViewMut::from_shape(shape, elements.get_mut(from..).unwrap_or_default())
-        .map_err(ndarray_refused)
-}
-
-/// The ndarray shape of a view with `shape`, `strides` and `offset` over `len` elements,
-/// and the index its slice starts at: the shape with its strides from `offset`; for a view
-/// without elements (nothing to point at), the plain shape over the empty slice at `len`.
-/// (An offset past the elements leaves an empty slice, which ndarray refuses.)
-#[cfg(feature = "ndarray")]
-pub(crate) fn ndarray_shape(
-    shape: &[usize],
-    strides: &[usize],
-    offset: usize,
-    len: usize,
-) -> (ndarray::StrideShape<ndarray::IxDyn>, usize) {
-    use ndarray::{IxDyn, ShapeBuilder};
-    if shape.contains(&0) {
-        (IxDyn(shape).into(), len)
-    } else {
-        // A length-1 axis is never stepped along, so its stride may be anything a `usize`
-        // holds (the extent check skips it); ndarray reads strides as `isize`, where one
-        // above `isize::MAX` turns negative. Every other stride is within the buffer's
-        // extent, so it fits.
-        let strides: Vec<usize> = shape
-            .iter()
-            .zip(strides)
-            .map(|(&dim, &stride)| if dim == 1 { 0 } else { stride })
-            .collect();
-        (IxDyn(shape).strides(IxDyn(&strides)), offset)
-    }
-}
-
-/// ndarray's refusal of a shape, as this crate's error.
-#[cfg(feature = "ndarray")]
-pub(crate) fn ndarray_refused(error: ndarray::ShapeError) -> TensorError {
-    TensorError::InvalidLayout {
-        reason: format!("ndarray refused the view: {error}"),
-    }
-}
-
-/// The initialised bytes of a buffer that backs a tensor.
-pub(crate) fn pooled_bytes(buffer: &PoolBuffer) -> &[u8] {
-    buffer
-        .as_bytes()
-        .expect("tensor buffers are initialised on construction")
-}
-
-pub(crate) fn check_dtype<T: Element>(found: DType) -> Result<(), TensorError> {
-    if found == T::DTYPE {
-        Ok(())
-    } else {
-        Err(TensorError::DTypeMismatch {
-            expected: T::DTYPE,
-            found,
-        })
-    }
 }
 
 impl fmt::Debug for Tensor {

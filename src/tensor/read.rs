@@ -2,8 +2,11 @@
 
 use std::any::Any;
 
-use super::TensorError;
-use super::{check_dtype, DType, Element, ExternalPayload, Layout, Tensor};
+use super::bytes::check_dtype;
+use super::dtype::{DType, Element};
+use super::error::TensorError;
+use super::layout::Layout;
+use super::{ExternalPayload, Tensor};
 
 /// A borrowed read-only view: dtype, shape, strides, offset, and the elements.
 ///
@@ -330,9 +333,9 @@ impl<'a> TensorRead<'a> {
     pub fn to_ndarray<T: Element>(&self) -> Result<ndarray::ArrayViewD<'a, T>, TensorError> {
         let raw = self.raw::<T>()?;
         let (shape, from) =
-            super::ndarray_shape(raw.shape, raw.strides, raw.offset, raw.elements.len());
+            super::bytes::ndarray_shape(raw.shape, raw.strides, raw.offset, raw.elements.len());
         ndarray::ArrayView::from_shape(shape, raw.elements.get(from..).unwrap_or_default())
-            .map_err(super::ndarray_refused)
+            .map_err(super::bytes::ndarray_refused)
     }
 
     /// The caller-owned payload, if the view is of a `P`.
