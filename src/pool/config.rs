@@ -1,7 +1,7 @@
 //! `PoolConfig`: the settings of a pool, checked when the pool is built.
 
 use super::class;
-use super::PoolError;
+use super::error::PoolError;
 
 /// The largest block a thread cache may keep (the caches have a bin for each class up to it).
 pub(super) const MAX_CACHED_BLOCK: usize = 1 << 20;

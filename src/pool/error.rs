@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::stats::HumanBytes;
+use super::human_bytes::HumanBytes;
 
 /// Errors of [`BufferPool`](crate::BufferPool) and [`PoolBuffer`](crate::PoolBuffer).
 ///

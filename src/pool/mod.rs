@@ -36,39 +36,36 @@
 //! Dropping the last [`BufferPool`] handle closes the pool: every cached block goes back to
 //! the system at once (no thread has to come back for it), and buffers still alive go back to
 //! the system when they drop. The pool's control block is freed by whoever finishes last: the
-//! close, or the drop of the last live buffer. See `lifetime` for the protocol.
+//! close, or the drop of the last live buffer. See `engine/close.rs` for the protocol.
 
-mod buffer;
 mod class;
 mod config;
 mod engine;
 mod error;
-mod evict;
-mod front;
+pub(crate) mod eviction;
+pub(crate) mod front;
+mod human_bytes;
 mod observe;
 mod pages;
 
-use engine::{advise, blocks, inner, lifetime};
-use observe::{chrome, counters, stats, tag, trace};
-
-pub use buffer::PoolBuffer;
 pub use config::PoolConfig;
+pub use engine::buffer::PoolBuffer;
 pub use error::{OutOfMemory, PoolError};
-pub(crate) use evict::handle::EvictionHandle;
-pub(crate) use evict::value::NotPinned;
 pub use front::global::PoolAllocator;
-pub use stats::{BlockInfo, ClassStats, PoolStats};
-pub use tag::{MemoryByTag, MemoryTag, TagScope};
-pub use trace::{PoolEvent, PoolEventKind, SpanGuard};
+pub use observe::stats::{BlockInfo, ClassStats, PoolStats};
+pub use observe::tag::{MemoryByTag, MemoryTag, TagScope};
+pub use observe::trace::{PoolEvent, PoolEventKind, SpanGuard};
 
 use std::collections::HashMap;
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::sync::{asymmetric, Ordering};
+use crate::sync::asymmetric;
 use crate::thread;
-pub(crate) use inner::PoolInner;
-use trace::Trace;
+use engine::close;
+use engine::inner::PoolInner;
+use observe::chrome;
+use observe::trace::{self, Trace};
 
 /// A size-classed pool of aligned byte buffers. Cloning is cheap: clones share one pool,
 /// which closes when the last of them drops.
@@ -132,7 +129,7 @@ impl BufferPool {
         config.validate()?;
         asymmetric::init();
         Ok(Self {
-            inner: lifetime::allocate_control_block(config, system_blocks),
+            inner: close::allocate_control_block(config, system_blocks),
         })
     }
 
@@ -196,10 +193,10 @@ impl BufferPool {
     /// ```
     pub fn trim(&self) -> u64 {
         let inner = self.inner();
-        inner.books.counters.trims.fetch_add(1, Ordering::Relaxed);
-        let dirty = inner.memory.pages.dirty_bytes();
+        inner.books.count_trim();
+        let dirty = inner.memory.dirty_bytes();
         let released = inner.release_cached();
-        inner.memory.pages.trim();
+        inner.memory.trim_pages();
         inner.books.trace(PoolEventKind::Trim, released, 0);
         released + dirty
     }
@@ -229,7 +226,7 @@ impl BufferPool {
     pub fn trim_idle(&self) -> u64 {
         let inner = self.inner();
         let released = inner.trim_idle();
-        inner.memory.pages.tick();
+        inner.memory.tick_pages();
         released
     }
 
@@ -254,7 +251,7 @@ impl BufferPool {
         let Some(cache) = inner.my_existing_cache() else {
             return 0;
         };
-        cache.drain_own(|class, record| inner.lists.push(cache.shard, class, record))
+        cache.drain_own(|class, record| inner.lists.push(cache.shard(), class, record))
     }
 
     /// A snapshot of the counters.
@@ -268,7 +265,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn stats(&self) -> PoolStats {
-        PoolStats::read(self.inner())
+        self.inner().stats()
     }
 
     /// Starts every peak statistic again from its current value (as
@@ -286,7 +283,7 @@ impl BufferPool {
     pub fn reset_peak_stats(&self) {
         let inner = self.inner();
         inner.memory.reset_peaks();
-        inner.books.counters.reset_peaks(&inner.config);
+        inner.books.reset_peaks(&inner.config);
     }
 
     /// The blocks of every size class the pool holds, in use or cached, and the evictions of
@@ -305,7 +302,7 @@ impl BufferPool {
     pub fn class_stats(&self) -> Vec<ClassStats> {
         let _bookkeeping = thread::Bookkeeping::open();
         let mut by_class: HashMap<usize, ClassStats> = HashMap::new();
-        self.inner().memory.blocks.for_each(|record| {
+        self.inner().memory.for_each_record(|record| {
             if let Some((class, in_use)) = record.picture() {
                 let entry = by_class.entry(class).or_insert_with(|| ClassStats {
                     block_bytes: class::class_size(class),
@@ -318,8 +315,7 @@ impl BufferPool {
                 }
             }
         });
-        for (class, count) in self.inner().evictor.evicted_by_class.iter().enumerate() {
-            let evicted = count.get();
+        for (class, evicted) in self.inner().evictor.evicted_by_class() {
             if evicted > 0 {
                 let entry = by_class.entry(class).or_insert_with(|| ClassStats {
                     block_bytes: class::class_size(class),
@@ -347,7 +343,7 @@ impl BufferPool {
     pub fn snapshot(&self) -> Vec<BlockInfo> {
         let _bookkeeping = thread::Bookkeeping::open();
         let mut live = Vec::new();
-        self.inner().memory.blocks.for_each(|record| {
+        self.inner().memory.for_each_record(|record| {
             if let Some(info) = record.live_info() {
                 live.push(info);
             }
@@ -622,7 +618,7 @@ impl BufferPool {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn pools_alive() -> usize {
-        lifetime::alive()
+        close::alive()
     }
 
     /// The size of the class a request of `size` bytes is rounded up to, or `None` if too
@@ -653,7 +649,7 @@ impl Drop for BufferPool {
             return;
         }
         // SAFETY: this was the last handle; `close` is the pool's close, run once.
-        unsafe { lifetime::close(self.inner) };
+        unsafe { close::close(self.inner) };
     }
 }
 

@@ -1,9 +1,9 @@
 //! Retained values: read-only handles to saved tensors that many threads read at once while
 //! a backward pass is replayed.
 
-mod evict;
+mod recompute;
 
-pub use evict::{EvictableTensor, Recompute};
+pub use recompute::{EvictableTensor, Recompute};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -348,7 +348,8 @@ impl RetainedValue {
     /// # Ok::<(), ferropool::Error>(())
     /// ```
     pub fn evict(&self) -> bool {
-        self.evictable_tensor().is_some_and(EvictableTensor::evict)
+        self.evictable_tensor()
+            .is_some_and(|value| value.handle.evict())
     }
 
     /// A read guard: the value stays resident (an evictable value is recomputed first if it

@@ -9,8 +9,11 @@
 
 use crossbeam_utils::CachePadded;
 
-use super::super::PoolError;
 use crate::paged::PagedTable;
+use crate::pool::class;
+use crate::pool::error::PoolError;
+use crate::pool::observe::stats::BlockInfo;
+use crate::pool::observe::tag::MemoryTag;
 use crate::stack::{TaggedStack, NIL};
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -186,18 +189,18 @@ impl Record {
     }
 
     /// What a snapshot reports of a handed-out block.
-    pub(in crate::pool) fn live_info(&self) -> Option<super::super::BlockInfo> {
+    pub(in crate::pool) fn live_info(&self) -> Option<BlockInfo> {
         let holder = self.holder.load(Ordering::Relaxed);
         if holder == 0 || self.addr.load(Ordering::Relaxed).is_null() {
             return None;
         }
         let request = self.request.load(Ordering::Relaxed);
         let class = (request >> 48) as usize;
-        Some(super::super::BlockInfo {
+        Some(BlockInfo {
             requested: (request & ((1 << 48) - 1)) as usize,
-            block_bytes: super::super::class::class_size(class),
+            block_bytes: class::class_size(class),
             thread: holder - 1,
-            tag: super::super::tag::MemoryTag::from_raw(self.tag.load(Ordering::Relaxed)),
+            tag: MemoryTag::from_raw(self.tag.load(Ordering::Relaxed)),
         })
     }
 }

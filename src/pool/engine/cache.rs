@@ -19,15 +19,15 @@
 //!
 //! The counters are the owner's alone (single writer: a load and a store, no read-modify-
 //! write); readers sum them across caches. Closing the pool reads them for the last time once
-//! every owner is out of its operation (see `lifetime`).
+//! every owner is out of its operation (see `close.rs`).
 
 use crossbeam_utils::CachePadded;
 
-use super::super::config::BIN_CLASSES;
-use super::super::counters::{bump, OpCounters, OpTotals};
 use super::blocks::Record;
 use super::lists::LIST_SHARDS;
 use crate::handshake::{Busy, Handshake};
+use crate::pool::config::BIN_CLASSES;
+use crate::pool::observe::counters::{bump, OpCounters, OpTotals, Writers};
 use crate::roster::Roster;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -122,17 +122,17 @@ pub(in crate::pool) struct PoolThreadCache {
     /// Bytes in the bins (same rule as `bins`).
     binned: AtomicU64,
     /// The owner's counts of its operations (written by the owner alone).
-    pub(in crate::pool) counters: OpCounters,
+    counters: OpCounters,
     /// The cache's operation count when the idle policy (`trim_idle`, on any thread) last
     /// looked; written by that policy only.
-    pub(in crate::pool) seen_operations: AtomicU64,
+    seen_operations: AtomicU64,
     /// Consecutive idle rounds (`trim_idle` calls that found `seen_operations` unchanged);
     /// written by the idle policy only.
-    pub(in crate::pool) idle_rounds: AtomicU32,
+    idle_rounds: AtomicU32,
     /// The shard of the shared lists this thread pushes to and pops from first: the cache's
     /// number in the pool modulo the shard count (see `PoolInner::lists`), so threads spread
     /// over the shards in the order they first use the pool. Fixed at creation.
-    pub(in crate::pool) shard: usize,
+    shard: usize,
 }
 
 /// One class's stack of cached blocks.
@@ -191,9 +191,44 @@ impl PoolThreadCache {
         self.handshake.end(busy);
     }
 
-    /// Operations the owner started so far (for the idle policy).
-    pub(in crate::pool) fn operations(&self) -> u64 {
-        self.handshake.operations()
+    /// The shard of the shared lists this thread pushes to and pops from first.
+    #[inline(always)]
+    pub(in crate::pool) fn shard(&self) -> usize {
+        self.shard
+    }
+
+    /// Counts a block handed out by the owner (`hit`: from its bin), inside an operation.
+    #[inline(always)]
+    pub(in crate::pool) fn count_alloc(&self, hit: bool, class_bytes: usize, requested: usize) {
+        self.counters
+            .count_alloc(hit, class_bytes, requested, Writers::Owner);
+    }
+
+    /// Counts a block given back by the owner, inside an operation.
+    #[inline(always)]
+    pub(in crate::pool) fn count_free(&self, class_bytes: usize, requested: usize) {
+        self.counters
+            .count_free(class_bytes, requested, Writers::Owner);
+    }
+
+    /// Counts a block's requested size changed from `old` to `new` bytes by the owner, inside
+    /// an operation.
+    pub(in crate::pool) fn count_resize(&self, old: usize, new: usize) {
+        self.counters.count_resize(old, new, Writers::Owner);
+    }
+
+    /// The idle policy's round (`trim_idle`): the rounds in a row in which the owner made no
+    /// operation, this one included (0 when it made one since the last round).
+    pub(in crate::pool) fn idle_rounds(&self) -> u32 {
+        let operations = self.handshake.operations();
+        let seen = self.seen_operations.swap(operations, Ordering::Relaxed);
+        let idle = if seen == operations {
+            self.idle_rounds.load(Ordering::Relaxed).saturating_add(1)
+        } else {
+            0
+        };
+        self.idle_rounds.store(idle, Ordering::Relaxed);
+        idle
     }
 
     /// Pops a cached block of `class` (owner, inside an operation with bins usable).

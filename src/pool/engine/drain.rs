@@ -4,15 +4,17 @@
 //! A drain claims each thread cache through the owner/drainer handshake (`cache.rs`) and
 //! walks every shard of the shared lists.
 //!
-//! Also here, the cold reads across the pool's parts: the bytes in use now
-//! (`in_use_now`), and where cached memory is for an out-of-memory report.
+//! What the pool reports across its parts (the statistics, the bytes in use now, the
+//! out-of-memory report) is in `report.rs`.
 
-use super::super::{class, OutOfMemory, PoolEventKind};
 use super::blocks::Record;
 use super::cache::PoolThreadCache;
 use super::inner::PoolInner;
 use super::lists::LIST_SHARDS;
-use crate::sync::{asymmetric, Ordering};
+use super::report::CacheSnapshot;
+use crate::pool::class;
+use crate::pool::observe::trace::PoolEventKind;
+use crate::sync::asymmetric;
 
 impl PoolInner {
     /// Releases blocks from the shared lists, largest class first and one at a time, until
@@ -31,7 +33,7 @@ impl PoolInner {
                     if self.memory.has_room(need) {
                         return true;
                     }
-                    match self.lists.pop_from(&self.memory.blocks, shard, class) {
+                    match self.lists.pop_from(self.memory.records(), shard, class) {
                         // SAFETY: popped off its class's list: this thread's alone.
                         Some(record) => unsafe { self.release_block(record, class) },
                         None => break,
@@ -45,7 +47,7 @@ impl PoolInner {
     /// Releases every block on the lists of `class`, every shard's. Returns the bytes
     /// released.
     pub(in crate::pool) fn release_list(&self, class: usize) -> u64 {
-        let blocks = self.lists.take_all(&self.memory.blocks, class, |record| {
+        let blocks = self.lists.take_all(self.memory.records(), class, |record| {
             // SAFETY: taken off its class's list: this thread's alone.
             unsafe { self.release_block(record, class) };
         });
@@ -111,75 +113,6 @@ impl PoolInner {
         picture
     }
 
-    /// Bytes in use and requested now: the exact counters the configuration keeps, else the
-    /// sums of every thread's counts (exact when no other thread is using the pool; see
-    /// [`PoolStats`](super::super::PoolStats) for what it is otherwise).
-    pub(in crate::pool) fn in_use_now(&self) -> (u64, u64) {
-        let (config, live) = (&self.config, &self.books.counters.live);
-        let (mut in_use, mut requested) = if config.exact_peaks && config.exact_requested {
-            (0, 0)
-        } else {
-            let t = self
-                .caches
-                .op_totals(&self.books.cacheless, Ordering::Relaxed);
-            (
-                t.allocated_bytes.saturating_sub(t.freed_bytes),
-                t.allocated_requested.saturating_sub(t.freed_requested),
-            )
-        };
-        if config.exact_peaks {
-            in_use = live.in_use.load(Ordering::Relaxed);
-        }
-        if config.exact_requested {
-            requested = live.requested.load(Ordering::Relaxed);
-        }
-        (in_use, requested)
-    }
-
-    /// Where cached memory is, for an out-of-memory report.
-    pub(in crate::pool) fn cache_snapshot(&self) -> CacheSnapshot {
-        let mut in_threads = 0;
-        self.caches.for_each(|cache| in_threads += cache.binned());
-        let mut largest = 0;
-        self.memory.blocks.for_each(|record| {
-            if let Some((class, false)) = record.picture() {
-                largest = largest.max(class::class_size(class));
-            }
-        });
-        let (in_use, _) = self.in_use_now();
-        let reserved = self.memory.held();
-        CacheSnapshot {
-            in_threads,
-            in_lists: reserved.saturating_sub(in_use).saturating_sub(in_threads),
-            largest,
-        }
-    }
-
-    pub(in crate::pool) fn out_of_memory(
-        &self,
-        requested: usize,
-        block_bytes: usize,
-        released: Option<CacheSnapshot>,
-    ) -> OutOfMemory {
-        let before = released.unwrap_or_else(|| self.cache_snapshot());
-        let (in_use, _) = self.in_use_now();
-        let (reserved, peak_reserved) = self.memory.held_and_peak();
-        OutOfMemory {
-            requested,
-            block_bytes,
-            budget: self.memory.budget(),
-            in_use,
-            cached_in_threads: before.in_threads,
-            cached_in_lists: before.in_lists,
-            reserved,
-            peak_reserved,
-            largest_cached_block: before.largest,
-            evictable_pinned: 0,
-            evictable_unpinned: 0,
-            short_with_every_eviction: 0,
-        }
-    }
-
     pub(in crate::pool) fn trim_idle(&self) -> u64 {
         let round = self.lists.next_round();
         let idle_rounds = u64::from(self.config.idle_rounds);
@@ -193,31 +126,13 @@ impl PoolInner {
         let idle_rounds = self.config.idle_rounds.max(1);
         released += self.drain_caches(
             true,
-            |cache| {
-                let operations = cache.operations();
-                let seen = cache.seen_operations.swap(operations, Ordering::Relaxed);
-                let idle = if seen == operations {
-                    cache.idle_rounds.load(Ordering::Relaxed).saturating_add(1)
-                } else {
-                    0
-                };
-                cache.idle_rounds.store(idle, Ordering::Relaxed);
-                idle >= idle_rounds
-            },
+            |cache| cache.idle_rounds() >= idle_rounds,
             // SAFETY: taken out of a claimed cache's bin: this thread's alone.
             |class, record| unsafe { self.release_block(record.index, class) },
         );
         self.books.trace(PoolEventKind::Trim, released, 0);
         released
     }
-}
-
-/// Where cached memory was before a release.
-#[derive(Clone, Copy)]
-pub(in crate::pool) struct CacheSnapshot {
-    pub(in crate::pool) in_threads: u64,
-    pub(in crate::pool) in_lists: u64,
-    pub(in crate::pool) largest: usize,
 }
 
 #[cfg(all(test, not(loom)))]

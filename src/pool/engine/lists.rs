@@ -5,8 +5,8 @@
 
 use crossbeam_utils::CachePadded;
 
-use super::super::class;
 use super::blocks::{BlockTable, Record};
+use crate::pool::class;
 use crate::stack::{TaggedStack, NIL};
 use crate::sync::{AtomicU64, Ordering};
 

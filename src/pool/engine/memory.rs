@@ -9,10 +9,14 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
-use super::super::counters::raise;
-use super::super::pages::{PageLayer, Room, PAGE, PAGED_MIN_BLOCK};
-use super::super::{advise, PoolConfig, PoolError};
+use super::advise;
 use super::blocks::{BlockTable, Record};
+use crate::pool::config::PoolConfig;
+use crate::pool::error::PoolError;
+use crate::pool::observe::counters::raise;
+use crate::pool::observe::stats::PoolStats;
+use crate::pool::pages::os::PAGE;
+use crate::pool::pages::{Beside, PageLayer, Room, PAGED_MIN_BLOCK};
 use crate::sync::{global, system, AtomicU64, Ordering};
 
 /// What the configuration says of a block's memory: where it comes from and its advice.
@@ -54,10 +58,10 @@ pub(in crate::pool) struct Memory {
     system_frees: AtomicU64,
     shape: BlockShape,
     /// One record per block the pool holds (and spare ones for blocks gone back).
-    pub(in crate::pool) blocks: BlockTable,
+    blocks: BlockTable,
     /// The pages under the class lists: every block of `pages::PAGED_MIN_BLOCK` bytes or more
     /// comes from here when `os_pages` is on.
-    pub(in crate::pool) pages: PageLayer,
+    pages: PageLayer,
 }
 
 impl Memory {
@@ -341,6 +345,62 @@ impl Memory {
         raise(&self.peak_reserved, self.held.load(Ordering::Relaxed));
         let committed = self.reserved.load(Ordering::Relaxed) + self.pages.dirty_bytes();
         self.pages.reset_peak(committed);
+    }
+
+    /// The block records, which the shared lists link.
+    #[inline(always)]
+    pub(in crate::pool) fn records(&self) -> &BlockTable {
+        &self.blocks
+    }
+
+    /// The record of index `record`.
+    #[inline(always)]
+    pub(in crate::pool) fn record(&self, record: u32) -> &Record {
+        self.blocks.record(record)
+    }
+
+    /// Calls `f` with every block record (a scan, for the reports).
+    pub(in crate::pool) fn for_each_record(&self, f: impl FnMut(&Record)) {
+        self.blocks.for_each(f);
+    }
+
+    /// The page layer's free bytes that may be resident now.
+    pub(in crate::pool) fn dirty_bytes(&self) -> u64 {
+        self.pages.dirty_bytes()
+    }
+
+    /// Purges every dirty free page and unmaps every segment nothing of which is held.
+    pub(in crate::pool) fn trim_pages(&self) {
+        self.pages.trim();
+    }
+
+    /// The page layer's clock: purges the free ranges that have been dirty too long.
+    pub(in crate::pool) fn tick_pages(&self) {
+        self.pages.tick();
+    }
+
+    /// Fills in the page layer's figures of `stats`, whose `reserved_bytes` and
+    /// `peak_reserved_bytes` are read already: the committed bytes and their peak (raised
+    /// to them), the bytes mapped, the system calls and the bytes returned.
+    pub(in crate::pool) fn page_stats(&self, stats: &mut PoolStats) {
+        let pages = &self.pages;
+        stats.dirty_bytes = pages.dirty_bytes();
+        stats.committed_bytes = stats.reserved_bytes + stats.dirty_bytes;
+        pages.raise_committed(stats.committed_bytes);
+        stats.peak_committed_bytes = pages.peak_committed().max(stats.peak_reserved_bytes);
+        stats.mapped_bytes = pages.mapped_bytes();
+        stats.os_calls = pages.os_calls();
+        stats.purged_bytes = pages.purged_bytes();
+    }
+
+    /// Whether a free range of the page layer holds `bytes` of resident pages in a run.
+    pub(in crate::pool) fn has_dirty_run(&self, bytes: usize) -> bool {
+        self.pages.has_dirty_run(bytes)
+    }
+
+    /// Fills in the free bytes of the page layer beside each of `blocks`.
+    pub(in crate::pool) fn free_beside(&self, blocks: &mut [Beside]) {
+        self.pages.free_beside(blocks);
     }
 
     /// The blocks obtained from and released to the system so far.

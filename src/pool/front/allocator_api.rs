@@ -6,8 +6,8 @@ use std::ptr::NonNull;
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
-use super::super::BufferPool;
 use super::raw::{self, MAX_ALIGN};
+use crate::pool::BufferPool;
 
 /// Allocates blocks for collections from the pool: blocks are raw pool blocks whose header
 /// says where they belong, so `deallocate` finds the block from the pointer in O(1) without a

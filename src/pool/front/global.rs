@@ -9,8 +9,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::mem::ManuallyDrop;
 use std::ptr::{self, NonNull};
 
-use super::super::{BufferPool, PoolConfig, PoolError};
 use super::raw::{self, Origin, MAX_ALIGN};
+use crate::pool::config::PoolConfig;
+use crate::pool::error::PoolError;
+use crate::pool::BufferPool;
 
 #[cfg(not(loom))]
 static GLOBAL: std::sync::OnceLock<BufferPool> = std::sync::OnceLock::new();

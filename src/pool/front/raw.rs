@@ -14,10 +14,11 @@ use std::alloc::Layout;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
-use super::super::blocks::Record;
-use super::super::buffer::PoolBuffer;
-use super::super::inner::PoolInner;
-use super::super::PoolError;
+use crate::pool::class;
+use crate::pool::engine::blocks::Record;
+use crate::pool::engine::buffer::PoolBuffer;
+use crate::pool::engine::inner::PoolInner;
+use crate::pool::error::PoolError;
 
 /// What a raw block's header records: where the block came from, and what giving it back
 /// needs.
@@ -217,7 +218,7 @@ pub(in crate::pool) fn alloc_raw(
         .checked_add(overhead(layout))
         .ok_or(PoolError::TooLarge {
             requested: layout.size(),
-            max: super::super::class::MAX_SIZE,
+            max: class::MAX_SIZE,
         })?;
     let mut buffer = PoolInner::alloc(this, total, zeroed, evict)?;
     let colour = colour(&buffer, total, layout.align());

@@ -3,10 +3,8 @@
 
 use std::fmt;
 
-use super::super::inner::PoolInner;
-use super::counters::raise;
 use super::tag::MemoryTag;
-use crate::sync::Ordering;
+use crate::pool::human_bytes::HumanBytes;
 
 /// A snapshot of a pool's counters, in the spirit of `torch.cuda.memory_stats()`: current and
 /// peak bytes and blocks, totals since the pool was made, and what the pool did to get them.
@@ -259,62 +257,6 @@ impl fmt::Display for PoolStats {
     }
 }
 
-/// A byte count that displays in binary units with two decimals ("1.50 MiB"; `B` below
-/// 1 KiB), padded to the formatter's width.
-///
-/// The unit is chosen with integers (the highest set bit), never with a logarithm: the
-/// `bytesize` crate, used here before, picks it with `ln` and `powi`, whose results Miri
-/// perturbs on purpose, so that under Miri exactly 1 MiB sometimes read "1024.00 KiB".
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct HumanBytes(pub(crate) u64);
-
-impl fmt::Display for HumanBytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use fmt::Write;
-        let bytes = self.0;
-        let mut text = StackText::default();
-        if bytes < 1024 {
-            write!(text, "{bytes} B")?;
-        } else {
-            // 1024^exponent <= bytes < 1024^(exponent + 1), exponent in 1..=6.
-            let exponent = bytes.ilog2() / 10;
-            let prefix = char::from(b"KMGTPE"[exponent as usize - 1]);
-            // The quotient of two floats is correctly rounded (no perturbation under Miri).
-            let value = bytes as f64 / (1u64 << (10 * exponent)) as f64;
-            write!(text, "{value:.2} {prefix}iB")?;
-        }
-        f.pad(text.as_str()?)
-    }
-}
-
-/// A short text written on the stack, so that formatting a byte count allocates nothing: a
-/// pool's messages may be written while it is the global allocator and short of budget.
-/// The longest [`HumanBytes`] text is 11 bytes ("1024.00 PiB"); a longer write fails.
-#[derive(Default)]
-struct StackText {
-    bytes: [u8; 16],
-    len: usize,
-}
-
-impl StackText {
-    fn as_str(&self) -> Result<&str, fmt::Error> {
-        std::str::from_utf8(&self.bytes[..self.len]).map_err(|_| fmt::Error)
-    }
-}
-
-impl fmt::Write for StackText {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self
-            .len
-            .checked_add(s.len())
-            .filter(|&end| end <= self.bytes.len())
-            .ok_or(fmt::Error)?;
-        self.bytes[self.len..end].copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
-
 /// The blocks of one size class, as
 /// [`BufferPool::class_stats`](super::super::BufferPool::class_stats) reports them.
 ///
@@ -366,97 +308,4 @@ pub struct BlockInfo {
     pub thread: u32,
     /// The tag current on that thread when it allocated the block.
     pub tag: Option<MemoryTag>,
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bytes_display_in_binary_units() {
-        assert_eq!(HumanBytes(0).to_string(), "0 B");
-        assert_eq!(HumanBytes(1023).to_string(), "1023 B");
-        assert_eq!(HumanBytes(1024).to_string(), "1.00 KiB");
-        assert_eq!(HumanBytes(3 << 19).to_string(), "1.50 MiB");
-        assert_eq!(HumanBytes(1 << 40).to_string(), "1.00 TiB");
-        assert_eq!(HumanBytes(u64::MAX).to_string(), "16.00 EiB");
-        assert_eq!(HumanBytes((1 << 20) - 1).to_string(), "1024.00 KiB");
-        assert_eq!(HumanBytes(1 << 20).to_string(), "1.00 MiB");
-        assert_eq!(HumanBytes(600 << 10).to_string(), "600.00 KiB");
-        assert_eq!(HumanBytes((1 << 60) - 1).to_string(), "1024.00 PiB");
-        assert_eq!(HumanBytes(1 << 60).to_string(), "1.00 EiB");
-        assert_eq!(format!("{:>8}", HumanBytes(1024)), "1.00 KiB");
-    }
-}
-
-impl PoolStats {
-    /// The statistics of `pool` now (see [`PoolStats`] for what each figure is, and how
-    /// exact).
-    pub(in crate::pool) fn read(pool: &PoolInner) -> PoolStats {
-        let mut s = PoolStats::default();
-        let t = pool
-            .caches
-            .op_totals(&pool.books.cacheless, Ordering::Relaxed);
-        s.frees = t.frees;
-        s.freed_bytes_total = t.freed_bytes;
-        s.cache_hits = t.hits;
-        s.cache_misses = t.misses;
-        s.allocations = t.allocations();
-        s.allocated_bytes_total = t.allocated_bytes;
-        let (allocated_requested, freed_requested) = (t.allocated_requested, t.freed_requested);
-        pool.caches
-            .for_each(|cache| s.cached_in_threads_bytes += cache.binned());
-        let (c, memory) = (&pool.books.counters, &pool.memory);
-        // An exact counter is one load: the figure at one instant, and its peak is raised
-        // with it, so no later read reports a peak below a figure reported before. Sums of
-        // counters read one after another are never fed into a peak.
-        let live = &c.live;
-        if pool.config.exact_peaks {
-            s.in_use_bytes = live.in_use.load(Ordering::Relaxed);
-            s.peak_in_use_bytes = raise(&live.peak_in_use, s.in_use_bytes);
-        } else {
-            s.in_use_bytes = s.allocated_bytes_total.saturating_sub(s.freed_bytes_total);
-        }
-        if pool.config.exact_requested {
-            s.requested_bytes = live.requested.load(Ordering::Relaxed);
-            s.peak_requested_bytes = raise(&live.peak_requested, s.requested_bytes);
-        } else {
-            s.requested_bytes = allocated_requested.saturating_sub(freed_requested);
-        }
-        // Reserved after in use: a block in use was reserved before it was counted, so a
-        // later look at `reserved` holds it unless it was freed and trimmed meanwhile; a few
-        // looks make that race rare (a read that still loses it reports no cached bytes).
-        let mut looks = 0;
-        loop {
-            (s.reserved_bytes, s.peak_reserved_bytes) = memory.held_and_peak();
-            looks += 1;
-            if s.reserved_bytes >= s.in_use_bytes || looks == 4 {
-                break;
-            }
-        }
-        s.in_use_blocks = s.allocations.saturating_sub(s.frees);
-        s.cached_bytes = s.reserved_bytes.saturating_sub(s.in_use_bytes);
-        s.cached_in_threads_bytes = s.cached_in_threads_bytes.min(s.cached_bytes);
-        s.cached_in_lists_bytes = s.cached_bytes - s.cached_in_threads_bytes;
-        (s.system_allocations, s.system_frees) = memory.system_calls();
-        s.alloc_retries = c.retries.load(Ordering::Relaxed);
-        s.budget_failures = c.budget_failures.load(Ordering::Relaxed);
-        s.trims = c.trims.load(Ordering::Relaxed);
-        let e = &pool.evictor;
-        s.evictions = e.evictions.load(Ordering::Relaxed);
-        s.evicted_bytes = e.evicted_bytes.load(Ordering::Relaxed);
-        s.window_evictions = e.window_evictions.get();
-        s.recomputations = e.recomputations.load(Ordering::Relaxed);
-        s.recomputed_bytes = e.recomputed_bytes.load(Ordering::Relaxed);
-        s.recompute_ns = e.recompute_ns.load(Ordering::Relaxed);
-        let pages = &memory.pages;
-        s.dirty_bytes = pages.dirty_bytes();
-        s.committed_bytes = s.reserved_bytes + s.dirty_bytes;
-        pages.raise_committed(s.committed_bytes);
-        s.peak_committed_bytes = pages.peak_committed().max(s.peak_reserved_bytes);
-        s.mapped_bytes = pages.mapped_bytes();
-        s.os_calls = pages.os_calls();
-        s.purged_bytes = pages.purged_bytes();
-        s
-    }
 }

@@ -2,10 +2,10 @@
 //! huge-page advice from it.
 //!
 //! On Linux: anonymous private `mmap`, `munmap`, `madvise(MADV_DONTNEED)`, after which the
-//! pages are no longer resident and read as zeros, and `madvise(MADV_NOHUGEPAGE)`. Elsewhere, under Miri and under loom:
-//! segments from the system allocator (zeroed; loom tracks them, so a model that strands one
-//! fails), and a purge writes zeros, which keeps the contract (a purged page reads as zeros)
-//! without returning memory.
+//! pages are no longer resident and read as zeros, and `madvise(MADV_NOHUGEPAGE)`. Elsewhere,
+//! under Miri and under loom: segments from the system allocator (zeroed; loom tracks them,
+//! so a model that strands one fails), and a purge writes zeros, which keeps the contract (a
+//! purged page reads as zeros) without returning memory.
 
 /// The page size the layer works in: every segment, range and block is a multiple of it.
 pub(crate) const PAGE: usize = 4096;

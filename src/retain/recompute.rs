@@ -3,12 +3,12 @@
 //! Rematerialization's model: online, greedy, recompute on access).
 //!
 //! The pool keeps the policy and each value's state, reached through one handle per value
-//! (`crate::pool::EvictionHandle`: pin, claim, fill, abandon, evict, read); this module
-//! keeps what a value is recomputed from ([`Recompute`]), the reads, and the recompute
-//! itself. A read of an evicted value recomputes its evicted inputs first, deepest first,
-//! with an explicit stack (no recursion, whatever the depth of the chain), each under the
-//! same budget: a recompute's own allocations may evict other values, never one that a read
-//! or a recompute in progress pins.
+//! (`EvictionHandle`, in `pool/front/evictable.rs`: pin, claim, fill, abandon, evict, read);
+//! this module keeps what a value is recomputed from ([`Recompute`]), the reads, and the
+//! recompute itself. A read of an evicted value recomputes its evicted inputs first, deepest
+//! first, with an explicit stack (no recursion, whatever the depth of the chain), each under
+//! the same budget: a recompute's own allocations may evict other values, never one that a
+//! read or a recompute in progress pins.
 
 use std::any::Any;
 use std::fmt;
@@ -17,7 +17,9 @@ use std::time::Instant;
 
 use super::{RetainedValue, RetentionContainer};
 use crate::error::{Error, ErrorPhase, Result};
-use crate::pool::{BufferPool, EvictionHandle, NotPinned};
+use crate::pool::eviction::value::NotPinned;
+use crate::pool::front::evictable::EvictionHandle;
+use crate::pool::BufferPool;
 use crate::sync::Arc;
 use crate::tensor::bytes::pooled_bytes;
 use crate::tensor::{DType, Layout, Tensor, TensorRead};
@@ -113,7 +115,7 @@ impl Recompute {
 pub struct EvictableTensor {
     /// The value as its pool's eviction sees it, and the pool its blocks come from (kept open
     /// while the value lives, so that a recompute always has somewhere to go).
-    core: EvictionHandle,
+    pub(super) handle: EvictionHandle,
     dtype: DType,
     /// The layout of every block the value has (compact).
     layout: Layout,
@@ -125,7 +127,7 @@ impl fmt::Debug for EvictableTensor {
         f.debug_struct("EvictableTensor")
             .field("dtype", &self.dtype)
             .field("shape", &self.layout.shape())
-            .field("core", &self.core)
+            .field("handle", &self.handle)
             .field("recompute", &self.recompute)
             .finish_non_exhaustive()
     }
@@ -138,7 +140,7 @@ impl Drop for EvictableTensor {
     /// the first panic is resumed at the end, when the thread is not unwinding already.
     fn drop(&mut self) {
         // First: no eviction looks at the value while its chain is taken apart.
-        self.core.unregister();
+        self.handle.unregister();
         let mut first_panic = None;
         // A chain of evictable values owns its inputs through the recomputes: take it apart
         // one link at a time here, or dropping a long chain's last handle would recurse once
@@ -234,11 +236,11 @@ impl EvictableTensor {
             .inputs
             .iter()
             .filter_map(|input| input.evictable_tensor())
-            .map(|input| &input.core);
+            .map(|input| &input.handle);
         let cost = recompute.cost.unwrap_or(buffer.capacity() as u64);
-        let core = EvictionHandle::register(pool, buffer, cost, parents);
+        let handle = EvictionHandle::register(pool, buffer, cost, parents);
         Ok(Self {
-            core,
+            handle,
             dtype,
             layout,
             recompute,
@@ -248,17 +250,17 @@ impl EvictableTensor {
     /// Whether the value's bytes are in a block now (a snapshot: the pool may evict it, or a
     /// reader recompute it, at any moment).
     pub fn is_resident(&self) -> bool {
-        self.core.is_resident()
+        self.handle.is_resident()
     }
 
     /// The bytes of the value's block (its size class).
     pub fn bytes(&self) -> u64 {
-        self.core.bytes()
+        self.handle.bytes()
     }
 
     /// The pool the value's blocks come from.
     pub fn pool(&self) -> &BufferPool {
-        self.core.pool()
+        self.handle.pool()
     }
 
     /// How the value is recomputed.
@@ -267,12 +269,8 @@ impl EvictableTensor {
     }
 
     /// Evicts the value now if it is resident and no read pins it; whether it did.
-    pub(super) fn evict(&self) -> bool {
-        self.core.evict()
-    }
-
     pub(super) fn unpin(&self) {
-        self.core.unpin();
+        self.handle.unpin();
     }
 
     /// A read of the value's block.
@@ -282,14 +280,14 @@ impl EvictableTensor {
     /// The caller holds a pin (from [`pin`](Self::pin)) while it uses the read.
     pub(super) unsafe fn read_pinned(&self) -> TensorRead<'_> {
         // SAFETY: the caller's pin.
-        let buffer = unsafe { self.core.pinned_buffer() };
+        let buffer = unsafe { self.handle.pinned_buffer() };
         TensorRead::pooled(pooled_bytes(buffer), self.dtype, &self.layout)
     }
 
     /// Pins the value resident (one more reader, which the caller gives back with
     /// [`unpin`](Self::unpin)), recomputing it and its evicted inputs first if it was evicted.
     pub(super) fn pin(&self) -> Result<()> {
-        match self.core.pin() {
+        match self.handle.pin() {
             Ok(()) => return Ok(()),
             Err(NotPinned::RecomputingHere) => return Err(reentered()),
             Err(NotPinned::Evicted) => {}
@@ -312,7 +310,7 @@ impl EvictableTensor {
             let value = stack[top].value;
             // Each value is pinned and filled on its own pool's clock (inputs may come from
             // other pools).
-            match value.core.pin() {
+            match value.handle.pin() {
                 Ok(()) => {
                     // Resident: done with this frame (another thread recomputed it, or it
                     // was never evicted).
@@ -330,7 +328,7 @@ impl EvictableTensor {
                     stack[top].next += 1; // always readable
                     continue;
                 };
-                match input.core.pin() {
+                match input.handle.pin() {
                     Ok(()) => {
                         stack[top].pins.push(input);
                         stack[top].next += 1;
@@ -342,19 +340,19 @@ impl EvictableTensor {
                     }
                 }
             }
-            if !value.core.claim() {
+            if !value.handle.claim() {
                 continue; // another thread recomputes it, or did: pin it (or wait) above
             }
             match value.run() {
                 Ok(buffer) => {
                     // Resident and pinned once, for this frame's parent (or the caller).
-                    value.core.fill(buffer);
+                    value.handle.fill(buffer);
                     if Frame::finish(stack) {
                         return Ok(());
                     }
                 }
                 Err(error) => {
-                    value.core.abandon();
+                    value.handle.abandon();
                     return Err(error);
                 }
             }
@@ -376,7 +374,7 @@ impl EvictableTensor {
                 None => input.tensor_read(),
             })
             .collect::<Result<Vec<_>>>()?;
-        let span = self.core.pool().trace_span("recompute");
+        let span = self.handle.pool().trace_span("recompute");
         let started = Instant::now();
         // The caller's code runs in here, the drop of what it returned included (a refused
         // external payload's `Drop` may panic): a panic must not escape the claimed recompute.
@@ -402,7 +400,7 @@ impl EvictableTensor {
                 ));
             }
         };
-        self.core.count_recompute(buffer.capacity() as u64, ns);
+        self.handle.count_recompute(buffer.capacity() as u64, ns);
         Ok(buffer)
     }
 
@@ -427,7 +425,7 @@ impl EvictableTensor {
         if dtype != self.dtype || layout.shape() != self.layout.shape() {
             return Err(mismatch(dtype, layout.shape()));
         }
-        if buffer.pool_id() != self.core.pool().id() {
+        if buffer.pool_id() != self.handle.pool().id() {
             return Err(Error::runtime_state(
                 READ,
                 ErrorPhase::Execution,

@@ -1,41 +1,153 @@
-//! Evictable blocks: buffers whose owner lets the pool take them back when its budget refuses
-//! a request, and which the owner rebuilds when it next needs them (see
+//! The registry of a pool's evictable values ([`Evictor`], a field of `PoolInner`, its fields
+//! private), the policy that chooses among them, and its scoring. Evictable blocks are
+//! buffers whose owner lets the pool take them back when its budget refuses a request, and
+//! which the owner rebuilds when it next needs them (see
 //! [`RetainedValue::evictable`](crate::RetainedValue::evictable), which builds on this).
 //!
-//! The pool keeps a registry of them. When an allocation through a handle
-//! ([`BufferPool::alloc`](super::super::BufferPool::alloc) and friends, never the global
-//! allocator's front end) is refused by the budget, the allocation entry in `engine/inner.rs` calls
-//! this file's one hook, `make_room`, and retries. `make_room` first takes Coop's step for a
+//! When an allocation through a handle
+//! ([`BufferPool::alloc`](crate::pool::BufferPool::alloc) and friends, never the global
+//! allocator's front end) is refused by the budget, the allocation entry in `engine/alloc.rs`
+//! calls this file's one hook, `make_room`, and retries. `make_room` first takes Coop's step for a
 //! request of 256 KiB or more (which the page layer serves): it evicts the cheapest *window*, a run
 //! of values whose blocks, with the free pages beside and between them, make one free range the
 //! request fits in, so that it takes those pages rather than new ones (see `evict_window` for when
 //! it does not). Then, until the budget has room, it evicts one value at a time, the one with the
 //! lowest score among those no reader pins: first among the values whose block is of the class the
 //! request needs (the freed block serves it directly, so what the pool reserves stays what is
-//! live), then among all. The score is Dynamic Tensor Rematerialization's: the cost of recomputing
-//! the value, evicted inputs included, over its bytes times its staleness (pool clock ticks since
-//! its last pin).
+//! live), then among all. The score is the policy's behind the seam of `score.rs` (the pool's:
+//! Dynamic Tensor Rematerialization's, the cost of recomputing the value, evicted inputs
+//! included, over its bytes times its staleness, pool clock ticks since its last pin); the
+//! cost with the evicted inputs is here (`cost_now`).
 //!
 //! Each value's state is a small lock (`Mutex` and `Condvar`), taken by readers, the
 //! recomputing thread and the evicting thread, never while allocating or running user code,
 //! so no lock is held across a recursive request. The allocation fast path is untouched:
 //! eviction starts only once the budget has refused a request.
 
-use super::super::inner::PoolInner;
-use super::super::pages::Beside;
-use super::super::{OutOfMemory, PoolBuffer, PoolError, PoolEventKind};
-use super::value::{Evictable, Evictor, Held, Residence};
-use crate::sync::{Arc, Ordering};
+use std::fmt;
+
+use super::score;
+use super::value::{Clock, Evictable, Residence, ValueBlock};
+use super::window::lightest_window;
+use crate::pool::class;
+use crate::pool::error::{OutOfMemory, PoolError};
+use crate::pool::observe::stats::PoolStats;
+use crate::pool::pages::Beside;
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, Tally};
 use crate::thread;
 
-impl Evictor {
+/// What the eviction asks of the pool it serves (`PoolInner` answers, in `engine/inner.rs`):
+/// the registry is a part of the pool's state, so it names the pool through this contract.
+pub(in crate::pool) trait PoolView {
+    /// Records an eviction of a block of `bytes` and `class` in the trace.
+    fn trace_eviction(&self, bytes: u64, class: usize);
+    /// Whether a freed block of `bytes` goes straight back to the page layer.
+    fn merges_on_free(&self, bytes: usize) -> bool;
+    /// Whether a block of `class`, freed by any thread, goes straight back to the page layer.
+    fn freed_to_pages(&self, class: usize) -> bool;
+    /// Whether a free range of the page layer holds `bytes` of resident pages in a run.
+    fn has_dirty_run(&self, bytes: usize) -> bool;
+    /// Fills in the free bytes beside each of `blocks` (the page layer's look).
+    fn free_beside(&self, blocks: &mut [Beside]);
+    /// The bytes in use now.
+    fn bytes_in_use(&self) -> u64;
+}
+
+/// The registry of a pool's evictable values, and what eviction counts.
+pub(in crate::pool) struct Evictor<B> {
+    registry: Mutex<Registry<B>>,
+    /// Values registered now (read without the lock to skip eviction when there are none).
+    registered: AtomicUsize,
+    /// The clock of staleness: one tick per pin.
+    clock: Clock,
+    evictions: AtomicU64,
+    evicted_bytes: AtomicU64,
+    /// Evictions by the class of the block given back (one count per class).
+    evicted_by_class: Box<[Tally]>,
+    /// Values the window step evicted (they count in `evictions` too).
+    window_evictions: Tally,
+    recomputations: AtomicU64,
+    recomputed_bytes: AtomicU64,
+    recompute_ns: AtomicU64,
+}
+
+/// The registered values by slot; vacant slots are reused.
+struct Registry<B> {
+    slots: Vec<Option<Arc<Evictable<B>>>>,
+    vacant: Vec<usize>,
+}
+
+impl<B> Default for Registry<B> {
+    fn default() -> Self {
+        Self {
+            slots: Vec::new(),
+            vacant: Vec::new(),
+        }
+    }
+}
+
+impl<B> fmt::Debug for Evictor<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Evictor")
+            .field("registered", &self.registered.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Evictor<B> {
+    pub(in crate::pool) fn new() -> Self {
+        Self {
+            registry: Mutex::new(Registry::default()),
+            registered: AtomicUsize::new(0),
+            clock: Clock::new(),
+            evictions: AtomicU64::new(0),
+            evicted_bytes: AtomicU64::new(0),
+            evicted_by_class: (0..class::CLASSES).map(|_| Tally::new(0)).collect(),
+            window_evictions: Tally::new(0),
+            recomputations: AtomicU64::new(0),
+            recomputed_bytes: AtomicU64::new(0),
+            recompute_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry<B>> {
+        // Nothing panics while the registry is locked but a failed allocation of its
+        // tables, which leaves it as it was.
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The clock of staleness, which a pin or a fill of a value ticks.
+    pub(in crate::pool) fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Evictions by the class of the block given back, for `BufferPool::class_stats`.
+    pub(in crate::pool) fn evicted_by_class(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.evicted_by_class
+            .iter()
+            .enumerate()
+            .map(|(class, count)| (class, count.get()))
+    }
+
+    /// Fills in the eviction's figures of `stats`.
+    pub(in crate::pool) fn stats(&self, stats: &mut PoolStats) {
+        stats.evictions = self.evictions.load(Ordering::Relaxed);
+        stats.evicted_bytes = self.evicted_bytes.load(Ordering::Relaxed);
+        stats.window_evictions = self.window_evictions.get();
+        stats.recomputations = self.recomputations.load(Ordering::Relaxed);
+        stats.recomputed_bytes = self.recomputed_bytes.load(Ordering::Relaxed);
+        stats.recompute_ns = self.recompute_ns.load(Ordering::Relaxed);
+    }
+}
+
+impl<B: ValueBlock> Evictor<B> {
     /// Registers a resident value of `buffer`'s block, recomputed at `cost` from `parents`.
-    pub(in crate::pool) fn register_evictable(
+    pub(in crate::pool) fn register(
         &self,
-        buffer: PoolBuffer,
+        buffer: B,
         cost: u64,
-        parents: Box<[Arc<Evictable>]>,
-    ) -> Arc<Evictable> {
+        parents: Box<[Arc<Evictable<B>>]>,
+    ) -> Arc<Evictable<B>> {
         // The registry's own tables are bookkeeping: never from this pool (or any pool
         // behind the global allocator).
         let _scope = thread::Bookkeeping::open();
@@ -47,7 +159,13 @@ impl Evictor {
                 registry.slots.len() - 1
             }
         };
-        let value = Arc::new(Evictable::new(slot, buffer, cost, parents, self.tick()));
+        let value = Arc::new(Evictable::new(
+            slot,
+            buffer,
+            cost,
+            parents,
+            self.clock.tick(),
+        ));
         registry.slots[slot] = Some(Arc::clone(&value));
         self.registered.fetch_add(1, Ordering::Relaxed);
         value
@@ -55,7 +173,7 @@ impl Evictor {
 
     /// Takes a value out of the registry (its owner is dropping it); its block goes back to
     /// the pool when the last reference drops.
-    pub(in crate::pool) fn unregister_evictable(&self, value: &Evictable) {
+    pub(in crate::pool) fn unregister(&self, value: &Evictable<B>) {
         let entry = {
             let _scope = thread::Bookkeeping::open();
             let mut registry = self.lock();
@@ -63,7 +181,7 @@ impl Evictor {
             // slots are reused).
             let entry = registry
                 .slots
-                .get_mut(value.slot)
+                .get_mut(value.slot())
                 .filter(|entry| {
                     entry
                         .as_deref()
@@ -71,7 +189,7 @@ impl Evictor {
                 })
                 .and_then(Option::take);
             if entry.is_some() {
-                registry.vacant.push(value.slot);
+                registry.vacant.push(value.slot());
                 self.registered.fetch_sub(1, Ordering::Relaxed);
             }
             entry
@@ -79,25 +197,26 @@ impl Evictor {
         drop(entry); // outside the lock: it may be the last reference, and free the block
     }
 
-    /// Evicts the value of `value` now if it is resident and unpinned; whether it did.
-    pub(in crate::pool) fn evict_now(&self, pool: &PoolInner, value: &Evictable) -> bool {
+    /// Evicts `value` now if it is resident and unpinned (a user's call, through its
+    /// handle); whether it did.
+    pub(in crate::pool) fn evict(&self, pool: &impl PoolView, value: &Evictable<B>) -> bool {
         let taken = value.take(&mut value.lock());
         self.evicted(pool, taken)
     }
 
     /// Counts an eviction and gives its block back (no lock held).
-    fn evicted(&self, pool: &PoolInner, taken: Option<PoolBuffer>) -> bool {
+    fn evicted(&self, pool: &impl PoolView, taken: Option<B>) -> bool {
         let Some(buffer) = taken else {
             return false;
         };
-        let (bytes, class) = (buffer.capacity() as u64, buffer.class());
+        let (bytes, class) = (buffer.bytes(), buffer.class());
         drop(buffer);
         self.evictions.fetch_add(1, Ordering::Relaxed);
         self.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
         if let Some(count) = self.evicted_by_class.get(class) {
             count.add(1);
         }
-        pool.books.trace(PoolEventKind::Evict, bytes, class);
+        pool.trace_eviction(bytes, class);
         true
     }
 
@@ -112,7 +231,7 @@ impl Evictor {
     /// `class`; the bytes and class of the block given back, or `None` if no value could be
     /// evicted. The look waits for each value's lock; a value that a reader pins between the
     /// choice and the take makes it look again, a bounded number of times.
-    fn evict_one(&self, pool: &PoolInner, class: usize) -> Option<(u64, usize)> {
+    fn evict_one(&self, pool: &impl PoolView, class: usize) -> Option<(u64, usize)> {
         const LOOKS: usize = 64;
         for _ in 0..LOOKS {
             match self.try_evict_one(pool, class) {
@@ -125,13 +244,13 @@ impl Evictor {
     }
 
     /// One look at the registry for [`evict_one`](Self::evict_one).
-    fn try_evict_one(&self, pool: &PoolInner, class: usize) -> Looked {
+    fn try_evict_one(&self, pool: &impl PoolView, class: usize) -> Looked {
         let buffer = {
             let registry = self.lock();
-            let now = self.clock.load(Ordering::Relaxed);
+            let now = self.clock.now();
             // (score, same class, value): the lowest score among the values of `class`, or
             // among all if none of `class` can go.
-            let mut best: Option<(f64, bool, &Arc<Evictable>)> = None;
+            let mut best: Option<(f64, bool, &Arc<Evictable<B>>)> = None;
             for value in registry.slots.iter().flatten() {
                 // Waits for the value's lock: it is held only for a few instructions (a pin,
                 // an unpin, a query, the start or end of a recompute; never across user code
@@ -145,8 +264,8 @@ impl Evictor {
                     continue;
                 }
                 drop(state);
-                let (cost, stale) = value.cost_and_staleness(now);
-                let score = cost / (value.bytes() as f64 * stale);
+                let (cost, stale) = cost_and_staleness(value, now);
+                let score = score::score(cost, value.bytes() as f64, stale);
                 let same = value.class() == class;
                 let better = match best {
                     None => true,
@@ -166,7 +285,7 @@ impl Evictor {
             };
             buffer
         };
-        let freed = (buffer.capacity() as u64, buffer.class());
+        let freed = (buffer.bytes(), buffer.class());
         self.evicted(pool, Some(buffer));
         Looked::Evicted(freed)
     }
@@ -189,15 +308,15 @@ impl Evictor {
     /// same-class step), when a free range already holds `need` resident pages in a run,
     /// or when no window exists; nor when a window's value was pinned, evicted or moved
     /// since the look: the window is taken whole or not at all. Returns the bytes evicted.
-    fn evict_window(&self, pool: &PoolInner, class: usize, need: usize, short: u64) -> u64 {
-        if short == 0 || !pool.merges_on_free(need) || pool.memory.pages.has_dirty_run(need) {
+    fn evict_window(&self, pool: &impl PoolView, class: usize, need: usize, short: u64) -> u64 {
+        if short == 0 || !pool.merges_on_free(need) || pool.has_dirty_run(need) {
             return 0;
         }
         let cap = u64::try_from(need).unwrap_or(u64::MAX).max(short);
         let registry = self.lock();
-        let now = self.clock.load(Ordering::Relaxed);
+        let now = self.clock.now();
         // (block, weight, value) of each value the window may take, by address.
-        let mut found: Vec<(Beside, f64, &Arc<Evictable>)> = Vec::new();
+        let mut found: Vec<(Beside, f64, &Arc<Evictable<B>>)> = Vec::new();
         for value in registry.slots.iter().flatten() {
             let state = value.lock();
             let Some(start) = value.block_start(&state).filter(|_| state.readers == 0) else {
@@ -211,17 +330,17 @@ impl Evictor {
             if !pool.freed_to_pages(value_class) {
                 continue;
             }
-            let (cost, stale) = value.cost_and_staleness(now);
+            let (cost, stale) = cost_and_staleness(value, now);
             let block = Beside {
                 start,
                 len: usize::try_from(bytes).unwrap_or(usize::MAX),
                 ..Beside::default()
             };
-            found.push((block, cost / stale, value));
+            found.push((block, score::weight(cost, stale), value));
         }
         found.sort_by_key(|(block, ..)| block.start);
         let mut blocks: Vec<Beside> = found.iter().map(|(block, ..)| *block).collect();
-        pool.memory.pages.free_beside(&mut blocks);
+        pool.free_beside(&mut blocks);
         let cap = usize::try_from(cap).unwrap_or(usize::MAX);
         let Some((first, last)) = lightest_window(&blocks, |i| found[i].1, need, cap) else {
             return 0;
@@ -240,7 +359,7 @@ impl Evictor {
         if !unchanged {
             return 0;
         }
-        let taken: Vec<PoolBuffer> = window
+        let taken: Vec<B> = window
             .iter()
             .zip(&mut states)
             .filter_map(|((_, _, value), state)| value.take(state))
@@ -249,7 +368,7 @@ impl Evictor {
         drop(registry);
         let mut freed = 0u64;
         for buffer in taken {
-            freed = freed.saturating_add(buffer.capacity() as u64);
+            freed = freed.saturating_add(buffer.bytes());
             if self.evicted(pool, Some(buffer)) {
                 self.window_evictions.add(1);
             }
@@ -258,7 +377,7 @@ impl Evictor {
     }
 
     /// What the registered values hold: pinned bytes, and unpinned resident bytes.
-    pub(in crate::pool) fn evictables_held(&self) -> Held {
+    fn evictables_held(&self) -> Held {
         let mut held = Held::default();
         if self.registered.load(Ordering::Relaxed) == 0 {
             return held;
@@ -275,7 +394,7 @@ impl Evictor {
         held
     }
 
-    /// The eviction's hook in the allocation path (see `engine/inner.rs`): a request of
+    /// The eviction's hook in the allocation path (see `engine/alloc.rs`): a request of
     /// `class` that the budget refused with `report`, from a door that evicts. Evicts values
     /// until the request may fit: what the budget lacked, unless a block of the class itself
     /// comes back (it serves the request directly). Whether the request should try again:
@@ -284,7 +403,7 @@ impl Evictor {
     /// free (plain buffers, pinned values) plus the request must fit.
     pub(in crate::pool) fn make_room(
         &self,
-        pool: &PoolInner,
+        pool: &impl PoolView,
         class: usize,
         report: &OutOfMemory,
         first: bool,
@@ -324,7 +443,7 @@ impl Evictor {
     /// report says what the evictable values still hold.
     pub(in crate::pool) fn refused(
         &self,
-        pool: &PoolInner,
+        pool: &impl PoolView,
         mut report: Box<OutOfMemory>,
     ) -> PoolError {
         let held = self.evictables_held();
@@ -345,69 +464,25 @@ impl Evictor {
     /// plain buffers and pinned values, plus the request.
     fn short_with_every_eviction(
         &self,
-        pool: &PoolInner,
+        pool: &impl PoolView,
         block_bytes: u64,
         budget: Option<u64>,
         evictable: u64,
     ) -> u64 {
-        let (in_use, _) = pool.in_use_now();
-        in_use
+        pool.bytes_in_use()
             .saturating_sub(evictable)
             .saturating_add(block_bytes)
             .saturating_sub(budget.unwrap_or(u64::MAX))
     }
 }
 
-/// The lightest window over `blocks` (sorted by address, with the free bytes beside each
-/// filled in): a run `first..=last` of blocks each of which reaches the next (its free
-/// bytes after end where the next starts, in one segment), whose span (the free bytes
-/// before the first, the run, the free bytes after the last) holds `need` bytes and whose
-/// blocks hold at most `cap` bytes, with the least sum of `weight(i)`, then the shortest
-/// span. `None` if no such run exists.
-///
-/// Linear: only the shortest spanning run from each first block can win (a longer one
-/// weighs and holds more), and it ends no earlier than the previous first block's (a run
-/// spans less from a later first block), so `last` only moves forward.
-fn lightest_window(
-    blocks: &[Beside],
-    weight: impl Fn(usize) -> f64,
-    need: usize,
-    cap: usize,
-) -> Option<(usize, usize)> {
-    // Sums over `first..=last` as differences of prefix sums.
-    let mut weights = vec![0.0];
-    let mut lens = vec![0usize];
-    for (i, block) in blocks.iter().enumerate() {
-        weights.push(weights[i] + weight(i));
-        lens.push(lens[i].saturating_add(block.len));
-    }
-    let span = |first: usize, last: usize| {
-        let run = (blocks[last].start + blocks[last].len).saturating_sub(blocks[first].start);
-        blocks[first]
-            .before
-            .saturating_add(run)
-            .saturating_add(blocks[last].after)
-    };
-    let mut best: Option<(f64, usize, usize, usize)> = None;
-    let mut last = 0;
-    for first in 0..blocks.len() {
-        last = last.max(first);
-        while span(first, last) < need
-            && last + 1 < blocks.len()
-            && blocks[last].reaches(&blocks[last + 1])
-        {
-            last += 1;
-        }
-        let (sum, held, spanned) = (
-            weights[last + 1] - weights[first],
-            lens[last + 1] - lens[first],
-            span(first, last),
-        );
-        if spanned >= need && held <= cap && best.is_none_or(|(w, s, ..)| (sum, spanned) < (w, s)) {
-            best = Some((sum, spanned, first, last));
-        }
-    }
-    best.map(|(_, _, first, last)| (first, last))
+/// What evictable values held when a request failed: bytes pinned by readers (or recomputes),
+/// and bytes resident and unpinned (which the pool could not take: another thread held them
+/// for a moment).
+#[derive(Clone, Copy, Debug, Default)]
+struct Held {
+    pinned: u64,
+    evictable: u64,
 }
 
 /// What one look at the registry did.
@@ -420,158 +495,28 @@ enum Looked {
     Busy,
 }
 
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::lightest_window;
-    use crate::pool::pages::Beside;
+/// What the score weighs `value` by at pool clock `now`: its recompute cost now
+/// ([`cost_now`]) and its staleness, the clock ticks since its last pin plus one.
+fn cost_and_staleness<B: ValueBlock>(value: &Evictable<B>, now: u64) -> (f64, f64) {
+    let stale = now.saturating_sub(value.last_use()) + 1;
+    (cost_now(value) as f64, stale as f64)
+}
 
-    const MIB: usize = 1 << 20;
-
-    /// Blocks of 1 MiB at the given MiB offsets of one segment, with the free MiB beside.
-    fn blocks(layout: &[(usize, usize, usize)]) -> Vec<Beside> {
-        layout
-            .iter()
-            .map(|&(at, before, after)| Beside {
-                start: (64 + at) * MIB,
-                len: MIB,
-                before: before * MIB,
-                after: after * MIB,
-                segment: 64 * MIB,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_lightest_run_that_spans_the_request_wins() {
-        let any = usize::MAX;
-        // 0 1 2 3 held end to end: a 2 MiB request takes two neighbours, the lighter pair.
-        let four = blocks(&[(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0)]);
-        let weights = [1.0, 9.0, 1.0, 2.0];
-        assert_eq!(
-            lightest_window(&four, |i| weights[i], 2 * MIB, any),
-            Some((2, 3))
-        );
-        // A block with a free MiB beside it spans 2 MiB alone: the lighter of the two that do.
-        let lone = blocks(&[(0, 0, 1), (2, 1, 0)]);
-        let weights = [2.0, 1.0];
-        assert_eq!(
-            lightest_window(&lone, |i| weights[i], 2 * MIB, any),
-            Some((1, 1))
-        );
-        // A held block in between (not a candidate) breaks the run: no window.
-        let split = blocks(&[(0, 0, 0), (2, 0, 0)]);
-        assert_eq!(lightest_window(&split, |_| 1.0, 2 * MIB, any), None);
-        // Free pages between two blocks join them.
-        let gap = blocks(&[(0, 0, 1), (2, 1, 0)]);
-        assert_eq!(lightest_window(&gap, |_| 1.0, 3 * MIB, any), Some((0, 1)));
-        // The run restarts past a break, and a later run can win.
-        let runs = blocks(&[(0, 0, 0), (1, 0, 0), (3, 0, 0), (4, 0, 0)]);
-        let weights = [5.0, 5.0, 1.0, 1.0];
-        assert_eq!(
-            lightest_window(&runs, |i| weights[i], 2 * MIB, any),
-            Some((2, 3))
-        );
-    }
-
-    #[test]
-    fn a_window_never_holds_more_than_its_cap() {
-        // Two 1 MiB neighbours for a 2 MiB request: within a cap of 2 MiB, not of 1 MiB.
-        let two = blocks(&[(0, 0, 0), (1, 0, 0)]);
-        assert_eq!(
-            lightest_window(&two, |_| 1.0, 2 * MIB, 2 * MIB),
-            Some((0, 1))
-        );
-        assert_eq!(lightest_window(&two, |_| 1.0, 2 * MIB, MIB), None);
-        // A 1 MiB request: either block alone, never both.
-        assert_eq!(
-            lightest_window(&two, |i| [3.0, 1.0][i], MIB, MIB),
-            Some((1, 1))
-        );
-    }
-
-    /// Every run tried, for each first block every last one: what the linear search must
-    /// agree with.
-    fn every_run(
-        blocks: &[Beside],
-        weight: &[f64],
-        need: usize,
-        cap: usize,
-    ) -> Option<(usize, usize)> {
-        let mut best: Option<(f64, usize, usize, usize)> = None;
-        for first in 0..blocks.len() {
-            let (mut sum, mut held) = (0.0, 0);
-            for last in first..blocks.len() {
-                if last > first && !blocks[last - 1].reaches(&blocks[last]) {
-                    break;
-                }
-                sum += weight[last];
-                held += blocks[last].len;
-                let run = blocks[last].start + blocks[last].len - blocks[first].start;
-                let span = blocks[first].before + run + blocks[last].after;
-                if span >= need {
-                    if held <= cap && best.is_none_or(|(w, s, ..)| (sum, span) < (w, s)) {
-                        best = Some((sum, span, first, last));
-                    }
-                    break;
-                }
-            }
+/// The cost of recomputing `value` now: its own, plus that of its evicted ancestors (DTR's
+/// evicted neighbourhood), looked at through at most 64 of them.
+fn cost_now<B: ValueBlock>(value: &Evictable<B>) -> u64 {
+    let mut cost = value.own_cost();
+    let mut stack: Vec<&Evictable<B>> = value.parents().iter().map(|p| &**p).collect();
+    let mut visited = 0;
+    while let Some(parent) = stack.pop() {
+        visited += 1;
+        if visited > 64 {
+            break;
         }
-        best.map(|(_, _, first, last)| (first, last))
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn the_linear_search_finds_the_lightest_run(
-            // (free MiB before, held MiB, weight) for each block, end to end in a segment,
-            // or (a zero length) a held block between that is no candidate.
-            layout in proptest::collection::vec((0usize..3, 0usize..4, 1u32..9), 0..12),
-            need in 1usize..10,
-            cap in 1usize..12,
-        ) {
-            let mut blocks: Vec<Beside> = Vec::new();
-            let mut weights = Vec::new();
-            let mut at = 64 * MIB;
-            // Free bytes since the last held block (candidate or not), and whether that
-            // block was a candidate (then those bytes are its `after`).
-            let mut free_run = 0;
-            let mut after_candidate = false;
-            for (free, len, weight) in layout {
-                at += free * MIB;
-                free_run += free * MIB;
-                if after_candidate {
-                    blocks.last_mut().unwrap().after = free_run;
-                }
-                if len == 0 {
-                    at += MIB; // a held block that is no candidate
-                    (free_run, after_candidate) = (0, false);
-                    continue;
-                }
-                blocks.push(Beside {
-                    start: at,
-                    len: len * MIB,
-                    before: free_run,
-                    after: 0,
-                    segment: 64 * MIB,
-                });
-                weights.push(f64::from(weight));
-                at += len * MIB;
-                (free_run, after_candidate) = (0, true);
-            }
-            proptest::prop_assert_eq!(
-                lightest_window(&blocks, |i| weights[i], need * MIB, cap * MIB),
-                every_run(&blocks, &weights, need * MIB, cap * MIB)
-            );
+        if !parent.seems_resident() {
+            cost = cost.saturating_add(parent.own_cost());
+            stack.extend(parent.parents().iter().map(|p| &**p));
         }
     }
-
-    #[test]
-    fn blocks_of_two_segments_never_make_one_window() {
-        let mut two = blocks(&[(0, 0, 0), (1, 0, 0)]);
-        two[1].segment += MIB; // end to end in memory, but another segment
-        assert_eq!(lightest_window(&two, |_| 1.0, 2 * MIB, usize::MAX), None);
-        assert_eq!(
-            lightest_window(&two, |_| 1.0, MIB, usize::MAX),
-            Some((0, 0))
-        );
-    }
+    cost.max(1)
 }

@@ -1,5 +1,5 @@
-//! A pool's lifetime: the control block is freed by whoever finishes last, the close (when
-//! the last handle drops) or the drop of the last buffer still alive then.
+//! A pool's close protocol: the control block is freed by whoever finishes last, the close
+//! (when the last handle drops) or the drop of the last buffer still alive then.
 //!
 //! # Protocol
 //!
@@ -25,22 +25,22 @@
 use std::alloc::Layout;
 use std::ptr::{addr_of_mut, NonNull};
 
-use super::super::evict::value::Evictor;
-use super::super::observe::books::Books;
-use super::super::PoolConfig;
 use super::cache::ThreadCaches;
 use super::inner::PoolInner;
-use super::life::Lifecycle;
+use super::lifecycle::Lifecycle;
 use super::lists::SharedLists;
 use super::memory::Memory;
 use crate::identity::next_identity;
+use crate::pool::config::PoolConfig;
+use crate::pool::eviction::registry::Evictor;
+use crate::pool::observe::books::Books;
 use crate::sync::{asymmetric, system, Ordering};
 
 /// Control blocks allocated and not yet freed, in the whole process. Bookkeeping outside any
 /// protocol (it counts, it synchronises nothing), hence `std`'s atomic even under loom.
 static ALIVE: crate::sync::Tally = crate::sync::Tally::new(0);
 
-/// See [`BufferPool::pools_alive`](super::super::BufferPool::pools_alive).
+/// See [`BufferPool::pools_alive`](crate::pool::BufferPool::pools_alive).
 pub(in crate::pool) fn alive() -> usize {
     ALIVE.get() as usize
 }
@@ -122,11 +122,11 @@ pub(in crate::pool) unsafe fn close(pool: NonNull<PoolInner>) {
         inner.life.wait_out_cacheless();
         let totals = inner
             .caches
-            .op_totals(&inner.books.cacheless, Ordering::Acquire);
+            .op_totals(inner.books.cacheless(), Ordering::Acquire);
         let (allocations, frees) = (totals.allocations(), totals.frees);
         // Every owner is out and sees the pool closed: no second heavy fence is needed.
         inner.release_cached_fenced(false);
-        inner.memory.pages.trim();
+        inner.memory.trim_pages();
         let live = allocations.wrapping_sub(frees) as i64;
         inner.life.add_live(live)
     };
@@ -146,8 +146,8 @@ pub(in crate::pool) unsafe fn close(pool: NonNull<PoolInner>) {
 /// pool: from the decrement on, this call or another thread's may free it.
 pub(in crate::pool) unsafe fn count_out(pool: NonNull<PoolInner>) {
     // SAFETY: the pool is alive until the decrement (the caller's buffer is counted), and
-    // `count_out` makes no reference but to the counter itself.
-    if unsafe { Lifecycle::count_out(std::ptr::addr_of!((*pool.as_ptr()).life)) } {
+    // `drop_remaining` makes no reference but to the counter itself.
+    if unsafe { Lifecycle::drop_remaining(std::ptr::addr_of!((*pool.as_ptr()).life)) } {
         // SAFETY: no handle is left and no buffer is alive (`remaining` is zero).
         unsafe { destroy(pool) };
     }

@@ -1,7 +1,6 @@
 //! Evictable values as the pool sees them ([`Evictable`]: the block while resident, its
-//! residence, the pins, what the eviction policy weighs) and the pool's registry of them
-//! ([`Evictor`], a field of `PoolInner`). The policy that uses them, more methods of
-//! `Evictor` given their pool, is in `policy.rs`.
+//! residence, the pins, what the eviction policy weighs), and the pool's clock of staleness
+//! ([`Clock`]). The registry that holds them and chooses among them is `registry.rs`.
 //!
 //! Each value's state is a small lock (`Mutex` and `Condvar`), taken by readers, the
 //! recomputing thread and the evicting thread, never while allocating or running user code,
@@ -9,12 +8,22 @@
 
 use std::fmt;
 
-use super::super::PoolBuffer;
-use crate::pool::class;
 use crate::sync::{
     thread_id, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering,
-    Tally, ThreadId, UnsafeCell,
+    ThreadId, UnsafeCell,
 };
+
+/// What the registry asks of a resident value's block (in the pool, a `PoolBuffer`): generic,
+/// so that the registry, a part of the pool's state, does not name the buffer that points
+/// back to that state.
+pub(in crate::pool) trait ValueBlock {
+    /// The block's class.
+    fn class(&self) -> usize;
+    /// The block's bytes (its class size).
+    fn bytes(&self) -> u64;
+    /// The address of the block's first byte.
+    fn start(&self) -> usize;
+}
 
 /// Where an evictable value's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,9 +49,9 @@ pub(in crate::pool) struct ValueState {
 
 /// One evictable value as the pool sees it: its block, while resident, and what the eviction
 /// policy weighs. Shared (`Arc`) by its owner and the pool's registry.
-pub(in crate::pool) struct Evictable {
+pub(in crate::pool) struct Evictable<B> {
     /// Its entry in the pool's registry (fixed at registration).
-    pub(in crate::pool) slot: usize,
+    slot: usize,
     /// The class of its block and the block's bytes: those of the block it holds, or held
     /// last. Set when it is made and by each recompute (whose block may be of a larger
     /// class: one borrowed from a neighbour's list while the pool had no budget), with
@@ -54,28 +63,28 @@ pub(in crate::pool) struct Evictable {
     cost: u64,
     /// The evictable values it is recomputed from: their cost counts in its score while
     /// they are evicted too.
-    parents: Box<[Arc<Evictable>]>,
+    parents: Box<[Arc<Evictable<B>>]>,
     state: Mutex<ValueState>,
     /// Signalled when a recompute ends (in success or failure).
     ready: Condvar,
     /// Whether the phase is `Resident`, for the policy's estimates read without the lock.
     resident: AtomicBool,
     /// The pool clock at its last pin.
-    pub(in crate::pool) last_use: AtomicU64,
+    last_use: AtomicU64,
     /// Invariant: `Some` exactly while the phase is `Resident`. Written only with `state`
     /// locked and no reader (an eviction taking it, a recompute storing it); read by whoever
     /// holds a pin (`readers` counts it for the whole read) or the lock.
-    buffer: UnsafeCell<Option<PoolBuffer>>,
+    buffer: UnsafeCell<Option<B>>,
 }
 
-// SAFETY: the buffer is written only under the lock with no reader, and read only under a pin
-// or the lock (invariant on `buffer`); a `PoolBuffer` is `Send + Sync`; every other field is
-// a lock, an atomic or immutable.
-unsafe impl Send for Evictable {}
+// SAFETY: the block is written only under the lock with no reader, and read only under a pin
+// or the lock (invariant on `buffer`); the block is `Send + Sync` (a `PoolBuffer` is); every
+// other field is a lock, an atomic or immutable.
+unsafe impl<B: Send + Sync> Send for Evictable<B> {}
 // SAFETY: as above.
-unsafe impl Sync for Evictable {}
+unsafe impl<B: Send + Sync> Sync for Evictable<B> {}
 
-impl Drop for Evictable {
+impl<B> Drop for Evictable<B> {
     fn drop(&mut self) {
         // Values hold their ancestors through `parents`: unlink a chain one value at a time,
         // not one stack frame per ancestor.
@@ -88,7 +97,7 @@ impl Drop for Evictable {
     }
 }
 
-impl fmt::Debug for Evictable {
+impl<B: ValueBlock> fmt::Debug for Evictable<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Evictable")
             .field("bytes", &self.bytes())
@@ -107,20 +116,20 @@ pub(crate) enum NotPinned {
     RecomputingHere,
 }
 
-impl Evictable {
+impl<B: ValueBlock> Evictable<B> {
     /// A resident value of `buffer`'s block in registry entry `slot`, recomputed at `cost`
     /// from `parents`, last used at clock tick `now`.
     pub(in crate::pool) fn new(
         slot: usize,
-        buffer: PoolBuffer,
+        buffer: B,
         cost: u64,
-        parents: Box<[Arc<Evictable>]>,
+        parents: Box<[Arc<Evictable<B>>]>,
         now: u64,
     ) -> Self {
         Self {
             slot,
             class: AtomicUsize::new(buffer.class()),
-            bytes: AtomicU64::new(buffer.capacity() as u64),
+            bytes: AtomicU64::new(buffer.bytes()),
             cost,
             parents,
             state: Mutex::new(ValueState {
@@ -159,13 +168,13 @@ impl Evictable {
 
     /// Pins the value if it is resident (one more reader); else says why not, waiting first
     /// for a recompute another thread has in flight.
-    pub(in crate::pool) fn try_pin(&self, evictor: &Evictor) -> Result<(), NotPinned> {
+    pub(in crate::pool) fn try_pin(&self, clock: &Clock) -> Result<(), NotPinned> {
         let mut state = self.lock();
         loop {
             match state.phase {
                 Residence::Resident => {
                     state.readers += 1;
-                    self.last_use.store(evictor.tick(), Ordering::Relaxed);
+                    self.last_use.store(clock.tick(), Ordering::Relaxed);
                     return Ok(());
                 }
                 Residence::Evicted => return Err(NotPinned::Evicted),
@@ -203,12 +212,11 @@ impl Evictable {
 
     /// Ends a claimed recompute with its block: the value is resident, pinned once for the
     /// caller, and the threads waiting for it wake.
-    pub(in crate::pool) fn fill(&self, evictor: &Evictor, buffer: PoolBuffer) {
+    pub(in crate::pool) fn fill(&self, clock: &Clock, buffer: B) {
         let mut state = self.lock();
         debug_assert_eq!(state.phase, Residence::Recomputing);
         self.class.store(buffer.class(), Ordering::Relaxed);
-        self.bytes
-            .store(buffer.capacity() as u64, Ordering::Relaxed);
+        self.bytes.store(buffer.bytes(), Ordering::Relaxed);
         // SAFETY: the lock is held and the value has no reader (it was not resident), as the
         // invariant on `buffer` requires for a write.
         self.buffer.with_mut(|slot| unsafe { *slot = Some(buffer) });
@@ -216,7 +224,7 @@ impl Evictable {
         state.recomputer = None;
         state.readers += 1;
         self.resident.store(true, Ordering::Release);
-        self.last_use.store(evictor.tick(), Ordering::Relaxed);
+        self.last_use.store(clock.tick(), Ordering::Relaxed);
         drop(state);
         self.ready.notify_all();
     }
@@ -238,7 +246,7 @@ impl Evictable {
     ///
     /// The caller holds a pin on the value (from [`try_pin`](Self::try_pin) or
     /// [`fill`](Self::fill)) for as long as it uses the reference.
-    pub(in crate::pool) unsafe fn pinned_buffer(&self) -> &PoolBuffer {
+    pub(in crate::pool) unsafe fn pinned_buffer(&self) -> &B {
         // SAFETY: the caller's pin keeps the phase `Resident`, so the buffer is `Some` and
         // nobody writes it (invariant on `buffer`).
         self.buffer
@@ -248,7 +256,7 @@ impl Evictable {
 
     /// Takes the block of a resident value no reader pins, as the lock-holder `state` shows;
     /// the caller drops it once every lock is released.
-    pub(in crate::pool) fn take(&self, state: &mut ValueState) -> Option<PoolBuffer> {
+    pub(in crate::pool) fn take(&self, state: &mut ValueState) -> Option<B> {
         if state.phase != Residence::Resident || state.readers > 0 {
             return None;
         }
@@ -267,102 +275,52 @@ impl Evictable {
         // SAFETY: the lock is held (`state` borrows its guard), so no write to `buffer` runs
         // (every write holds the lock, invariant on `buffer`).
         self.buffer
-            .with(|slot| unsafe { (*slot).as_ref().map(|buffer| buffer.as_ptr() as usize) })
+            .with(|slot| unsafe { (*slot).as_ref().map(ValueBlock::start) })
     }
 
-    /// What the policies weigh a value by at pool clock `now`: its recompute cost now
-    /// ([`cost_now`](Self::cost_now)) and its staleness, the clock ticks since its last pin
-    /// plus one.
-    pub(in crate::pool) fn cost_and_staleness(&self, now: u64) -> (f64, f64) {
-        let stale = now.saturating_sub(self.last_use.load(Ordering::Relaxed)) + 1;
-        (self.cost_now() as f64, stale as f64)
+    /// Its entry in the pool's registry.
+    pub(super) fn slot(&self) -> usize {
+        self.slot
     }
 
-    /// The cost of recomputing the value now: its own, plus that of its evicted ancestors
-    /// (DTR's evicted neighbourhood), looked at through at most 64 of them.
-    pub(in crate::pool) fn cost_now(&self) -> u64 {
-        let mut cost = self.cost;
-        let mut stack: Vec<&Evictable> = self.parents.iter().map(|p| &**p).collect();
-        let mut visited = 0;
-        while let Some(parent) = stack.pop() {
-            visited += 1;
-            if visited > 64 {
-                break;
-            }
-            if !parent.resident.load(Ordering::Relaxed) {
-                cost = cost.saturating_add(parent.cost);
-                stack.extend(parent.parents.iter().map(|p| &**p));
-            }
-        }
-        cost.max(1)
+    /// The cost of recomputing it alone, in the owner's unit.
+    pub(super) fn own_cost(&self) -> u64 {
+        self.cost
     }
-}
 
-/// The registry of a pool's evictable values, and what eviction counts.
-pub(in crate::pool) struct Evictor {
-    pub(in crate::pool) registry: Mutex<Registry>,
-    /// Values registered now (read without the lock to skip eviction when there are none).
-    pub(in crate::pool) registered: AtomicUsize,
-    /// The clock of staleness: one tick per pin.
-    pub(in crate::pool) clock: AtomicU64,
-    pub(in crate::pool) evictions: AtomicU64,
-    pub(in crate::pool) evicted_bytes: AtomicU64,
-    /// Evictions by the class of the block given back (one count per class).
-    pub(in crate::pool) evicted_by_class: Box<[Tally]>,
-    /// Values the window step evicted (they count in `evictions` too).
-    pub(in crate::pool) window_evictions: Tally,
-    pub(in crate::pool) recomputations: AtomicU64,
-    pub(in crate::pool) recomputed_bytes: AtomicU64,
-    pub(in crate::pool) recompute_ns: AtomicU64,
-}
+    /// The evictable values it is recomputed from.
+    pub(super) fn parents(&self) -> &[Arc<Evictable<B>>] {
+        &self.parents
+    }
 
-/// The registered values by slot; vacant slots are reused.
-#[derive(Default)]
-pub(in crate::pool) struct Registry {
-    pub(in crate::pool) slots: Vec<Option<Arc<Evictable>>>,
-    pub(in crate::pool) vacant: Vec<usize>,
-}
+    /// Whether it seemed resident at a relaxed look without the lock: for the policy's
+    /// estimates.
+    pub(super) fn seems_resident(&self) -> bool {
+        self.resident.load(Ordering::Relaxed)
+    }
 
-impl fmt::Debug for Evictor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Evictor")
-            .field("registered", &self.registered.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
+    /// The pool clock at its last pin (a relaxed look).
+    pub(super) fn last_use(&self) -> u64 {
+        self.last_use.load(Ordering::Relaxed)
     }
 }
 
-impl Evictor {
-    pub(in crate::pool) fn new() -> Self {
-        Self {
-            registry: Mutex::new(Registry::default()),
-            registered: AtomicUsize::new(0),
-            clock: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
-            evicted_bytes: AtomicU64::new(0),
-            evicted_by_class: (0..class::CLASSES).map(|_| Tally::new(0)).collect(),
-            window_evictions: Tally::new(0),
-            recomputations: AtomicU64::new(0),
-            recomputed_bytes: AtomicU64::new(0),
-            recompute_ns: AtomicU64::new(0),
-        }
+/// The pool's clock of staleness: one tick per pin.
+#[derive(Debug)]
+pub(in crate::pool) struct Clock(AtomicU64);
+
+impl Clock {
+    pub(super) fn new() -> Self {
+        Self(AtomicU64::new(0))
     }
 
-    pub(in crate::pool) fn lock(&self) -> MutexGuard<'_, Registry> {
-        // Nothing panics while the registry is locked but a failed allocation of its
-        // tables, which leaves it as it was.
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    /// One tick more; the time now.
+    pub(super) fn tick(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    pub(in crate::pool) fn tick(&self) -> u64 {
-        self.clock.fetch_add(1, Ordering::Relaxed) + 1
+    /// The time now.
+    pub(super) fn now(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
-}
-
-/// What evictable values held when a request failed: bytes pinned by readers (or recomputes),
-/// and bytes resident and unpinned (which the pool could not take: another thread held them
-/// for a moment).
-#[derive(Clone, Copy, Debug, Default)]
-pub(in crate::pool) struct Held {
-    pub(in crate::pool) pinned: u64,
-    pub(in crate::pool) evictable: u64,
 }

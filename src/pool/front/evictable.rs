@@ -5,15 +5,17 @@
 
 use std::fmt;
 
-use super::super::{BufferPool, PoolBuffer};
-use super::value::{Evictable, NotPinned};
+use crate::pool::engine::buffer::PoolBuffer;
+use crate::pool::engine::inner::Handout;
+use crate::pool::eviction::value::{Evictable, NotPinned};
+use crate::pool::BufferPool;
 use crate::sync::Arc;
 
 /// A registered evictable value and its pool (kept open while the value lives, so that a
 /// recompute always has somewhere to go).
 pub(crate) struct EvictionHandle {
     pool: BufferPool,
-    value: Arc<Evictable>,
+    value: Arc<Evictable<Handout>>,
 }
 
 impl fmt::Debug for EvictionHandle {
@@ -46,7 +48,7 @@ impl EvictionHandle {
         let value = pool
             .inner()
             .evictor
-            .register_evictable(buffer, cost, parents);
+            .register(buffer.into_block(), cost, parents);
         Self {
             pool: pool.clone(),
             value,
@@ -71,7 +73,7 @@ impl EvictionHandle {
     /// Pins the value if it is resident, on its pool's clock; else says why not (see
     /// [`Evictable::try_pin`]).
     pub(crate) fn pin(&self) -> Result<(), NotPinned> {
-        self.value.try_pin(&self.pool.inner().evictor)
+        self.value.try_pin(self.pool.inner().evictor.clock())
     }
 
     /// Gives a pin back.
@@ -86,7 +88,8 @@ impl EvictionHandle {
 
     /// Ends a claimed recompute with its block: resident, pinned once for the caller.
     pub(crate) fn fill(&self, buffer: PoolBuffer) {
-        self.value.fill(&self.pool.inner().evictor, buffer);
+        self.value
+            .fill(self.pool.inner().evictor.clock(), buffer.into_block());
     }
 
     /// Ends a claimed recompute that failed: evicted again.
@@ -97,7 +100,7 @@ impl EvictionHandle {
     /// Evicts the value now if it is resident and no reader pins it; whether it did.
     pub(crate) fn evict(&self) -> bool {
         let pool = self.pool.inner();
-        pool.evictor.evict_now(pool, &self.value)
+        pool.evictor.evict(pool, &self.value)
     }
 
     /// Counts a recompute of `bytes` that took `ns` nanoseconds in the pool's statistics.
@@ -113,13 +116,13 @@ impl EvictionHandle {
     /// [`fill`](Self::fill)) for as long as it uses the reference.
     pub(crate) unsafe fn pinned_buffer(&self) -> &PoolBuffer {
         // SAFETY: the caller's pin, as `Evictable::pinned_buffer` requires.
-        unsafe { self.value.pinned_buffer() }
+        PoolBuffer::of_block(unsafe { self.value.pinned_buffer() })
     }
 
     /// Takes the value out of its pool's registry, so that no eviction looks at it any more;
     /// its block goes back to the pool when the last reference to it drops. Once is enough:
     /// a second call finds nothing to take.
     pub(crate) fn unregister(&self) {
-        self.pool.inner().evictor.unregister_evictable(&self.value);
+        self.pool.inner().evictor.unregister(&self.value);
     }
 }

@@ -1,11 +1,11 @@
 //! Where a pool is in its life ([`Lifecycle`]): the handles alive, the close, and the
-//! buffers still out after it. The close protocol that uses it is in `lifetime.rs`; the
+//! buffers still out after it. The close protocol that uses it is in `close.rs`; the
 //! fields are private to this file, and every step of the protocol is a method here.
 
 use crate::sync::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 
 /// Where a pool is in its life: the handles alive, the close, and the buffers still out
-/// after it (see the protocol in `lifetime.rs`).
+/// after it (see the protocol in `close.rs`).
 pub(in crate::pool) struct Lifecycle {
     /// `BufferPool` handles alive; the last one to drop closes the pool.
     handles: AtomicUsize,
@@ -103,7 +103,7 @@ impl Lifecycle {
     /// `life` points to the `Lifecycle` of a live pool, and the caller's buffer is one of
     /// those counted in `remaining`. Only the counter is referenced, and only for the
     /// decrement: from the decrement on, another thread may free the pool.
-    pub(in crate::pool) unsafe fn count_out(life: *const Self) -> bool {
+    pub(in crate::pool) unsafe fn drop_remaining(life: *const Self) -> bool {
         // SAFETY: the caller's contract; the reference is to the atomic alone.
         let remaining = unsafe { &*std::ptr::addr_of!((*life).remaining) };
         remaining.fetch_sub(1, Ordering::AcqRel) == 1
