@@ -16,7 +16,46 @@ use crate::show::bytes;
 
 /// A kernel as a recompute runs it: writes every element of its output from its inputs'
 /// elements (one slice per input, in the order they were given).
-pub type Kernel = Arc<dyn Fn(&[&[f32]], &mut [MaybeUninit<f32>]) + Send + Sync>;
+#[derive(Clone)]
+pub struct Kernel(Option<KernelFn>);
+
+/// A kernel's function: its inputs' elements, and an output whose every element it writes.
+type KernelFn = Arc<dyn Fn(&[&[f32]], &mut [MaybeUninit<f32>]) + Send + Sync>;
+
+impl Kernel {
+    /// The kernel `f`, which writes every element of its output.
+    pub fn new(f: impl Fn(&[&[f32]], &mut [MaybeUninit<f32>]) + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(f)))
+    }
+
+    /// A dry run's kernel: its output is zeros, which a backend may take already zero.
+    pub fn zeros() -> Self {
+        Self(None)
+    }
+
+    /// Writes every element of `out` from `inputs`.
+    pub fn run(&self, inputs: &[&[f32]], out: &mut [MaybeUninit<f32>]) {
+        match &self.0 {
+            Some(f) => f(inputs, out),
+            None => out.fill(MaybeUninit::new(0.0)),
+        }
+    }
+
+    /// Whether the output is zeros ([`Kernel::zeros`]).
+    pub fn is_zeros(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_zeros() {
+            "Kernel(zeros)"
+        } else {
+            "Kernel"
+        })
+    }
+}
 
 /// Storage for one training step. Whatever can fail (an allocation, a read of a kept
 /// buffer) returns an error for the step to pass up, never a panic.
@@ -165,8 +204,12 @@ impl Backend for PoolBackend {
                 .iter()
                 .map(|input| input.as_slice::<f32>())
                 .collect::<Result<Vec<_>, _>>()?;
+            if kernel.is_zeros() {
+                // A dry run: zeros that the pool may have already, untouched.
+                return Ok(Tensor::zeros_in(&pool, DType::F32, &shape)?);
+            }
             let mut out = Tensor::uninit_in::<f32>(&pool, &shape)?;
-            kernel(&inputs, out.as_uninit_mut());
+            kernel.run(&inputs, out.as_uninit_mut());
             // SAFETY: a layer's kernel writes every element of its output.
             Ok(unsafe { out.assume_init() })
         })

@@ -3,6 +3,8 @@
 
 use anyhow::anyhow;
 
+use ferropool::{BufferPool, PoolConfig};
+
 use crate::args::Args;
 use crate::backend::{OverBudget, PoolBackend};
 use crate::show::bytes;
@@ -18,7 +20,6 @@ pub fn below_least(
     outside: u64,
     refused: &anyhow::Error,
 ) -> anyhow::Error {
-    let pool = &backend.pool;
     let budget = args.budget.unwrap_or(u64::MAX);
     let share = format!(
         "{:.2} for the training's pool after {:.2} set aside for what stays outside it (the \
@@ -42,7 +43,6 @@ pub fn below_least(
         }
         // The search itself failed (a refusal that is not the budget's): the first error.
         Err(error) => {
-            pool.set_budget(args.budget.map(|b| b.saturating_sub(outside)));
             let refused = match refused.downcast_ref::<OverBudget>() {
                 Some(over) => over.message_of(budget, outside),
                 None => format!("{refused:#}"),
@@ -60,38 +60,44 @@ const LEAST_STEP: u64 = 1 << 20;
 /// The least budget (a whole number of MiB) at which [`TRY_STEPS`] dry steps of this run complete
 /// (see [`build`](crate::model::build)'s dry models), by bisection between `refused` (which failed)
 /// and the peak a run without eviction reserves. What a budget holds depends only on the order of
-/// the step's requests, which a dry step keeps, so the run completes at the MiB named and fails a
-/// MiB below. Leaves the pool trimmed and without a budget.
+/// the step's requests, which a dry step keeps, and on where the pool places its blocks, which a
+/// fresh pool per try keeps as a run's: so the run completes at the MiB named and fails a MiB
+/// below. A dry step writes nothing: its zeros come from pages the pool knows to be zero, so a
+/// try neither clears nor touches the memory it reserves (a search takes about a tenth of a
+/// second and a few tens of MiB, at any budget). `backend`'s pool lends its configuration.
 fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
-    let pool = &backend.pool;
-    // Whether `TRY_STEPS` steps of a fresh run complete under `budget`.
-    let fits = |budget: Option<u64>| -> anyhow::Result<bool> {
-        pool.trim();
-        pool.set_budget(budget);
+    // Whether `TRY_STEPS` steps of a fresh run complete under `budget`: each try on a pool of
+    // its own, as a run starts, since where blocks lie (which the eviction's window reads)
+    // follows what the pool held before.
+    let fits = |budget: Option<u64>| -> anyhow::Result<(bool, u64)> {
+        let trial_backend = PoolBackend {
+            pool: BufferPool::with_config(PoolConfig {
+                budget,
+                ..backend.pool.config().clone()
+            })?,
+        };
         let mut trial = args.clone();
         trial.budget = Some(budget.unwrap_or(u64::MAX));
         // The parameters and the optimiser's state come from the budget too.
-        let outcome = crate::model::build(backend, &trial, true)
+        let outcome = crate::model::build(&trial_backend, &trial, true)
             .and_then(|mut model| (0..TRY_STEPS).try_for_each(|_| model.step().map(drop)));
-        pool.trim();
-        pool.set_budget(None);
+        let peak = trial_backend.pool.stats().peak_reserved_bytes;
         match outcome {
-            Ok(()) => Ok(true),
-            Err(error) if error.is::<OverBudget>() => Ok(false),
+            Ok(()) => Ok((true, peak)),
+            Err(error) if error.is::<OverBudget>() => Ok((false, peak)),
             Err(error) => Err(error),
         }
     };
     // Without a budget nothing is evicted, and that run's peak always fits: the pool's peak
     // over the process is at least that.
-    fits(None)?;
-    let unbounded = pool.stats().peak_reserved_bytes;
+    let (_, unbounded) = fits(None)?;
     // MiB that do not fit: at most `refused`, which failed (a budget need not be whole MiB).
     let mut low = refused / LEAST_STEP;
     let mut high = unbounded.div_ceil(LEAST_STEP).max(low + 1); // MiB that fit
     while high - low > 1 {
         let middle = low + (high - low) / 2;
         // Saturating: a budget within a MiB of `u64::MAX` has no whole MiB above it.
-        if fits(Some(middle.saturating_mul(LEAST_STEP)))? {
+        if fits(Some(middle.saturating_mul(LEAST_STEP)))?.0 {
             high = middle;
         } else {
             low = middle;

@@ -50,6 +50,14 @@ impl<'p> Taken<'p> {
         self.class_and_zeroed & !Self::ZEROED
     }
 
+    /// For a request that asks for zeros (`zeroed`): the block taken off a list, known to be
+    /// zero if the record says so (read before its `hand_out`).
+    #[inline(always)]
+    pub(in crate::pool) fn knowing_zero(self, zeroed: bool) -> Self {
+        let zero = zeroed && self.record.known_zero();
+        Self::new(self.record, self.class(), zero)
+    }
+
     /// Whether the block's bytes are known to be zero.
     #[inline(always)]
     fn zeroed(&self) -> bool {
@@ -68,7 +76,8 @@ impl<'p> Taken<'p> {
             // exclusively ours (just taken).
             unsafe { addr.as_ptr().write_bytes(0, size) };
         }
-        PoolBuffer::new(pool, addr, size, self.record, self.class(), zeroed)
+        let zero = self.zeroed();
+        PoolBuffer::new(pool, addr, size, self.record, self.class(), zeroed, zero)
     }
 }
 
@@ -130,13 +139,15 @@ impl PoolInner {
             cache.end_operation(busy);
             return None;
         };
+        // Read before `hand_out`, which overwrites it.
+        let zero = zeroed && record.known_zero();
         record.hand_out(thread, tag, class, size);
         inner.count_alloc(cache, thread, class_bytes, size, true);
         cache.end_operation(busy);
         inner
             .books
             .trace(PoolEventKind::Alloc, class_bytes as u64, class);
-        Some(Taken::new(record, class, false).into_buffer(this, size, zeroed))
+        Some(Taken::new(record, class, zero).into_buffer(this, size, zeroed))
     }
 
     /// Everything [`alloc_cached`](Self::alloc_cached) leaves: the errors, a thread without
@@ -247,7 +258,7 @@ impl PoolInner {
         let taken = match self.pop_list_or_larger(cache.shard(), class) {
             Some(taken) => {
                 self.note_lender_drawn(&taken, class);
-                taken
+                taken.knowing_zero(zeroed)
             }
             None => self.system_alloc(class, class_bytes, size, zeroed)?,
         };

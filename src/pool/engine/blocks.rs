@@ -45,7 +45,10 @@ pub(crate) struct Record {
     pub(in crate::pool) holder: AtomicU32,
     /// While handed out: the caller's memory tag (0 for none).
     pub(in crate::pool) tag: AtomicU32,
-    /// While handed out: the requested size, and the class in the top 16 bits.
+    /// While handed out: the requested size, and the class in the top 16 bits. Off a
+    /// buffer (listed or binned), the same word with [`Record::KNOWN_ZERO`] set when every
+    /// byte of the block is zero: written by the buffer's last holder before the block is
+    /// given back, read by the next taker before its `hand_out` (which clears the bit).
     pub(in crate::pool) request: AtomicU64,
 }
 
@@ -115,6 +118,28 @@ impl BlockTable {
 }
 
 impl Record {
+    /// Set in `request` while the block is off a buffer and all its bytes are zero. Sizes stay
+    /// below it: the largest class is `2^40` bytes.
+    const KNOWN_ZERO: u64 = 1 << 47;
+
+    /// Says that every byte of the block, of `class`, is zero, as its buffer (of `requested`
+    /// bytes) is given back by the thread that holds it.
+    #[inline]
+    pub(in crate::pool) fn mark_zero(&self, class: usize, requested: usize) {
+        self.request.store(
+            ((class as u64) << 48) | requested as u64 | Self::KNOWN_ZERO,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Whether every byte of the block is zero: read by the thread that just took the block
+    /// off a bin or list, before [`hand_out`](Self::hand_out). (The giver's relaxed store
+    /// reaches it through the push and pop that handed the block over, or is its own.)
+    #[inline]
+    pub(in crate::pool) fn known_zero(&self) -> bool {
+        self.request.load(Ordering::Relaxed) & Self::KNOWN_ZERO != 0
+    }
+
     /// Marks the block handed out to thread `thread` for a request of `size` bytes.
     #[inline(always)]
     pub(in crate::pool) fn hand_out(&self, thread: u32, tag: u32, class: usize, size: usize) {
@@ -197,7 +222,7 @@ impl Record {
         let request = self.request.load(Ordering::Relaxed);
         let class = (request >> 48) as usize;
         Some(BlockInfo {
-            requested: (request & ((1 << 48) - 1)) as usize,
+            requested: (request & (Self::KNOWN_ZERO - 1)) as usize,
             block_bytes: class::class_size(class),
             thread: holder - 1,
             tag: MemoryTag::from_raw(self.tag.load(Ordering::Relaxed)),

@@ -57,9 +57,10 @@ impl PoolBuffer {
         record: &Record,
         class: usize,
         initialized: bool,
+        zero: bool,
     ) -> Self {
         Self {
-            block: Handout::new(pool, addr, len, record, class, initialized),
+            block: Handout::new(pool, addr, len, record, class, initialized, zero),
         }
     }
 
@@ -111,7 +112,12 @@ impl PoolBuffer {
         class::class_size(self.block.class())
     }
 
-    /// Start of the bytes; aligned to the pool's alignment.
+    /// Start of the bytes, for reading; aligned to the pool's alignment. As with
+    /// [`Vec::as_ptr`], the bytes must not be written through it (nor through a pointer made
+    /// from it): use [`as_mut_ptr`](Self::as_mut_ptr). A buffer from
+    /// [`alloc_zeroed`](crate::pool::BufferPool::alloc_zeroed) that was never given a way to
+    /// be written goes back to the pool known to be zero, and the next `alloc_zeroed` of its
+    /// block skips clearing it.
     ///
     /// ```
     /// let pool = ferropool::BufferPool::new(); // 64-byte alignment by default
@@ -137,7 +143,7 @@ impl PoolBuffer {
     /// # Ok::<(), ferropool::PoolError>(())
     /// ```
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.block.addr().as_ptr()
+        self.block.addr_mut().as_ptr()
     }
 
     /// The bytes, if all have been written (or the buffer came zeroed).

@@ -37,6 +37,7 @@ impl PoolInner {
     ///   block's record, the class it was handed out with (a wrong class would list the block
     ///   in a class of larger blocks) and the buffer's current length (the counters take it
     ///   back);
+    /// - `zero` only if every byte of the block is zero;
     /// - that buffer is given back by this call alone, exactly once, and never used again;
     /// - the caller holds no reference into the pool or its records across the call (this call
     ///   may free the pool; see [`close::count_out`]).
@@ -46,12 +47,18 @@ impl PoolInner {
         record: NonNull<Record>,
         class: usize,
         requested: usize,
+        zero: bool,
     ) {
         {
             // SAFETY: the caller's contract: the pool is alive until this buffer is given back.
             let inner = unsafe { pool.as_ref() };
             // SAFETY: the caller's contract; records live as long as their pool.
-            let cached = inner.free_cached(unsafe { record.as_ref() }, class, requested);
+            let record = unsafe { record.as_ref() };
+            if zero {
+                // Before the block is listed or binned: the next taker reads it after.
+                record.mark_zero(class, requested);
+            }
+            let cached = inner.free_cached(record, class, requested);
             if cached {
                 return;
             }

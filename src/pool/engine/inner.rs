@@ -81,7 +81,9 @@ pub(in crate::pool) struct Handout {
     /// thread allocated the block). Invariant: valid while the pool is (records are never
     /// freed before their pool).
     record: NonNull<Record>,
-    /// The block's class, and whether all `len` bytes have been written.
+    /// The block's class, whether all `len` bytes have been written, and whether every byte
+    /// of the block is known to be zero (invariant: set only if it is, and cleared before
+    /// anything can write the block: every way to a mutable pointer clears it first).
     shape: Shape,
 }
 
@@ -93,7 +95,8 @@ unsafe impl Sync for Handout {}
 
 impl Handout {
     /// The block of `record` at `addr`, of `class`, handed out for `len` bytes of `pool`;
-    /// `initialized` when its bytes are all written (or zero).
+    /// `initialized` when its bytes are all written (or zero), `zero` when every byte of the
+    /// block is zero.
     #[inline(always)]
     pub(in crate::pool) fn new(
         pool: NonNull<PoolInner>,
@@ -102,19 +105,27 @@ impl Handout {
         record: &Record,
         class: usize,
         initialized: bool,
+        zero: bool,
     ) -> Self {
         Self {
             addr,
             len,
             pool,
             record: NonNull::from(record),
-            shape: Shape::new(class, initialized),
+            shape: Shape::new(class, initialized, zero),
         }
     }
 
-    /// The block's first byte.
+    /// The block's first byte, for reading.
     #[inline(always)]
     pub(in crate::pool) fn addr(&self) -> NonNull<u8> {
+        self.addr
+    }
+
+    /// The block's first byte, for writing: the block is no longer known to be zero.
+    #[inline(always)]
+    pub(in crate::pool) fn addr_mut(&mut self) -> NonNull<u8> {
+        self.shape.forget_zero();
         self.addr
     }
 
@@ -172,8 +183,17 @@ impl Drop for Handout {
     fn drop(&mut self) {
         // SAFETY: `give_back`'s contract: the fields are this block's own (invariants on
         // `pool` and `record`: both alive while it is; `shape` and `len` are its class and
-        // length), it is dropped once, and nothing of it is used after this.
-        unsafe { PoolInner::give_back(self.pool, self.record, self.shape.class(), self.len) }
+        // length, and says whether it is all zero), it is dropped once, and nothing of it is
+        // used after this.
+        unsafe {
+            PoolInner::give_back(
+                self.pool,
+                self.record,
+                self.shape.class(),
+                self.len,
+                self.shape.zero(),
+            )
+        }
     }
 }
 
@@ -203,11 +223,15 @@ struct Shape(u64);
 impl Shape {
     /// Bit set when the bytes have all been written; the class is in the low 32 bits.
     const INITIALIZED: u64 = 1 << 32;
+    /// Bit set while every byte of the block (its whole class size) is known to be zero: the
+    /// block came zero and nothing has been given a way to write it since.
+    const ZERO: u64 = 1 << 33;
 
-    fn new(class: usize, initialized: bool) -> Self {
+    fn new(class: usize, initialized: bool, zero: bool) -> Self {
         let flag = if initialized { Self::INITIALIZED } else { 0 };
+        let zero = if zero { Self::ZERO } else { 0 };
         // Class numbers fit in 16 bits (checked at compile time in `class`).
-        Self(class as u64 | flag)
+        Self(class as u64 | flag | zero)
     }
 
     #[inline]
@@ -219,8 +243,21 @@ impl Shape {
         self.0 & Self::INITIALIZED != 0
     }
 
+    #[inline]
+    fn zero(self) -> bool {
+        self.0 & Self::ZERO != 0
+    }
+
+    /// Says whether the bytes have all been written; the block is no longer known to be zero
+    /// (a caller that vouches for its bytes has had a way to write them).
     fn set_initialized(&mut self, initialized: bool) {
-        *self = Self::new(self.class(), initialized);
+        *self = Self::new(self.class(), initialized, false);
+    }
+
+    /// The block may be written from here on: no longer known to be zero.
+    #[inline(always)]
+    fn forget_zero(&mut self) {
+        self.0 &= !Self::ZERO;
     }
 }
 

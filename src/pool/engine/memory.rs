@@ -184,7 +184,7 @@ impl Memory {
             Ok(record) => record,
             Err(error) => {
                 // SAFETY: allocated just above with `layout`, never shared.
-                unsafe { self.dealloc_block(addr.as_ptr(), layout) };
+                unsafe { self.dealloc_block(addr.as_ptr(), layout, false) };
                 return Some(Err(error));
             }
         };
@@ -273,17 +273,19 @@ impl Memory {
             .expect("class sizes and alignments are validated")
     }
 
-    /// Returns a block's memory to where [`allocate_block`](Self::allocate_block) got it.
+    /// Returns a block's memory to where [`allocate_block`](Self::allocate_block) got it;
+    /// `zero` when every byte of it is zero (its pages then go back clean, see
+    /// [`PageLayer::give_back`]).
     ///
     /// # Safety
     ///
     /// `ptr` came from `allocate_block` with `layout`, and nothing uses it afterwards.
-    unsafe fn dealloc_block(&self, ptr: *mut u8, layout: Layout) {
+    unsafe fn dealloc_block(&self, ptr: *mut u8, layout: Layout, zero: bool) {
         if self.paged(layout.size()) {
             let block = NonNull::new(ptr).expect("a block is never null");
             let room = || self.room_under(self.budget.load(Ordering::Relaxed));
             // SAFETY: the caller's contract: the page layer gave out this block of this size.
-            unsafe { self.pages.give_back(block, layout.size(), room) };
+            unsafe { self.pages.give_back(block, layout.size(), zero, room) };
             return;
         }
         self.heap_held
@@ -308,9 +310,11 @@ impl Memory {
     /// afterwards.
     pub(in crate::pool) unsafe fn release(&self, record: u32, class_bytes: usize) {
         let rec = self.blocks.record(record);
+        // Off a buffer, the record says whether the block is all zero (see `Record::request`).
+        let zero = rec.known_zero();
         // SAFETY: the caller's contract; `allocate_block` (through `new_block`) allocated the
         // block with this layout.
-        unsafe { self.dealloc_block(rec.addr().as_ptr(), self.layout(class_bytes)) };
+        unsafe { self.dealloc_block(rec.addr().as_ptr(), self.layout(class_bytes), zero) };
         rec.clear_block();
         self.blocks.retire(record);
         self.held.fetch_sub(class_bytes as u64, Ordering::Relaxed);

@@ -1,7 +1,9 @@
-//! `PageBits`: one bit per page of a segment, set while the page is free and may be
-//! resident (*dirty*). Pages of blocks the class layer holds have their bit clear; a block
-//! given back sets its pages' bits, a purge clears them. So a free range's dirty bytes are
-//! known to the page, and a carve knows whether its piece needs zeroing.
+//! `PageBits`: one bit per page of a segment. A segment keeps two maps: its *dirty* pages,
+//! free and maybe resident, and its *written* ones, free and maybe not zero. Pages of blocks
+//! the class layer holds have both bits clear; a block given back sets its pages' bits (the
+//! written ones unless the block is known to be all zero), a purge clears both. So a free
+//! range's dirty bytes are known to the page, and a carve knows whether its piece needs
+//! zeroing.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -69,7 +71,7 @@ impl PageBits {
         }
     }
 
-    /// Dirty pages among `[first, end)`.
+    /// Pages among `[first, end)` whose bit is set.
     pub(crate) fn count(&self, first: usize, end: usize) -> usize {
         let mut count = 0;
         self.each(first, end, |word, mask| {
@@ -79,7 +81,7 @@ impl PageBits {
         count
     }
 
-    /// Marks pages `[first, end)` dirty (`true`) or clean.
+    /// Sets (`true`) or clears the bits of pages `[first, end)`.
     pub(crate) fn set(&self, first: usize, end: usize, dirty: bool) {
         self.each(
             first,

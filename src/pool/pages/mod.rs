@@ -33,7 +33,6 @@ mod vec;
 use std::ptr::NonNull;
 use std::time::Instant;
 
-use bits::PageBits;
 use os::PAGE;
 use ranges::{Free, FreeRanges};
 use segment::{segment_holding, segment_of, Segment};
@@ -244,6 +243,7 @@ impl PageLayer {
         state.dirty -= carved.dirty;
         let segment = segment_of(&state.segments, carved.start);
         let segment = &state.segments.as_slice()[segment];
+        let written = segment.written(carved.start, carved.start + len);
         segment.mark(carved.start, carved.start + len, false);
         let block = segment.at(carved.start);
         state.carved += len;
@@ -254,7 +254,7 @@ impl PageLayer {
         let committed = room.outside + (state.carved + state.dirty) as u64;
         self.peak_committed.fetch_max(committed, Ordering::Relaxed);
         drop(state);
-        if zeroed && carved.dirty > 0 {
+        if zeroed && written {
             // SAFETY: the block is the caller's now, `len` bytes inside its segment.
             unsafe { block.as_ptr().write_bytes(0, len) };
         }
@@ -304,6 +304,9 @@ impl PageLayer {
     /// Takes back the block `[block, block + len)` that [`obtain`](Self::obtain) returned. Its
     /// pages join the free ones, dirty; free pages are then purged until the dirty ones fit
     /// in what `room` leaves (a budget lowered below what was held leaves no room for them).
+    /// `zero` says every byte of the block is zero (an `alloc_zeroed` buffer never written):
+    /// its pages are dirty all the same (they may be resident) but not written, so a carve
+    /// that asks for zeros need not clear them.
     ///
     /// # Safety
     ///
@@ -312,6 +315,7 @@ impl PageLayer {
         &self,
         block: NonNull<u8>,
         len: usize,
+        zero: bool,
         room: impl FnOnce() -> Room,
     ) {
         let mut state = self.lock();
@@ -322,7 +326,7 @@ impl PageLayer {
         state.carved -= len;
         let bounds = {
             let segment = &state.segments.as_slice()[segment];
-            segment.mark(start, start + len, true);
+            segment.mark_freed(start, start + len, !zero);
             segment.bounds()
         };
         let range = Free {
@@ -382,7 +386,7 @@ impl PageLayer {
             // removed), and it came from `map` with this length; its bits go with it.
             unsafe {
                 os::unmap(s.base, s.len);
-                s.bits.free();
+                s.free_bits();
             }
             self.os_calls.fetch_add(1, Ordering::Relaxed);
         }
@@ -481,15 +485,10 @@ impl PageLayer {
         // of a 1 TiB segment are 32 MiB of the system allocator's).
         let base = os::map(seg_len)?;
         self.os_calls.fetch_add(1, Ordering::Relaxed);
-        let Some(bits) = PageBits::new(seg_len / PAGE) else {
+        let Some(segment) = Segment::new(base, seg_len) else {
             // SAFETY: mapped just above, never handed out.
             unsafe { os::unmap(base, seg_len) };
             return None;
-        };
-        let segment = Segment {
-            base,
-            len: seg_len,
-            bits,
         };
         let at = state
             .segments
@@ -517,10 +516,10 @@ impl PageLayer {
             {
                 state.segments.remove(at);
             }
-            // SAFETY: mapped just above, never handed out.
+            // SAFETY: mapped just above, never handed out; its bits are used no more.
             unsafe {
                 os::unmap(base, seg_len);
-                bits.free();
+                segment.free_bits();
             }
             return None;
         }
@@ -616,7 +615,7 @@ impl Drop for PageLayer {
             // `map` with this length; its bits go with it.
             unsafe {
                 os::unmap(segment.base, segment.len);
-                segment.bits.free();
+                segment.free_bits();
             }
         }
     }

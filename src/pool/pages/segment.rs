@@ -17,9 +17,43 @@ pub(super) struct Segment {
     pub(super) len: usize,
     /// A bit per page: set while the page is free and may be resident.
     pub(super) bits: PageBits,
+    /// A bit per page: set while the page is free and may hold a byte that is not zero (only
+    /// pages whose `bits` bit is set: a block given back known to be zero leaves its pages
+    /// dirty, not written, and a purge clears both).
+    written: PageBits,
 }
 
 impl Segment {
+    /// The segment of `len` bytes mapped at `base`, every page clean; `None` if the system
+    /// refuses its bits.
+    pub(super) fn new(base: NonNull<u8>, len: usize) -> Option<Self> {
+        let bits = PageBits::new(len / PAGE)?;
+        let Some(written) = PageBits::new(len / PAGE) else {
+            // SAFETY: made just above, never used.
+            unsafe { bits.free() };
+            return None;
+        };
+        Some(Self {
+            base,
+            len,
+            bits,
+            written,
+        })
+    }
+
+    /// Gives the segment's bits back.
+    ///
+    /// # Safety
+    ///
+    /// Called once, and the segment (or any copy of it) is not used afterwards.
+    pub(super) unsafe fn free_bits(self) {
+        // SAFETY: the caller's contract, for both maps.
+        unsafe {
+            self.bits.free();
+            self.written.free();
+        }
+    }
+
     pub(super) fn start(&self) -> usize {
         self.base.as_ptr() as usize
     }
@@ -67,10 +101,25 @@ impl Segment {
         .map(|(page, dirty)| (self.start() + page * PAGE, dirty * PAGE))
     }
 
-    /// Marks `[start, end)` dirty or clean.
+    /// Marks `[start, end)` dirty (and written) or clean.
     pub(super) fn mark(&self, start: usize, end: usize, dirty: bool) {
         let (first, end) = self.pages(start, end);
         self.bits.set(first, end, dirty);
+        self.written.set(first, end, dirty);
+    }
+
+    /// Marks the pages of a block given back, `[start, end)`, dirty, and written unless every
+    /// byte of the block is zero.
+    pub(super) fn mark_freed(&self, start: usize, end: usize, written: bool) {
+        let (first, end) = self.pages(start, end);
+        self.bits.set(first, end, true);
+        self.written.set(first, end, written);
+    }
+
+    /// Whether a page of `[start, end)` may hold a byte that is not zero.
+    pub(super) fn written(&self, start: usize, end: usize) -> bool {
+        let (first, end) = self.pages(start, end);
+        self.written.count(first, end) > 0
     }
     /// A pointer to `addr`, inside the segment, with the segment's provenance.
     pub(super) fn at(&self, addr: usize) -> NonNull<u8> {

@@ -167,7 +167,7 @@ fn run(steps: &[Step], budget: Option<u64>) {
             Step::GiveBack(i) if !held.is_empty() => {
                 let (block, len) = held.swap_remove(i % held.len());
                 // SAFETY: from `obtain` with this length; not used again.
-                unsafe { layer.give_back(block, len, room(limit)) };
+                unsafe { layer.give_back(block, len, false, room(limit)) };
             }
             Step::GiveBack(_) => {}
             Step::Trim => {
@@ -189,7 +189,7 @@ fn run(steps: &[Step], budget: Option<u64>) {
     }
     for (block, len) in held.drain(..) {
         // SAFETY: as above.
-        unsafe { layer.give_back(block, len, unlimited) };
+        unsafe { layer.give_back(block, len, false, unlimited) };
     }
     layer.check(&[]);
     layer.trim();
@@ -247,7 +247,7 @@ fn a_block_given_back_serves_a_request_of_another_size_without_the_os() {
         .unwrap();
     let calls = layer.os_calls();
     // SAFETY: from `obtain`, not used again.
-    unsafe { layer.give_back(big, 64 * PAGE, unlimited) };
+    unsafe { layer.give_back(big, 64 * PAGE, false, unlimited) };
     let a = layer
         .obtain(16 * PAGE, PAGE, false, room(u64::MAX))
         .unwrap();
@@ -260,8 +260,8 @@ fn a_block_given_back_serves_a_request_of_another_size_without_the_os() {
     // SAFETY: both ours, not used again.
     unsafe {
         a.as_ptr().write_bytes(7, 16 * PAGE);
-        layer.give_back(a, 16 * PAGE, unlimited);
-        layer.give_back(b, 48 * PAGE, unlimited);
+        layer.give_back(a, 16 * PAGE, false, unlimited);
+        layer.give_back(b, 48 * PAGE, false, unlimited);
     }
     let z = layer.obtain(16 * PAGE, PAGE, true, room(u64::MAX)).unwrap();
     // SAFETY: ours.
@@ -270,7 +270,7 @@ fn a_block_given_back_serves_a_request_of_another_size_without_the_os() {
         .all(|&b| b == 0));
     layer.check(&[(z, 16 * PAGE)]);
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(z, 16 * PAGE, unlimited) };
+    unsafe { layer.give_back(z, 16 * PAGE, false, unlimited) };
 }
 
 #[test]
@@ -280,7 +280,7 @@ fn a_budget_purges_the_free_pages_it_has_no_room_for() {
     let a = layer.obtain(32 * PAGE, PAGE, false, room(budget)).unwrap();
     let b = layer.obtain(32 * PAGE, PAGE, false, room(budget)).unwrap();
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(a, 32 * PAGE, unlimited) };
+    unsafe { layer.give_back(a, 32 * PAGE, false, unlimited) };
     assert_eq!(layer.dirty_bytes(), 32 * PAGE as u64);
     // 40 pages fit in no dirty range: they come from clean pages, and the budget then has
     // room for 8 dirty pages beside the 72 held; the purge goes PURGE_SLACK past that, so
@@ -295,8 +295,8 @@ fn a_budget_purges_the_free_pages_it_has_no_room_for() {
     layer.check(&[(b, 32 * PAGE), (c, 40 * PAGE)]);
     // SAFETY: ours, not used again.
     unsafe {
-        layer.give_back(b, 32 * PAGE, unlimited);
-        layer.give_back(c, 40 * PAGE, unlimited);
+        layer.give_back(b, 32 * PAGE, false, unlimited);
+        layer.give_back(c, 40 * PAGE, false, unlimited);
     }
 }
 
@@ -305,7 +305,7 @@ fn a_decay_of_zero_returns_each_page_at_once() {
     let layer = PageLayer::new(0);
     let a = layer.obtain(8 * PAGE, PAGE, false, room(u64::MAX)).unwrap();
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(a, 8 * PAGE, unlimited) };
+    unsafe { layer.give_back(a, 8 * PAGE, false, unlimited) };
     assert_eq!(layer.dirty_bytes(), 0);
     assert_eq!(layer.purged_bytes(), 8 * PAGE as u64);
 }
@@ -318,11 +318,11 @@ fn a_request_takes_the_resident_pages_inside_a_range_before_its_clean_head() {
     let b = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
     let c = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(b, 8 * PAGE, unlimited) };
+    unsafe { layer.give_back(b, 8 * PAGE, false, unlimited) };
     // b's pages are clean now.
     layer.trim();
     // SAFETY: as above.
-    unsafe { layer.give_back(c, 8 * PAGE, unlimited) };
+    unsafe { layer.give_back(c, 8 * PAGE, false, unlimited) };
     // One range: b (clean), c (dirty), the segment's clean rest.
     assert_eq!(layer.dirty_bytes(), 8 * PAGE as u64);
     let again = layer.obtain(8 * PAGE, PAGE, false, any()).unwrap();
@@ -334,8 +334,8 @@ fn a_request_takes_the_resident_pages_inside_a_range_before_its_clean_head() {
     layer.check(&[(a, 8 * PAGE), (again, 8 * PAGE)]);
     // SAFETY: as above.
     unsafe {
-        layer.give_back(a, 8 * PAGE, unlimited);
-        layer.give_back(again, 8 * PAGE, unlimited);
+        layer.give_back(a, 8 * PAGE, false, unlimited);
+        layer.give_back(again, 8 * PAGE, false, unlimited);
     }
 }
 
@@ -349,14 +349,14 @@ fn segments_stay_large_after_many_maps() {
     for _ in 0..50 {
         let block = layer.obtain(PAGE, PAGE, false, room(u64::MAX)).unwrap();
         // SAFETY: ours, not used again.
-        unsafe { layer.give_back(block, PAGE, unlimited) };
+        unsafe { layer.give_back(block, PAGE, false, unlimited) };
         layer.trim();
         assert_eq!(layer.mapped_bytes(), 0, "the segment went back");
     }
     let block = layer.obtain(PAGE, PAGE, false, room(u64::MAX)).unwrap();
     assert_eq!(layer.mapped_bytes(), super::SEGMENT_MAX as u64);
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(block, PAGE, unlimited) };
+    unsafe { layer.give_back(block, PAGE, false, unlimited) };
 }
 
 /// A request that no resident run holds whole goes where it covers the most resident pages,
@@ -370,13 +370,13 @@ fn a_request_no_resident_run_holds_takes_the_most_resident_pages() {
     let (a, b, c, d, e, f) = (pages(2), pages(2), pages(2), pages(1), pages(3), pages(1));
     // SAFETY: ours, not used again.
     unsafe {
-        layer.give_back(c, 2 * PAGE, unlimited);
-        layer.give_back(e, 3 * PAGE, unlimited);
+        layer.give_back(c, 2 * PAGE, false, unlimited);
+        layer.give_back(e, 3 * PAGE, false, unlimited);
     }
     // c's and e's pages are clean now.
     layer.trim();
     // SAFETY: ours, not used again.
-    unsafe { layer.give_back(b, 2 * PAGE, unlimited) };
+    unsafe { layer.give_back(b, 2 * PAGE, false, unlimited) };
     // Free: b (2 pages, resident) + c (2, clean); e (3, clean), the shortest that holds 3.
     let got = pages(3);
     assert_eq!(got, b, "the piece that covers b's resident pages");
@@ -384,10 +384,10 @@ fn a_request_no_resident_run_holds_takes_the_most_resident_pages() {
     layer.check(&[(a, 2 * PAGE), (got, 3 * PAGE), (d, PAGE), (f, PAGE)]);
     // SAFETY: ours, not used again.
     unsafe {
-        layer.give_back(a, 2 * PAGE, unlimited);
-        layer.give_back(got, 3 * PAGE, unlimited);
-        layer.give_back(d, PAGE, unlimited);
-        layer.give_back(f, PAGE, unlimited);
+        layer.give_back(a, 2 * PAGE, false, unlimited);
+        layer.give_back(got, 3 * PAGE, false, unlimited);
+        layer.give_back(d, PAGE, false, unlimited);
+        layer.give_back(f, PAGE, false, unlimited);
     }
 }
 
@@ -406,8 +406,8 @@ fn a_purge_takes_the_smallest_resident_fragment_first() {
     let last = layer.obtain(PAGE, PAGE, false, any()).unwrap();
     // SAFETY: ours, not used again.
     unsafe {
-        layer.give_back(fragment, 2 * MIB, unlimited);
-        layer.give_back(large, 8 * MIB, unlimited);
+        layer.give_back(fragment, 2 * MIB, false, unlimited);
+        layer.give_back(large, 8 * MIB, false, unlimited);
     }
     assert_eq!(layer.dirty_bytes(), 10 * MIB as u64);
     // Held after the next carve: 5 pages and 9 MiB. The budget leaves room for all but one
@@ -427,9 +427,51 @@ fn a_purge_takes_the_smallest_resident_fragment_first() {
     // SAFETY: ours, not used again.
     unsafe {
         for block in held.into_iter().chain([between, last]) {
-            layer.give_back(block, PAGE, unlimited);
+            layer.give_back(block, PAGE, false, unlimited);
         }
-        layer.give_back(clean, 9 * MIB, unlimited);
-        layer.give_back(again, 8 * MIB, unlimited);
+        layer.give_back(clean, 9 * MIB, false, unlimited);
+        layer.give_back(again, 8 * MIB, false, unlimited);
     }
+}
+
+#[test]
+fn a_block_given_back_zero_is_dirty_but_not_cleared_again_and_a_written_neighbour_is() {
+    let layer = PageLayer::new(u64::MAX);
+    let a = layer.obtain(16 * PAGE, PAGE, true, room(u64::MAX)).unwrap();
+    let b = layer
+        .obtain(16 * PAGE, PAGE, false, room(u64::MAX))
+        .unwrap();
+    // `a` goes back said to be zero (here it is not, so that a skipped clear shows), `b`
+    // written.
+    // SAFETY: both ours, not used again.
+    unsafe {
+        a.as_ptr().write_bytes(7, 16 * PAGE);
+        b.as_ptr().write_bytes(9, 16 * PAGE);
+        layer.give_back(a, 16 * PAGE, true, unlimited);
+    }
+    assert_eq!(layer.dirty_bytes(), 16 * PAGE as u64, "dirty all the same");
+    let again = layer.obtain(16 * PAGE, PAGE, true, room(u64::MAX)).unwrap();
+    assert_eq!(again, a, "the warm pages first");
+    // SAFETY: ours.
+    let bytes = unsafe { std::slice::from_raw_parts(again.as_ptr(), 16 * PAGE) };
+    assert!(
+        bytes.iter().all(|&x| x == 7),
+        "a zero block is not cleared again"
+    );
+    // Both back, `again` said zero and `b` written: a carve across both is cleared.
+    // SAFETY: ours, not used again.
+    unsafe {
+        layer.give_back(again, 16 * PAGE, true, unlimited);
+        layer.give_back(b, 16 * PAGE, false, unlimited);
+    }
+    let both = layer.obtain(32 * PAGE, PAGE, true, room(u64::MAX)).unwrap();
+    // SAFETY: ours.
+    let bytes = unsafe { std::slice::from_raw_parts(both.as_ptr(), 32 * PAGE) };
+    assert!(
+        bytes.iter().all(|&x| x == 0),
+        "written pages in the carve: cleared"
+    );
+    layer.check(&[(both, 32 * PAGE)]);
+    // SAFETY: ours, not used again.
+    unsafe { layer.give_back(both, 32 * PAGE, false, unlimited) };
 }

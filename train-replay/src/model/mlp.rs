@@ -593,10 +593,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// (the same rows split over the same threads), so a recomputed value is bit-identical.
     fn kernel(&self, l: usize, rows: usize) -> anyhow::Result<Kernel> {
         if self.dry {
-            return Ok(Arc::new(|_, out| out.fill(std::mem::MaybeUninit::new(0.0))));
+            return Ok(Kernel::zeros());
         }
         let layer = self.forward_kernel(l, rows)?;
-        Ok(Arc::new(move |inputs, out| layer.run(inputs[0], out)))
+        Ok(Kernel::new(move |inputs, out| layer.run(inputs[0], out)))
     }
 }
 

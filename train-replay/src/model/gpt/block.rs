@@ -14,9 +14,6 @@
 //! reads `x`, `qkv`, `att`, `res2` and `fch` (computing the layer norms again from `x` and
 //! `res2`), and returns the block's input gradient and its parameters' gradients.
 
-use std::mem::MaybeUninit;
-use std::sync::Arc;
-
 use crate::backend::{Backend, Kernel};
 use crate::kernels::attention::{self, Heads};
 use crate::kernels::elementwise::{gelu_backward, gelu_uninit};
@@ -117,7 +114,7 @@ impl<B: Backend> Layer<'_, '_, B> {
     /// parameters it reads for as long as its value lives).
     pub fn kernel(&self, op: Op) -> Kernel {
         if self.ops.dry {
-            return Arc::new(|_, out| out.fill(MaybeUninit::new(0.0)));
+            return Kernel::zeros();
         }
         let (heads, threads, keep_scores) = (self.heads, self.ops.threads, self.keep_scores);
         let (n, c) = (heads.rows(), heads.width());
@@ -142,7 +139,7 @@ impl<B: Backend> Layer<'_, '_, B> {
         match op {
             Op::Qkv => {
                 let (lw, lb, w, b) = (p(W::Ln1W), p(W::Ln1B), p(W::AttnW), p(W::AttnB));
-                Arc::new(move |inputs, out| {
+                Kernel::new(move |inputs, out| {
                     let norm = Prologue::LayerNorm {
                         weight: B::slice(&lw),
                         bias: B::slice(&lb),
@@ -151,14 +148,14 @@ impl<B: Backend> Layer<'_, '_, B> {
                     layer((c, 3 * c), weights, norm, None).run(n, inputs[0], out, threads);
                 })
             }
-            Op::Attention => Arc::new(move |inputs, out| {
+            Op::Attention => Kernel::new(move |inputs, out| {
                 let (out, probs) = out.split_at_mut(n * c);
                 let probs = keep_scores.then_some(probs);
                 attention::forward(heads, inputs[0], out, probs);
             }),
             Op::Proj => {
                 let (w, b) = (p(W::ProjW), p(W::ProjB));
-                Arc::new(move |inputs, out| {
+                Kernel::new(move |inputs, out| {
                     let (att, x) = (&inputs[0][..n * c], inputs[1]);
                     let weights = (B::slice(&w), B::slice(&b));
                     layer((c, c), weights, Prologue::Identity, Some(x)).run(n, att, out, threads);
@@ -166,7 +163,7 @@ impl<B: Backend> Layer<'_, '_, B> {
             }
             Op::Fc => {
                 let (lw, lb, w, b) = (p(W::Ln2W), p(W::Ln2B), p(W::FcW), p(W::FcB));
-                Arc::new(move |inputs, out| {
+                Kernel::new(move |inputs, out| {
                     let norm = Prologue::LayerNorm {
                         weight: B::slice(&lw),
                         bias: B::slice(&lb),
@@ -177,7 +174,7 @@ impl<B: Backend> Layer<'_, '_, B> {
             }
             Op::Out => {
                 let (w, b) = (p(W::OutW), p(W::OutB));
-                Arc::new(move |inputs, out| {
+                Kernel::new(move |inputs, out| {
                     let (fch, res2) = (inputs[0], inputs[1]);
                     let weights = (B::slice(&w), B::slice(&b));
                     let gelu = layer((4 * c, c), weights, Prologue::Gelu, Some(res2));
@@ -193,7 +190,7 @@ impl<B: Backend> Layer<'_, '_, B> {
         let (rows, cols) = self.shape(op);
         let out = with_all::<B, _>(inputs, |slices| {
             // SAFETY: every kernel of a block writes every element of its output.
-            unsafe { self.ops.written(rows, cols, |out| kernel(slices, out)) }
+            unsafe { self.ops.written(rows, cols, |out| kernel.run(slices, out)) }
         })?;
         match keeping {
             Keeping::Plain => self.ops.backend.save(out),

@@ -26,7 +26,7 @@ pub fn embed<B: Backend>(
 ) -> anyhow::Result<B::Saved> {
     let (n, c) = (heads.rows(), heads.width());
     let kernel: Kernel = if ops.dry {
-        Arc::new(|_, out| out.fill(std::mem::MaybeUninit::new(0.0)))
+        Kernel::zeros()
     } else {
         let (wte, wpe, tokens, seq) = (
             params.wte.handle(),
@@ -34,12 +34,12 @@ pub fn embed<B: Backend>(
             Arc::clone(tokens),
             heads.seq,
         );
-        Arc::new(move |_, out| {
+        Kernel::new(move |_, out| {
             embedding::forward(&tokens, seq, c, B::slice(&wte), B::slice(&wpe), out)
         })
     };
     // SAFETY: `embedding::forward` writes every element of its output.
-    let x = unsafe { ops.written(n, c, |out| kernel(&[], out))? };
+    let x = unsafe { ops.written(n, c, |out| kernel.run(&[], out))? };
     match keeping {
         Keeping::Plain => ops.backend.save(x),
         Keeping::Evictable => {
