@@ -22,7 +22,7 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 
 use super::scratch::with_scratch;
-use super::simd::{exp, vectorized, Lanes};
+use super::simd::{exp, prefetch, vectorized, Lanes};
 
 /// Query rows per block.
 pub const QUERY_BLOCK: usize = 64;
@@ -181,6 +181,7 @@ impl Pair {
         if transposed {
             to[d.size * d.keys..d.head * d.keys].fill(0.0);
             for t in 0..d.seq {
+                prefetch_row(from, (t + PREFETCH) * rs, d.size);
                 for (i, &v) in from[t * rs..][..d.size].iter().enumerate() {
                     to[i * d.keys + t] = v;
                 }
@@ -230,6 +231,7 @@ impl Pair {
 /// (the padding zeros), element by element (a call to `memcpy` a row cost more than the row).
 fn copy_rows(d: &Dims, from: &[f32], stride: usize, to: &mut [f32]) {
     for t in 0..d.seq {
+        prefetch_row(from, (t + PREFETCH) * stride, d.size);
         let (row, to) = (
             &from[t * stride..][..d.size],
             &mut to[t * d.head..][..d.head],
@@ -247,6 +249,19 @@ fn copy_rows(d: &Dims, from: &[f32], stride: usize, to: &mut [f32]) {
             *to = v;
         }
         padding.fill(0.0);
+    }
+}
+
+/// Rows ahead that a gather asks for (about the rows whose lines are on their way at once).
+const PREFETCH: usize = 8;
+
+/// Prefetches the `len` elements at `from[at..]`, a row a gather reads soon (past the end of
+/// `from` is harmless: a prefetch never faults).
+#[inline(always)]
+fn prefetch_row(from: &[f32], at: usize, len: usize) {
+    let row = from.as_ptr().wrapping_add(at);
+    for line in (0..len).step_by(16) {
+        prefetch(row.wrapping_add(line));
     }
 }
 
@@ -315,7 +330,9 @@ vectorized! {
         for q0 in (0..d.seq).step_by(QUERY_BLOCK) {
             let rows = QUERY_BLOCK.min(d.seq - q0);
             let weights = &mut scores[..QUERY_BLOCK * d.keys];
-            block_weights(d, q, kt, q0, rows, weights);
+            // Kept weights are read whole; the products read up to the block's last row.
+            let zeros_to = if probs.is_some() { d.seq } else { (q0 + QUERY_BLOCK).min(d.keys) };
+            block_weights(d, (q, kt), q0, rows, weights, zeros_to);
             if let Some(probs) = probs.as_deref_mut() {
                 for r in 0..rows {
                     let to = &mut probs[(q0 + r) * d.seq..][..d.seq];
@@ -337,51 +354,96 @@ vectorized! {
 
 /// The softmax weights of query rows `q0..q0 + rows` into `weights` (`QUERY_BLOCK` rows of
 /// `keys`): their scores against the keys up to each tile's last row, by tiles of fused
-/// multiply-adds, then each row's softmax over the keys up to its own position, zeros after.
+/// multiply-adds, then each row's softmax over the keys up to its own position, zeros after
+/// up to key `zeros_to` (what the readers of the block read: at least the block's last
+/// position plus one, rounded up to a tile of rows).
 #[inline(always)]
-fn block_weights(d: Dims, q: &[f32], kt: &[f32], q0: usize, rows: usize, weights: &mut [f32]) {
+fn block_weights(
+    d: Dims,
+    (q, kt): (&[f32], &[f32]),
+    q0: usize,
+    rows: usize,
+    weights: &mut [f32],
+    zeros_to: usize,
+) {
     scores(d, q, kt, q0, rows, weights);
-    softmax_rows(
-        &mut weights[..rows * d.keys],
-        d.keys,
-        q0,
-        rows,
-        d.seq,
-        d.scale,
-    );
+    for (r, row) in weights.chunks_exact_mut(d.keys).take(rows).enumerate() {
+        let (valid, masked) = row[..zeros_to].split_at_mut((q0 + r + 1).min(d.seq));
+        softmax(valid, d.scale);
+        masked.fill(0.0);
+    }
+}
+
+/// `values` becomes its softmax of `scale x` itself: `e^(scale (v - max))` over their sum,
+/// the sum in [`Lanes`]' order, taken as the powers are written.
+#[inline(always)]
+fn softmax(values: &mut [f32], scale: f32) {
+    let max = Lanes::max_of(values);
+    let mut lanes = Lanes::zero();
+    let mut chunks = values.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for (lane, w) in lanes.0.iter_mut().zip(chunk) {
+            *w = exp((*w - max) * scale);
+            *lane += *w;
+        }
+    }
+    for (lane, w) in lanes.0.iter_mut().zip(chunks.into_remainder()) {
+        *w = exp((*w - max) * scale);
+        *lane += *w;
+    }
+    let inverse = 1.0 / lanes.total();
+    values.iter_mut().for_each(|w| *w *= inverse);
 }
 
 /// The scores of query rows `q0..q0 + rows` of `a` (rows of `head`) against the keys `kt`
-/// (transposed), into `out` (rows of `keys`), each tile of rows against the keys up to its
-/// last row only (rounded up to a tile of keys); what lies after is left as it was.
+/// (transposed), into `out` (rows of `keys`): each tile of rows against the keys up to its
+/// last row only, rounded up to a vector of keys; what lies after is left as it was. The
+/// keys are taken a slab of `LANES x KEY_VECTORS` at a time, every tile of rows against one
+/// slab before the next, so the slab stays in the core's first cache while the rows sweep it
+/// (rows against every slab in turn read all the keys from the second cache once per tile).
 #[inline(always)]
 fn scores(d: Dims, a: &[f32], kt: &[f32], q0: usize, rows: usize, out: &mut [f32]) {
-    for r0 in (0..rows).step_by(SCORE_ROWS) {
-        let reach = q0 + r0 + SCORE_ROWS; // keys the tile's rows can see, at most
-        for j0 in (0..reach.min(d.keys)).step_by(LANES * KEY_VECTORS) {
+    const WIDE: usize = LANES * KEY_VECTORS;
+    let seen = (q0 + rows).min(d.keys); // keys the block's last row can see, at most
+    for j0 in (0..seen).step_by(WIDE) {
+        // The first tile whose last row sees key j0 (slabs and blocks start on multiples of
+        // `WIDE`, which `SCORE_ROWS` divides).
+        for r0 in (j0.saturating_sub(q0)..rows).step_by(SCORE_ROWS) {
             let a = &a[(q0 + r0) * d.head..][..SCORE_ROWS * d.head];
-            score_tile(d, a, kt, j0, &mut out[r0 * d.keys..]);
+            let out = &mut out[r0 * d.keys..];
+            // Keys of the slab the tile's rows can see, in whole vectors.
+            let reach = (q0 + r0 + SCORE_ROWS).min(d.keys) - j0;
+            match reach.div_ceil(LANES) {
+                1 => score_tile::<1>(d, a, kt, j0, out),
+                2 => score_tile::<2>(d, a, kt, j0, out),
+                3 => score_tile::<3>(d, a, kt, j0, out),
+                _ => score_tile::<KEY_VECTORS>(d, a, kt, j0, out),
+            }
         }
     }
 }
 
-/// `SCORE_ROWS` rows of scores against keys `j0..j0 + LANES x KEY_VECTORS`: `out[r][j] =
-/// sum over the head of a[r] x kt[.][j]` (row `r` of `out` at `r x keys`).
+/// `SCORE_ROWS` rows of scores against keys `j0..j0 + LANES x V`: `out[r][j] = sum over the
+/// head of a[r] x kt[.][j]` (row `r` of `out` at `r x keys`), each sum in the head's order.
 #[inline(always)]
-fn score_tile(d: Dims, a: &[f32], kt: &[f32], j0: usize, out: &mut [f32]) {
-    const WIDE: usize = LANES * KEY_VECTORS;
-    let mut acc = [[0.0f32; WIDE]; SCORE_ROWS];
+fn score_tile<const V: usize>(d: Dims, a: &[f32], kt: &[f32], j0: usize, out: &mut [f32]) {
+    let mut acc = [[[0.0f32; LANES]; V]; SCORE_ROWS];
     for i in 0..d.head {
-        let keys: &[f32; WIDE] = kt[i * d.keys + j0..][..WIDE].try_into().expect("a tile");
+        let keys = &kt[i * d.keys + j0..][..V * LANES];
         for (r, acc) in acc.iter_mut().enumerate() {
             let x = a[r * d.head + i];
-            for (acc, &k) in acc.iter_mut().zip(keys) {
-                *acc = x.mul_add(k, *acc);
+            for (acc, keys) in acc.iter_mut().zip(keys.chunks_exact(LANES)) {
+                for (acc, &k) in acc.iter_mut().zip(keys) {
+                    *acc = x.mul_add(k, *acc);
+                }
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        out[r * d.keys + j0..][..WIDE].copy_from_slice(acc);
+        let to = &mut out[r * d.keys + j0..][..V * LANES];
+        for (to, acc) in to.chunks_exact_mut(LANES).zip(acc) {
+            to.copy_from_slice(acc);
+        }
     }
 }
 
@@ -468,23 +530,6 @@ fn key_tile<const W: usize>(
     for (j, acc) in acc.iter().enumerate() {
         let to = &mut out[(j0 + j) * d.head + h0..][..W];
         to.iter_mut().zip(acc).for_each(|(t, a)| *t += a);
-    }
-}
-
-/// Row `r` of `weights` (rows of `keys`; query `q0 + r`) becomes the softmax of `scale x` its
-/// first `q0 + r + 1` scores, `e^(scale (s - max))` over their sum, and zeros after, up to
-/// `keys`.
-#[inline(always)]
-fn softmax_rows(weights: &mut [f32], keys: usize, q0: usize, rows: usize, seq: usize, scale: f32) {
-    for (r, row) in weights.chunks_exact_mut(keys).take(rows).enumerate() {
-        let (valid, masked) = row.split_at_mut((q0 + r + 1).min(seq));
-        let max = Lanes::max_of(valid);
-        for w in valid.iter_mut() {
-            *w = exp((*w - max) * scale);
-        }
-        let inverse = 1.0 / Lanes::sum_of(valid, |w| w);
-        valid.iter_mut().for_each(|w| *w *= inverse);
-        masked.fill(0.0);
     }
 }
 
@@ -596,19 +641,20 @@ vectorized! {
                         p[r * d.keys..][..d.seq].copy_from_slice(&kept[(q0 + r) * d.seq..][..d.seq]);
                     }
                 }
-                None => block_weights(d, x.q, x.kt, q0, rows, p),
+                None => block_weights(d, (x.q, x.kt), q0, rows, p, (q0 + QUERY_BLOCK).min(d.keys)),
             }
-            // dp = dout vt over the keys each tile can see, which covers every key up to the
-            // block's first tile of keys after its last row: as far as the readers below
-            // read. Then ds = p (dp - dot) scale (0 where p is).
+            // dp = dout vt over the keys each tile can see; then ds = p (dp - dot) scale over
+            // the keys each row sees, and zeros after (where p is 0) as far as the readers
+            // below read: the block's last position, rounded up to a tile of rows.
             scores(d, x.g, x.vt, q0, rows, dp);
             let seen = (q0 + QUERY_BLOCK).min(d.keys);
             for r in 0..rows {
                 let dot = dots[q0 + r];
-                let (w, g) = (&p[r * d.keys..][..seen], &mut dp[r * d.keys..][..seen]);
-                for (g, &w) in g.iter_mut().zip(w) {
+                let (valid, after) = dp[r * d.keys..][..seen].split_at_mut(q0 + r + 1);
+                for (g, &w) in valid.iter_mut().zip(&p[r * d.keys..]) {
                     *g = w * (*g - dot) * d.scale;
                 }
+                after.fill(0.0);
             }
             let ds = &*dp;
             for r0 in (0..rows).step_by(ROWS) {

@@ -176,6 +176,21 @@ impl Lanes {
     }
 }
 
+/// Asks the processor to bring the cache line holding `at` into its first cache, for a read a
+/// few iterations from now: strided gathers (a head's columns of every row) otherwise wait
+/// on each row's line in turn. Any address will do: a prefetch never faults.
+#[inline(always)]
+pub fn prefetch(at: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is in every x86-64 processor, and a prefetch reads nothing and never
+    // faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 /// `e^x` to about one unit in the last place, without a branch: the argument is reduced by
 /// powers of two (`x = n ln 2 + r`, `|r| <= ln 2 / 2`), `e^r` is a degree-6 polynomial
 /// (Cephes' coefficients), and `2^n` is built in the exponent bits. Arguments below -87 give
