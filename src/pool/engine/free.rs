@@ -24,9 +24,9 @@ impl PoolInner {
     ///
     /// It runs the free's hot path ([`PoolInner::free_cached`], which makes no call) and leaves
     /// everything else to the cold [`give_back_uncached`](Self::give_back_uncached), so that it
-    /// saves few registers on the way in: an alloc + free of a cached 4 KiB block went from 16.5-16.7 to 14.6-14.8 ns on
-    /// an AMD Zen 3 machine when the whole free stopped being this function's body (glibc's
-    /// `Vec` took 24.3-25.1 ns in the same runs; `benches/README.md`).
+    /// saves few registers on the way in: an alloc + free of a cached 4 KiB block went from
+    /// 16.5-16.7 to 14.6-14.8 ns on an AMD Zen 3 machine when the whole free stopped being this
+    /// function's body (glibc's `Vec` took 24.3-25.1 ns in the same runs; `benches/README.md`).
     ///
     /// The pool and record come as raw pointers, not references, on purpose: when the pool was
     /// closed this call may free both, and a reference argument would outlive them.
@@ -67,8 +67,8 @@ impl PoolInner {
         unsafe { Self::give_back_uncached(pool, record, class, requested) }
     }
 
-    /// What [`give_back`](Self::give_back) leaves to the pool's whole free: a block for the shared lists, a
-    /// closed pool, a thread on another pool.
+    /// What [`give_back`](Self::give_back) leaves to the pool's whole free: a block for the
+    /// shared lists, a closed pool, a thread on another pool.
     ///
     /// # Safety
     ///
