@@ -245,6 +245,40 @@ fn a_free_reaches_the_thread_that_allocated() {
     });
 }
 
+/// **a zero mark never outlives a write**: a worker gives back a zeroed buffer nobody wrote,
+/// marking its block zero, while the main thread may take that block for a plain request,
+/// write it and give it back; every zeroed request after that still reads zeros. The mark
+/// is stored before the block is listed, and the next taker's `hand_out` clears it.
+///
+/// Planted bug caught: `mark_zero_after_free` (the mark is stored after the block is back
+/// on a list, where the main thread may already have taken and written it).
+#[test]
+fn a_zero_mark_never_outlives_a_write() {
+    model(|| {
+        const SIZE: usize = 64;
+        let pool = caching_pool();
+        let unwritten = pool.alloc_zeroed(SIZE).unwrap();
+        let worker = thread::spawn(move || drop(unwritten));
+        let mut plain = pool.alloc(SIZE).unwrap();
+        plain.fill(7);
+        drop(plain);
+        worker.join().unwrap();
+        let zeroed = [
+            pool.alloc_zeroed(SIZE).unwrap(),
+            pool.alloc_zeroed(SIZE).unwrap(),
+        ];
+        for buffer in &zeroed {
+            assert!(
+                buffer.as_bytes().unwrap().iter().all(|&b| b == 0),
+                "a written block was taken as zero"
+            );
+        }
+        drop(zeroed);
+        assert_quiescent(&pool.stats(), 4);
+        trim_releases_everything(&pool);
+    });
+}
+
 /// **a second thread ends the sole writer's counting**: the main thread, the pool's first
 /// user, counts its allocations and frees in the exact counters with plain loads and stores
 /// (it is their sole writer); a worker's first allocation makes them shared, while the main

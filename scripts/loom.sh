@@ -49,6 +49,7 @@ planted_cases=(
   "loom_pool:owner_racing_a_drain_of_its_cache:drain_unfenced"
   "loom_pool:owner_racing_a_drain_of_its_cache:enter_relaxed"
   "loom_pool:a_free_reaches_the_thread_that_allocated:free_to_own_cache"
+  "loom_pool:a_zero_mark_never_outlives_a_write:mark_zero_after_free"
   "loom_pool:a_second_thread_ends_the_sole_writers_counting:join_without_waiting_out"
   "loom_pool:close_racing_a_free_in_flight:close_without_wait"
   "loom_pool:last_buffers_dropped_on_two_threads:remaining_load_store"
