@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use super::blocks::Record;
 use super::buffer::PoolBuffer;
 use super::cache::{Entry, PoolThreadCache};
-use super::inner::PoolInner;
+use super::inner::{Handout, PoolInner};
 use super::lists::CACHELESS_SHARD;
 use crate::pool::class;
 use crate::pool::error::{OutOfMemory, PoolError};
@@ -77,7 +77,8 @@ impl<'p> Taken<'p> {
             unsafe { addr.as_ptr().write_bytes(0, size) };
         }
         let zero = self.zeroed();
-        PoolBuffer::new(pool, addr, size, self.record, self.class(), zeroed, zero)
+        let block = Handout::new(pool, addr, size, self.record, self.class(), zeroed, zero);
+        PoolBuffer::from_block(block)
     }
 }
 

@@ -50,18 +50,10 @@ impl PoolBuffer {
         self.block.record()
     }
 
-    pub(in crate::pool) fn new(
-        pool: NonNull<PoolInner>,
-        addr: NonNull<u8>,
-        len: usize,
-        record: &Record,
-        class: usize,
-        initialized: bool,
-        zero: bool,
-    ) -> Self {
-        Self {
-            block: Handout::new(pool, addr, len, record, class, initialized, zero),
-        }
+    /// The buffer over a block just handed out.
+    #[inline(always)]
+    pub(in crate::pool) fn from_block(block: Handout) -> Self {
+        Self { block }
     }
 
     /// The block, for an evictable value to keep while resident.

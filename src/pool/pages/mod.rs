@@ -481,8 +481,8 @@ impl PageLayer {
         let step = SEGMENT_FIRST << state.maps.min(doublings);
         let need = len.checked_add(align - PAGE)?;
         let seg_len = need.max(step).checked_next_multiple_of(PAGE)?;
-        // The segment first: a request the OS refuses takes no bookkeeping with it (the bits
-        // of a 1 TiB segment are 32 MiB of the system allocator's).
+        // The segment first: a request the OS refuses takes no bookkeeping with it (the two
+        // bit maps of a 1 TiB segment are 64 MiB of the system allocator's).
         let base = os::map(seg_len)?;
         self.os_calls.fetch_add(1, Ordering::Relaxed);
         let Some(segment) = Segment::new(base, seg_len) else {
