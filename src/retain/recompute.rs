@@ -268,7 +268,7 @@ impl EvictableTensor {
         &self.recompute
     }
 
-    /// Evicts the value now if it is resident and no read pins it; whether it did.
+    /// Gives back one reader's pin (taken by [`pin`](Self::pin)).
     pub(super) fn unpin(&self) {
         self.handle.unpin();
     }

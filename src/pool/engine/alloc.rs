@@ -50,8 +50,8 @@ impl<'p> Taken<'p> {
         self.class_and_zeroed & !Self::ZEROED
     }
 
-    /// For a request that asks for zeros (`zeroed`): the block taken off a list, known to be
-    /// zero if the record says so (read before its `hand_out`).
+    /// For a request that asks for zeros (`zeroed`): the block taken off a bin or list, known
+    /// to be zero if the record says so (read before its `hand_out`).
     #[inline(always)]
     pub(in crate::pool) fn knowing_zero(self, zeroed: bool) -> Self {
         let zero = zeroed && self.record.known_zero();
@@ -140,15 +140,15 @@ impl PoolInner {
             cache.end_operation(busy);
             return None;
         };
-        // Read before `hand_out`, which overwrites it.
-        let zero = zeroed && record.known_zero();
+        // Before `hand_out`, which overwrites the record's zero mark.
+        let taken = Taken::new(record, class, false).knowing_zero(zeroed);
         record.hand_out(thread, tag, class, size);
         inner.count_alloc(cache, thread, class_bytes, size, true);
         cache.end_operation(busy);
         inner
             .books
             .trace(PoolEventKind::Alloc, class_bytes as u64, class);
-        Some(Taken::new(record, class, zero).into_buffer(this, size, zeroed))
+        Some(taken.into_buffer(this, size, zeroed))
     }
 
     /// Everything [`alloc_cached`](Self::alloc_cached) leaves: the errors, a thread without

@@ -238,8 +238,7 @@ impl Memory {
                 if self.budgeted() {
                     // A heap block counts in the budget beside the free pages, which never
                     // carve for it: purge them until both fit, as a carve would.
-                    self.pages
-                        .fit(self.room_under(self.budget.load(Ordering::Relaxed)));
+                    self.fit_pages();
                     let committed =
                         self.reserved.load(Ordering::Relaxed) + self.pages.dirty_bytes();
                     self.pages.raise_committed(committed);

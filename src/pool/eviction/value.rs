@@ -247,10 +247,12 @@ impl<B: ValueBlock> Evictable<B> {
     /// The caller holds a pin on the value (from [`try_pin`](Self::try_pin) or
     /// [`fill`](Self::fill)) for as long as it uses the reference.
     pub(in crate::pool) unsafe fn pinned_buffer(&self) -> &B {
-        // SAFETY: the caller's pin keeps the phase `Resident`, so the buffer is `Some` and
-        // nobody writes it (invariant on `buffer`).
         self.buffer
-            .with(|slot| unsafe { (*slot).as_ref() })
+            .with(|slot| {
+                // SAFETY: the caller's pin keeps the phase `Resident`, so the buffer is `Some`
+                // and nobody writes it (invariant on `buffer`).
+                unsafe { (*slot).as_ref() }
+            })
             .expect("a pinned value is resident")
     }
 
