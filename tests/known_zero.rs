@@ -70,9 +70,16 @@ fn a_tensor_written_in_place_comes_back_cleared() {
     let pool = BufferPool::new();
     let mut tensor = Tensor::zeros_in(&pool, DType::F32, &[256, 256]).unwrap();
     tensor.as_mut_slice::<f32>().unwrap().fill(1.5);
+    let block = tensor.as_slice::<f32>().unwrap().as_ptr();
     drop(tensor);
     let again = Tensor::zeros_in(&pool, DType::F32, &[256, 256]).unwrap();
-    assert!(again.as_slice::<f32>().unwrap().iter().all(|&x| x == 0.0));
+    let values = again.as_slice::<f32>().unwrap();
+    assert_eq!(
+        values.as_ptr(),
+        block,
+        "the same block, or the test shows nothing"
+    );
+    assert!(values.iter().all(|&x| x == 0.0));
 }
 
 #[test]

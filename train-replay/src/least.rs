@@ -88,8 +88,8 @@ fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Res
             Err(error) => Err(error),
         }
     };
-    // Without a budget nothing is evicted, and that run's peak always fits: the pool's peak
-    // over the process is at least that.
+    // Without a budget nothing is evicted or refused (a failure is another error, passed up),
+    // and that try's peak always fits.
     let (_, unbounded) = fits(None)?;
     // MiB that do not fit: at most `refused`, which failed (a budget need not be whole MiB).
     let mut low = refused / LEAST_STEP;

@@ -98,13 +98,20 @@ fn layer_norm_gradients_match_finite_differences() {
 
 #[test]
 fn attention_gradients_match_finite_differences_and_kept_weights_give_the_same_bits() {
-    // Two sequences of 70 positions: more than one block of queries, the last one short.
-    let heads = Heads {
-        batch: 2,
-        seq: 70,
-        heads: 3,
-        size: 4,
-    };
+    // Two sequences of 70 positions: more than one block of queries, the last one short; a
+    // sequence shorter than a tile of rows with heads past two vectors (33: tiles of 32 and
+    // 16); two blocks of queries, the second of two rows, with a head of 17 (one tile of 32).
+    for (batch, seq, heads, size) in [(2, 70, 3, 4), (1, 3, 2, 33), (1, 66, 1, 17)] {
+        attention_check(Heads {
+            batch,
+            seq,
+            heads,
+            size,
+        });
+    }
+}
+
+fn attention_check(heads: Heads) {
     let (n, c) = (heads.rows(), heads.width());
     let qkv = values(n * 3 * c, 5, 1.5);
     let w = values(n * c, 6, 1.0);

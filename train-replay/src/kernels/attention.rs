@@ -355,8 +355,8 @@ vectorized! {
 /// The softmax weights of query rows `q0..q0 + rows` into `weights` (`QUERY_BLOCK` rows of
 /// `keys`): their scores against the keys up to each tile's last row, by tiles of fused
 /// multiply-adds, then each row's softmax over the keys up to its own position, zeros after
-/// up to key `zeros_to` (what the readers of the block read: at least the block's last
-/// position plus one, rounded up to a tile of rows).
+/// up to key `zeros_to` (as far as the block's readers read: the whole sequence for kept
+/// weights, else the block's last position rounded up to a slab of keys, at most `keys`).
 #[inline(always)]
 fn block_weights(
     d: Dims,
@@ -405,10 +405,11 @@ fn softmax(values: &mut [f32], scale: f32) {
 fn scores(d: Dims, a: &[f32], kt: &[f32], q0: usize, rows: usize, out: &mut [f32]) {
     const WIDE: usize = LANES * KEY_VECTORS;
     let seen = (q0 + rows).min(d.keys); // keys the block's last row can see, at most
+                                        // A block's rows all see its first key, and a slab starts at most there, so every tile
+                                        // meets every slab up to the block's.
+    const _: () = assert!(WIDE == QUERY_BLOCK && QUERY_BLOCK.is_multiple_of(SCORE_ROWS));
     for j0 in (0..seen).step_by(WIDE) {
-        // The first tile whose last row sees key j0 (slabs and blocks start on multiples of
-        // `WIDE`, which `SCORE_ROWS` divides).
-        for r0 in (j0.saturating_sub(q0)..rows).step_by(SCORE_ROWS) {
+        for r0 in (0..rows).step_by(SCORE_ROWS) {
             let a = &a[(q0 + r0) * d.head..][..SCORE_ROWS * d.head];
             let out = &mut out[r0 * d.keys..];
             // Keys of the slab the tile's rows can see, in whole vectors.
