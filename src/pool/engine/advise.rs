@@ -3,12 +3,18 @@
 
 const PAGE: usize = 4096;
 
-/// Applies the configured advice to the block `[addr, addr + len)`, which the caller owns.
-pub(in crate::pool) fn advise(addr: *mut u8, len: usize, huge_pages: bool, prefault: bool) {
+/// Applies the configured advice to the block `[addr, addr + len)`.
+///
+/// # Safety
+///
+/// `addr` points to a block of `len` bytes that the caller owns and has not handed out
+/// (with pre-faulting and no `madvise`, a zero is written to each of its pages), with the
+/// block's provenance.
+pub(in crate::pool) unsafe fn advise(addr: *mut u8, len: usize, huge_pages: bool, prefault: bool) {
     // The whole pages inside the block, as offsets from `addr` (the pointer keeps its
     // provenance).
-    let first = (addr as usize).next_multiple_of(PAGE) - addr as usize;
-    let last = ((addr as usize + len) & !(PAGE - 1)).saturating_sub(addr as usize);
+    let first = addr.addr().next_multiple_of(PAGE) - addr.addr();
+    let last = ((addr.addr() + len) & !(PAGE - 1)).saturating_sub(addr.addr());
     if last <= first {
         return;
     }

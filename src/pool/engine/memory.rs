@@ -247,7 +247,9 @@ impl Memory {
             raw
         };
         if !raw.is_null() && advised && (huge_pages || shape.prefault) {
-            advise::advise(raw, class_bytes, huge_pages, shape.prefault);
+            // SAFETY: a block of `class_bytes` fresh from the system or the page layer,
+            // with its provenance, not yet handed out.
+            unsafe { advise::advise(raw, class_bytes, huge_pages, shape.prefault) };
             if huge_pages && paged {
                 self.pages.note_advised();
             }

@@ -64,7 +64,7 @@ unsafe impl Allocator for BufferPool {
             let capacity = unsafe { raw::raw_capacity(ptr) };
             if raw::resizes_in_place(capacity, new_layout.size(), false) {
                 // SAFETY: a raw pool block in use, which holds `new_layout.size()` bytes.
-                unsafe { raw::resize_raw(ptr, new_layout.align(), new_layout.size()) };
+                let ptr = unsafe { raw::resize_raw(ptr, new_layout.align(), new_layout.size()) };
                 return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
             }
         }
@@ -91,13 +91,13 @@ unsafe impl Allocator for BufferPool {
             return allocate_block(self, new_layout, false); // a dangling pointer, nothing held
         }
         if new_layout.align() <= old_layout.align()
-            || (ptr.as_ptr() as usize).is_multiple_of(new_layout.align())
+            || ptr.addr().get().is_multiple_of(new_layout.align())
         {
             // SAFETY: a raw pool block from `allocate` (the caller's contract), in use; it
             // holds `new_layout.size() <= old_layout.size()` bytes.
-            let capacity = unsafe {
-                raw::resize_raw(ptr, new_layout.align(), new_layout.size());
-                raw::raw_capacity(ptr)
+            let (ptr, capacity) = unsafe {
+                let ptr = raw::resize_raw(ptr, new_layout.align(), new_layout.size());
+                (ptr, raw::raw_capacity(ptr))
             };
             return Ok(NonNull::slice_from_raw_parts(ptr, capacity));
         }
@@ -138,7 +138,8 @@ fn allocate_block(
 ) -> Result<NonNull<[u8]>, AllocError> {
     if layout.size() == 0 {
         // A dangling pointer with the layout's alignment: zero-sized blocks are never read.
-        let dangling = NonNull::new(layout.align() as *mut u8).ok_or(AllocError)?;
+        let dangling =
+            NonNull::new(std::ptr::without_provenance_mut(layout.align())).ok_or(AllocError)?;
         return Ok(NonNull::slice_from_raw_parts(dangling, 0));
     }
     if layout.align() > MAX_ALIGN {

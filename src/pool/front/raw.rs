@@ -4,7 +4,22 @@
 //! A block allocated this way holds a header, just before the caller's pointer, that records what a
 //! [`PoolBuffer`] would hold (the pool, the block's record, class and length). The pointer is the
 //! first address with the layout's alignment that leaves room for the header before it. Giving it
-//! back reads the header at `ptr - HEADER`: O(1), no lock, no lookup table.
+//! back reads the header at the address `ptr - HEADER`, through the block's provenance (below):
+//! O(1), no lock, no lookup table.
+//!
+//! # Whose pointer reaches the header
+//!
+//! Never the caller's. To the compiler the pointer a global allocator returns is a new object
+//! of exactly `layout.size()` bytes (rustc marks `__rust_alloc` as an allocation function, and
+//! LLVM treats its result as a fresh, uninitialised object of that size), and `dealloc` ends
+//! it. A pointer derived from the caller's may address those bytes and nothing else: a header
+//! read at `caller's pointer - HEADER` is an access outside its object, undefined behaviour,
+//! and the optimiser, once `dealloc` is inlined behind `__rust_alloc`, reads it as a load
+//! of the new object's never-written bytes (an undefined value, so the branch on the header's
+//! kind is undefined and the whole path unreachable). So the header is reached with the
+//! *block's* provenance, which the allocator owns: every block handed out has its provenance
+//! exposed ([`hand_out`]), and the header is found from the caller's address alone
+//! ([`header_of`], `with_exposed_provenance`), never by offsetting the caller's pointer.
 
 // Raw blocks serve the `GlobalAlloc` and `Allocator` front ends, which loom builds leave
 // out (loom's atomics cannot back a process-wide allocator): parts of this file go unused.
@@ -74,6 +89,36 @@ pub(in crate::pool) fn resizes_in_place(capacity: usize, new_size: usize, may_mo
 /// Bytes of the header, which sits right before the caller's pointer.
 const HEADER: usize = std::mem::size_of::<Header>();
 
+/// The header of the raw block whose caller's pointer has address `addr`, as a pointer with
+/// the block's provenance (exposed by [`hand_out`]), not the caller's: the caller's pointer
+/// may address its `layout.size()` bytes only (see the module's docs). Making it is safe;
+/// using it needs a block still in use whose caller's pointer has that address.
+#[inline(always)]
+fn header_of(addr: usize) -> *mut Header {
+    // `addr >= HEADER` for every caller's pointer (the header lies before it in its block);
+    // for any other address the pointer is dangling, and only made, never used.
+    std::ptr::with_exposed_provenance_mut(addr.wrapping_sub(HEADER))
+}
+
+/// Writes `header` before the caller's pointer `ptr`, which is derived from the block's own
+/// pointer, and exposes the block's provenance, so that [`header_of`] can reach the header
+/// from the caller's address alone.
+///
+/// # Safety
+///
+/// `[ptr - HEADER, ptr)` lies in a block the caller owns, and `ptr` carries that block's
+/// provenance (it is not a pointer some caller of an allocator got back).
+#[inline(always)]
+unsafe fn hand_out(ptr: *mut u8, header: Header) {
+    // SAFETY: the caller's contract: the header's bytes are in the block, ours; written
+    // unaligned (the pointer has only the layout's alignment).
+    let at = unsafe { ptr.sub(HEADER) }.cast::<Header>();
+    // SAFETY: as above.
+    unsafe { at.write_unaligned(header) };
+    // The provenance `header_of` will pick: the block's, which covers the header.
+    at.expose_provenance();
+}
+
 /// Bytes a raw block needs beyond the layout's size: the header, and the padding to the
 /// layout's alignment after it.
 #[inline]
@@ -85,7 +130,7 @@ fn overhead(layout: Layout) -> usize {
 /// that leaves room for the header before it.
 #[inline]
 fn user_pointer(start: *mut u8, align: usize) -> *mut u8 {
-    let offset = (start as usize + HEADER).next_multiple_of(align) - start as usize;
+    let offset = (start.addr() + HEADER).next_multiple_of(align) - start.addr();
     debug_assert!(offset >= HEADER && offset - HEADER < align);
     start.wrapping_add(offset)
 }
@@ -112,7 +157,7 @@ fn colour(buffer: &PoolBuffer, total: usize, align: usize) -> usize {
         return 0;
     }
     // Records sit side by side in the block table.
-    let record = buffer.record_ptr().as_ptr() as usize / std::mem::size_of::<Record>();
+    let record = buffer.record_ptr().addr().get() / std::mem::size_of::<Record>();
     let colour = record % COLOURS;
     let fits = (buffer.capacity() - total) / COLOUR_STEP;
     // A mask, and a division only where fewer colours fit than there are.
@@ -140,7 +185,7 @@ impl Origin {
     pub(in crate::pool) fn pooled_capacity(&self, ptr: NonNull<u8>) -> Option<usize> {
         match self {
             Origin::Pooled(buffer) => {
-                Some(buffer.capacity() - (ptr.as_ptr() as usize - buffer.as_ptr() as usize))
+                Some(buffer.capacity() - (ptr.addr().get() - buffer.as_ptr().addr()))
             }
             Origin::Fallback(_) => None,
         }
@@ -155,8 +200,10 @@ impl Origin {
 /// `Pooled` buffer returned is dropped at most once, and only when the block is given back.
 pub(in crate::pool) unsafe fn origin(ptr: NonNull<u8>) -> Origin {
     // SAFETY: both writers put a `Header` right before `ptr`, in the same block (the caller's
-    // contract); it is read unaligned (the pointer has only the layout's alignment).
-    let header = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>().read_unaligned() };
+    // contract), through `hand_out`, which exposed the block's provenance: `header_of` makes
+    // a pointer with it (never one derived from `ptr`, whose object ends at `ptr`); read
+    // unaligned (the pointer has only the layout's alignment).
+    let header = unsafe { header_of(ptr.addr().get()).read_unaligned() };
     // SAFETY: `kind` says which field `body` holds.
     unsafe {
         match header.kind {
@@ -186,17 +233,21 @@ pub(in crate::pool) fn alloc_fallback(
     }
     let ptr = user_pointer(base, layout.align());
     // SAFETY: `ptr - base >= HEADER` and `ptr + layout.size() <= base + total`: the header
-    // and the caller's bytes lie inside the fresh block, which is ours.
+    // and the caller's bytes lie inside the fresh block, which is ours; `ptr` is derived
+    // from `base`, the block's own pointer.
     unsafe {
-        ptr.sub(HEADER).cast::<Header>().write_unaligned(Header {
-            body: Body {
-                fallback: Fallback {
-                    base,
-                    layout: block,
+        hand_out(
+            ptr,
+            Header {
+                body: Body {
+                    fallback: Fallback {
+                        base,
+                        layout: block,
+                    },
                 },
+                kind: FALLBACK,
             },
-            kind: FALLBACK,
-        });
+        );
     }
     ptr
 }
@@ -229,18 +280,22 @@ pub(in crate::pool) fn alloc_raw(
         unsafe { buffer.as_mut_ptr().add(total).write_bytes(0, colour) };
     }
     // SAFETY: `ptr - start >= HEADER` and `ptr + layout.size() <= start + total + colour
-    // <= start + capacity`, the block's bytes, exclusively ours. The header goes in
-    // `[ptr - HEADER, ptr)`, written unaligned (the pointer has only the layout's
-    // alignment).
+    // <= start + capacity`, the block's bytes, exclusively ours; `ptr` is derived from the
+    // buffer's own pointer. The header goes in `[ptr - HEADER, ptr)`.
     unsafe {
-        ptr.sub(HEADER).cast::<Header>().write_unaligned(Header {
-            body: Body {
-                pooled: ManuallyDrop::new(buffer),
+        hand_out(
+            ptr,
+            Header {
+                body: Body {
+                    pooled: ManuallyDrop::new(buffer),
+                },
+                kind: POOLED | colour,
             },
-            kind: POOLED | colour,
-        });
-        Ok(NonNull::new_unchecked(ptr))
+        );
     }
+    // SAFETY: `ptr` lies in the block, past its start (`HEADER` bytes at least), so it is
+    // not null.
+    Ok(unsafe { NonNull::new_unchecked(ptr) })
 }
 
 /// Gives back a raw pool block (for the `Allocator` front end, whose blocks are all pool
@@ -273,17 +328,24 @@ pub(in crate::pool) unsafe fn raw_capacity(ptr: NonNull<u8>) -> usize {
 /// Records that a raw pool block now holds `new_size` bytes with alignment `align` for
 /// its caller, in place (an in-place `realloc`, `grow` or `shrink`): its requested length
 /// in the header and in the pool's counters, what an allocation of that layout counts.
+/// Returns the caller's pointer made anew from the block's own pointer: the caller's
+/// may address only its old size (see the module's docs), the one returned the whole
+/// block from it on.
 ///
 /// # Safety
 ///
 /// `ptr` came from [`alloc_raw`](alloc_raw) and is still in use; `new_size` fits
 /// the block (its pooled capacity for `ptr` is at least `new_size`), and nothing else
 /// uses the block meanwhile.
-pub(in crate::pool) unsafe fn resize_raw(ptr: NonNull<u8>, align: usize, new_size: usize) {
+pub(in crate::pool) unsafe fn resize_raw(
+    ptr: NonNull<u8>,
+    align: usize,
+    new_size: usize,
+) -> NonNull<u8> {
+    // The header, through the block's provenance (see `origin`).
+    let at = header_of(ptr.addr().get());
     // SAFETY: `alloc_raw` wrote the header right before `ptr`, in the same block (the
     // caller's contract); it is written back below, the block ours meanwhile.
-    let at = unsafe { ptr.as_ptr().sub(HEADER).cast::<Header>() };
-    // SAFETY: as above.
     let mut header = unsafe { at.read_unaligned() };
     // SAFETY: a pool block's header holds its buffer.
     let buffer = unsafe { &mut *header.body.pooled };
@@ -292,13 +354,16 @@ pub(in crate::pool) unsafe fn resize_raw(ptr: NonNull<u8>, align: usize, new_siz
     // resizes counted; at least what lies before the pointer (after a shrink to a smaller
     // alignment), less the colour, which the length never counts.
     let colour = header.kind & COLOUR_BITS;
-    let prefix = ptr.as_ptr() as usize - buffer.as_ptr() as usize - colour;
+    let prefix = ptr.addr().get() - buffer.as_ptr().addr() - colour;
     let overhead = HEADER.saturating_add(align - 1).max(prefix);
     let len = overhead.saturating_add(new_size);
     buffer.resize_requested(len.min(buffer.capacity()));
+    let resized = buffer.as_mut_ptr().with_addr(ptr.addr().get());
     // SAFETY: the same place, in the block; the copy read above is forgotten in favour of
     // this one (the header owns the buffer).
     unsafe { at.write_unaligned(header) };
+    // SAFETY: the address of `ptr`, which is not null.
+    unsafe { NonNull::new_unchecked(resized) }
 }
 
 #[cfg(all(test, not(loom)))]
