@@ -6,12 +6,17 @@ embeddings, pre-LayerNorm blocks of causal self-attention (F.scaled_dot_product_
 a 4x MLP with GELU (tanh form), a final LayerNorm, the output projection tied to the token
 embedding, softmax cross-entropy over the bytes of a text, AdamW (betas 0.9 and 0.95, weight
 decay on the matrices and embeddings only). The batches are the ones the job draws: the same
-text split the same way, the same offsets from the same seed (see `offsets`). With `--load
+text split the same way, the same offsets from the same seed (see `offsets`). `--tokens FILE`
+reads the tokens the job made of its text instead (little-endian 32-bit ids, as `compare` and
+`sweep` write them for `--tokenizer gpt2`), so both train on the same token ids; the logits are
+nanoGPT's, whole. With `--load
 FILE` it starts from weights the job wrote (`train-replay train --model gpt --save-init
 FILE`), so that the two train the same model on the same batches; `--losses N` prints the
 first N losses. `--checkpoint-every k` wraps every k blocks in torch.utils.checkpoint (0: none);
 `--compile` runs the model through torch.compile first and reports its compile time apart.
-Prints one JSON line with the fields of `train-replay train --json`.
+Prints one JSON line with the fields of `train-replay train --json`, and `baseline_rss`: the
+process's peak RSS once the model and the optimizer exist, before the first step (the
+interpreter and its libraries, the weights and the optimizer's state).
 
     python3 train-replay/scripts/torch_gpt.py --threads 2 --steps 20
 """
@@ -170,6 +175,7 @@ def main():
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--data", default=DATA)
+    parser.add_argument("--tokens", help="the text's token ids, little-endian int32 (not --data)")
     parser.add_argument("--load")
     parser.add_argument("--losses", type=int, default=0)
     parser.add_argument("--compile", action="store_true")
@@ -180,8 +186,14 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    with open(args.data, "rb") as f:
-        data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
+    if args.tokens:
+        with open(args.tokens, "rb") as f:
+            data = torch.frombuffer(bytearray(f.read()), dtype=torch.int32).long()
+    else:
+        with open(args.data, "rb") as f:
+            data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
+    if int(data.max()) >= args.vocab:
+        parser.error(f"the text holds the token {int(data.max())}, past --vocab {args.vocab}")
     train = data[: len(data) * 9 // 10]
     model = GPT(args.vocab, args.context, args.width, args.heads, args.layers, args.checkpoint_every)
     init_weights(model, args.layers)
@@ -195,6 +207,9 @@ def main():
         betas=(0.9, 0.95),
         eps=1e-8,
     )
+    # The interpreter, its libraries, the weights and the optimizer, before any step (or
+    # compilation) runs.
+    baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     span = len(train) - args.context
     windows = torch.arange(args.context + 1)
 
@@ -238,6 +253,7 @@ def main():
                 "steps_per_s": measured / elapsed,
                 "faults_per_step": (minor_faults() - faults) / measured,
                 "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "baseline_rss": baseline_rss,
                 "losses": losses[: args.losses],
                 "compile_s": compile_s,
             }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::data::Tokenizer;
 use crate::error::BadInput;
 
 /// Train a GPT (or an MLP) on the CPU with activation checkpointing, every tensor in
@@ -118,11 +119,20 @@ pub struct Args {
     /// GPT: attention heads (at least 1; --width must be a multiple of it).
     #[arg(long, default_value_t = 4, value_parser = at_least_one)]
     pub heads: usize,
-    /// GPT: tokens in the vocabulary (1 to 65536; 256 holds every byte).
-    #[arg(long, default_value_t = 256, value_parser = vocab)]
-    pub vocab: usize,
-    /// GPT: the text to train on, as bytes (default: the first MiB of Shakespeare's plays,
-    /// shipped with the job). Its last tenth is the validation part.
+    /// GPT: tokens in the vocabulary (1 to 65536; default: the tokenizer's, 256 for bytes
+    /// and 50257 for gpt2; at least that).
+    #[arg(long, value_parser = vocab)]
+    pub vocab: Option<usize>,
+    /// GPT: how the text becomes tokens: its bytes, or GPT-2's byte-pair encoding
+    /// (`r50k_base`, 50,257 tokens, shipped with the job).
+    #[arg(long, value_enum, default_value_t = Tokenizer::Bytes)]
+    pub tokenizer: Tokenizer,
+    /// GPT: a model of a known size; a flag given beside it overrides it.
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    /// GPT: the text to train on (default: the first MiB of Shakespeare's plays, shipped
+    /// with the job), cut into tokens by --tokenizer. Its last tenth of tokens is the
+    /// validation part.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// GPT: write the initial weights to FILE (safetensors, nanoGPT's names and layouts).
@@ -134,9 +144,16 @@ pub struct Args {
     /// GPT: print the validation loss every N steps (and after the last; 0: never).
     #[arg(long, default_value_t = 50, value_parser = whole)]
     pub eval_every: usize,
-    /// GPT: bytes of text to sample from the model at the end (0: none).
+    /// GPT: tokens of text to sample from the model at the end (bytes with --tokenizer
+    /// bytes; 0: none).
     #[arg(long, default_value_t = 200, value_parser = whole)]
     pub sample: usize,
+    /// GPT: rows of logits the head computes at once; each chunk's logits become its share
+    /// of the gradients before the next chunk's are computed, so the head holds one chunk
+    /// (default: as many rows as 64 MiB of logits hold, a multiple of 64; 0: every row, the
+    /// logits whole).
+    #[arg(long, value_name = "ROWS", value_parser = whole)]
+    pub head_rows: Option<usize>,
     /// GPT: keep each attention's softmax weights for the backward pass instead of
     /// computing them again (the same bits either way; more memory).
     #[arg(long, hide = true)]
@@ -199,6 +216,36 @@ pub struct Args {
     pub json: bool,
 }
 
+/// A GPT of a known size (GPT-2's tokenizer), for `--preset`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// GPT-2 small: 12 blocks of width 768, 12 heads, context 1024, GPT-2's tokenizer
+    /// (124.4M parameters).
+    #[value(name = "gpt2-small")]
+    Gpt2Small,
+    /// A smaller GPT-2: 6 blocks of width 384, 6 heads, context 256, GPT-2's tokenizer
+    /// (30.0M parameters).
+    #[value(name = "gpt2-mini")]
+    Gpt2Mini,
+}
+
+impl Preset {
+    /// `(layers, width, heads, context)`; the tokenizer is GPT-2's.
+    pub fn shape(self) -> (usize, usize, usize, usize) {
+        match self {
+            Self::Gpt2Small => (12, 768, 12, 1024),
+            Self::Gpt2Mini => (6, 384, 6, 256),
+        }
+    }
+
+    /// The parameters of the model, GPT-2's vocabulary: the token and position tables, 12
+    /// matrices' worth and 13 vectors' of width per block, and the final layer norm.
+    pub fn parameters(self) -> usize {
+        let (layers, c, _, context) = self.shape();
+        (Tokenizer::Gpt2.vocab() + context) * c + layers * (12 * c * c + 13 * c) + 2 * c
+    }
+}
+
 /// What the forward pass keeps for the backward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
@@ -211,7 +258,63 @@ pub enum Keep {
     Fitted,
 }
 
+impl Cli {
+    /// The command line `matches` holds, with `--preset` applied: each of its values where
+    /// the command line gives none.
+    ///
+    /// # Errors
+    ///
+    /// clap's, for matches that do not hold a `Cli` (none from `Cli::command()`).
+    pub fn from_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        use clap::FromArgMatches;
+        let mut cli = Self::from_arg_matches(matches)?;
+        let (args, training) = match (&mut cli.command, matches.subcommand()) {
+            (Some(Command::Train(args)), Some((_, sub))) => (args, sub),
+            (Some(Command::Compare(compare)), Some((_, sub))) => (&mut compare.train, sub),
+            (Some(Command::Sweep(sweep)), Some((_, sub))) => (&mut sweep.train, sub),
+            _ => (&mut cli.train, matches),
+        };
+        args.apply_preset(|id| given(training, id));
+        Ok(cli)
+    }
+}
+
+/// Whether the flag `id` was given on the command line `matches` holds.
+fn given(matches: &clap::ArgMatches, id: &str) -> bool {
+    matches!(
+        matches
+            .try_contains_id(id)
+            .ok()
+            .and_then(|_| matches.value_source(id)),
+        Some(clap::parser::ValueSource::CommandLine)
+    )
+}
+
 impl Args {
+    /// Sets what `--preset` names wherever `given(id)` says the command line gave nothing.
+    pub fn apply_preset(&mut self, given: impl Fn(&str) -> bool) {
+        let Some(preset) = self.preset else { return };
+        let (layers, width, heads, context) = preset.shape();
+        for (id, field, value) in [
+            ("layers", &mut self.layers, layers),
+            ("width", &mut self.width, width),
+            ("heads", &mut self.heads, heads),
+            ("context", &mut self.context, context),
+        ] {
+            if !given(id) {
+                *field = value;
+            }
+        }
+        if !given("tokenizer") {
+            self.tokenizer = Tokenizer::Gpt2;
+        }
+    }
+
+    /// The vocabulary: `--vocab`, or the tokenizer's.
+    pub fn vocab(&self) -> usize {
+        self.vocab.unwrap_or(self.tokenizer.vocab())
+    }
+
     /// What the forward pass keeps: the job fits it to the budget when there is one and no
     /// `--checkpoint-every`.
     pub fn keep(&self) -> Keep {
@@ -256,7 +359,8 @@ impl Args {
                 ("--context", self.context.to_string()),
                 ("--width", self.width.to_string()),
                 ("--heads", self.heads.to_string()),
-                ("--vocab", self.vocab.to_string()),
+                ("--vocab", self.vocab().to_string()),
+                ("--tokenizer", self.tokenizer.name().to_owned()),
                 ("--weight-decay", self.weight_decay.to_string()),
             ]),
         }
@@ -270,15 +374,19 @@ impl Args {
         if self.keep_scores {
             out.push("--keep-scores".into());
         }
+        if let (Some(rows), ModelKind::Gpt) = (self.head_rows, self.model) {
+            out.extend(["--head-rows".into(), rows.to_string()]);
+        }
         out
     }
 
     /// [`check`](Self::check), and for the GPT that the text can be read and split (what
     /// `compare` and `sweep` ask before they start their children).
-    pub fn check_all(&self) -> Result<(), BadInput> {
+    pub fn check_all(&self) -> anyhow::Result<()> {
         self.check()?;
         if self.model == ModelKind::Gpt {
-            crate::data::Text::load(self.data.as_deref(), self.context, self.vocab)?;
+            let text = self.data.as_deref();
+            crate::data::Text::load(text, self.context, self.vocab(), self.tokenizer)?;
         }
         Ok(())
     }
@@ -286,6 +394,20 @@ impl Args {
     /// What the flags ask that no single flag's parser can refuse: an error naming the flags
     /// and what they take.
     pub fn check(&self) -> Result<(), BadInput> {
+        // Bytes need only the text's largest byte (`Text::split` checks it); GPT-2's
+        // tokenizer may make any of its tokens.
+        let needed = self.tokenizer.vocab();
+        if self.model == ModelKind::Gpt
+            && self.tokenizer != Tokenizer::Bytes
+            && self.vocab() < needed
+        {
+            return Err(BadInput(format!(
+                "--vocab {} is below the {needed} tokens of --tokenizer {}: give --vocab {needed} \
+                 or more (or leave it out)",
+                self.vocab(),
+                self.tokenizer.name()
+            )));
+        }
         if self.model == ModelKind::Gpt && !self.width.is_multiple_of(self.heads) {
             return Err(BadInput(format!(
                 "--width {} is not a multiple of --heads {}: each head takes an equal share \
@@ -300,17 +422,20 @@ impl Args {
 }
 
 /// The flags only one model reads: each one's id, its name, and the model.
-const MODEL_FLAGS: [(&str, &str, ModelKind); 12] = [
+const MODEL_FLAGS: [(&str, &str, ModelKind); 15] = [
     ("context", "--context", ModelKind::Gpt),
     ("width", "--width", ModelKind::Gpt),
     ("heads", "--heads", ModelKind::Gpt),
     ("vocab", "--vocab", ModelKind::Gpt),
+    ("tokenizer", "--tokenizer", ModelKind::Gpt),
+    ("preset", "--preset", ModelKind::Gpt),
     ("data", "--data", ModelKind::Gpt),
     ("save_init", "--save-init", ModelKind::Gpt),
     ("load", "--load", ModelKind::Gpt),
     ("eval_every", "--eval-every", ModelKind::Gpt),
     ("sample", "--sample", ModelKind::Gpt),
     ("keep_scores", "--keep-scores", ModelKind::Gpt),
+    ("head_rows", "--head-rows", ModelKind::Gpt),
     ("weight_decay", "--weight-decay", ModelKind::Gpt),
     ("hidden", "--hidden", ModelKind::Mlp),
 ];
@@ -321,18 +446,9 @@ pub fn refuse_foreign_flags(matches: &clap::ArgMatches) -> Result<(), BadInput> 
     let Ok(Some(model)) = matches.try_get_one::<ModelKind>("model") else {
         return Ok(());
     };
-    let given = |id: &str| {
-        matches!(
-            matches
-                .try_contains_id(id)
-                .ok()
-                .and_then(|_| matches.value_source(id)),
-            Some(clap::parser::ValueSource::CommandLine)
-        )
-    };
     match MODEL_FLAGS
         .iter()
-        .find(|(id, _, owner)| owner != model && given(id))
+        .find(|(id, _, owner)| owner != model && given(matches, id))
     {
         Some((_, flag, owner)) => Err(BadInput(format!(
             "{flag} is a flag of --model {}: --model {} does not read it",
@@ -445,7 +561,44 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, Cli, Preset};
+    use clap::CommandFactory;
+
+    /// The help lists each preset with its parameter count, the one the model has.
+    #[test]
+    fn presets_list_their_parameters_and_flags_override_them() {
+        let help = Cli::command().render_long_help().to_string();
+        for (preset, name) in [
+            (Preset::Gpt2Small, "gpt2-small"),
+            (Preset::Gpt2Mini, "gpt2-mini"),
+        ] {
+            let count = format!("({:.1}M parameters)", preset.parameters() as f64 / 1e6);
+            let line = help.lines().find(|l| l.contains(&format!("- {name}:")));
+            assert!(
+                line.is_some_and(|l| l.contains(&count)),
+                "{name} {count}: {help}"
+            );
+        }
+        assert_eq!(Preset::Gpt2Small.parameters(), 124_439_808);
+        let parse = |line: &str| {
+            let matches = Cli::command().get_matches_from(line.split_whitespace());
+            Cli::from_matches(&matches).unwrap()
+        };
+        let mini = parse("train-replay --preset gpt2-mini --layers 2").train;
+        assert_eq!(
+            (mini.layers, mini.width, mini.heads, mini.context),
+            (2, 384, 6, 256)
+        );
+        assert_eq!((mini.tokenizer.name(), mini.vocab()), ("gpt2", 50_257));
+        let Some(super::Command::Compare(compare)) =
+            parse("train-replay compare --preset gpt2-small --tokenizer bytes").command
+        else {
+            panic!("compare");
+        };
+        let small = compare.train;
+        assert_eq!((small.layers, small.width, small.context), (12, 768, 1024));
+        assert_eq!((small.tokenizer.name(), small.vocab()), ("bytes", 256));
+    }
 
     #[test]
     fn byte_counts_with_binary_and_si_units() {

@@ -4,11 +4,12 @@
 
 use anyhow::{anyhow, Context};
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::allocator::{COMPARED, VARIABLE};
 use crate::args::{Args, CompareArgs, Keep, ModelKind};
+use crate::data::{Text, Tokenizer};
 use crate::error::BadInput;
 use ferropool_figures::spread;
 
@@ -36,22 +37,59 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<()> {
     }
     let exe = std::env::current_exe().context("locating this program to run its children")?;
     let mut forwarded = training_flags(std::env::args_os().skip(1));
-    // The GPT's runs, PyTorch's included, start from one file of initial weights.
-    let init = (train.model == ModelKind::Gpt).then(|| {
-        std::env::temp_dir().join(format!(
-            "train-replay-init-{}.safetensors",
-            std::process::id()
-        ))
-    });
-    if let Some(path) = &init {
-        crate::model::gpt::save_init(train, path)?;
+    let files = RunFiles::write(train, "compare")?;
+    if let Some(path) = &files.init {
         forwarded.extend(["--load".into(), path.into()]);
     }
-    let result = run_rounds(args, &exe, &forwarded, init.as_deref());
-    if let Some(path) = &init {
-        let _ = std::fs::remove_file(path);
+    run_rounds(args, &exe, &forwarded, &files)
+}
+
+/// What every run of a GPT's `compare` or `sweep` starts from, written once to the system's
+/// temporary directory and removed when dropped: the initial weights, and for a tokenizer
+/// other than bytes the text's tokens, which PyTorch reads rather than tokenizing again.
+#[derive(Debug, Default)]
+pub(crate) struct RunFiles {
+    /// The initial weights (safetensors; the GPT only).
+    pub init: Option<PathBuf>,
+    /// The text's tokens (little-endian `u32`s; GPT-2's tokenizer only).
+    pub tokens: Option<PathBuf>,
+}
+
+impl RunFiles {
+    /// The files a run of `train` needs, named after `what` and this process.
+    pub fn write(train: &Args, what: &str) -> anyhow::Result<Self> {
+        let mut files = Self::default();
+        if train.model != ModelKind::Gpt {
+            return Ok(files);
+        }
+        let name = |ext: &str| {
+            let id = std::process::id();
+            std::env::temp_dir().join(format!("train-replay-{what}-{id}.{ext}"))
+        };
+        let init = files.init.insert(name("safetensors"));
+        crate::model::gpt::save_init(train, init)?;
+        if train.tokenizer != Tokenizer::Bytes {
+            let text = Text::load(
+                train.data.as_deref(),
+                train.context,
+                train.vocab(),
+                train.tokenizer,
+            )?;
+            text.write_tokens(files.tokens.insert(name("tokens")))?;
+        }
+        // The weights were made whole (GPT-2 small's, with their moments: 1.4 GiB) only to
+        // be written: this process holds nothing of them while its children train.
+        crate::allocator::give_back_cached();
+        Ok(files)
     }
-    result
+}
+
+impl Drop for RunFiles {
+    fn drop(&mut self) {
+        for path in [&self.init, &self.tokens].into_iter().flatten() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// The rounds of `compare`: every variant in turn, `--rounds` times; then the table.
@@ -59,7 +97,7 @@ fn run_rounds(
     args: &CompareArgs,
     exe: &Path,
     forwarded: &[OsString],
-    init: Option<&Path>,
+    files: &RunFiles,
 ) -> anyhow::Result<()> {
     let train = &args.train;
     let mut variants: Vec<(&str, Command)> = COMPARED
@@ -80,9 +118,12 @@ fn run_rounds(
         })
         .collect();
     if let Some(python) = &args.torch {
-        variants.push(("pytorch", torch_command(python, train, init, false)));
+        variants.push(("pytorch", torch_command(python, train, files, false)));
         if train.model == ModelKind::Gpt {
-            variants.push(("pytorch-compiled", torch_command(python, train, init, true)));
+            variants.push((
+                "pytorch-compiled",
+                torch_command(python, train, files, true),
+            ));
         }
     }
     let names: Vec<&str> = variants.iter().map(|(name, _)| *name).collect();
@@ -141,12 +182,12 @@ fn training_flags(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     kept
 }
 
-/// The PyTorch run of the same recipe (for the GPT: from the weights at `init`, if given,
-/// compiled with `torch.compile` if `compiled`).
+/// The PyTorch run of the same recipe (for the GPT: from the initial weights and on the
+/// tokens of `files`, if written; compiled with `torch.compile` if `compiled`).
 pub(crate) fn torch_command(
     python: &Path,
     train: &Args,
-    init: Option<&Path>,
+    files: &RunFiles,
     compiled: bool,
 ) -> Command {
     let mut command = Command::new(python);
@@ -179,14 +220,16 @@ pub(crate) fn torch_command(
                 ("--context", train.context.to_string()),
                 ("--width", train.width.to_string()),
                 ("--heads", train.heads.to_string()),
-                ("--vocab", train.vocab.to_string()),
+                ("--vocab", train.vocab().to_string()),
                 ("--weight-decay", train.weight_decay.to_string()),
                 ("--losses", crate::measure::KEPT_LOSSES.to_string()),
             ]);
-            if let Some(data) = &train.data {
-                flags.push(("--data", data.display().to_string()));
+            match (&files.tokens, &train.data) {
+                (Some(tokens), _) => flags.push(("--tokens", tokens.display().to_string())),
+                (None, Some(data)) => flags.push(("--data", data.display().to_string())),
+                (None, None) => {}
             }
-            if let Some(init) = init {
+            if let Some(init) = &files.init {
                 flags.push(("--load", init.display().to_string()));
             }
             if compiled {
@@ -296,7 +339,12 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
         false => format!("{v:.1}"),
     };
     let one = |v: f64| format!("{v:.1}");
-    figures.add_row(columns.row("steps/s", &|s| s.steps_per_s, &|v| format!("{v:.2}"), true));
+    // Three figures below 1 step/s (GPT-2 small runs at 0.05).
+    let rate = |v: f64| match v < 1.0 {
+        true => format!("{v:.3}"),
+        false => format!("{v:.2}"),
+    };
+    figures.add_row(columns.row("steps/s", &|s| s.steps_per_s, &rate, true));
     figures.add_row(columns.row(
         "minor page faults per step",
         &|s| s.faults_per_step,
@@ -309,6 +357,25 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
     figures.add_row(columns.row("calls to mimalloc per step", &mimalloc, &calls_cell, false));
     let rss = |v: f64| bytes(v as u64).to_string();
     figures.add_row(columns.row("peak RSS", &|s| s.peak_rss as f64, &rss, true));
+    // PyTorch's interpreter and libraries hold about 0.8 GiB before its first step: its
+    // peak RSS above that, against the pool's whole peak RSS.
+    if names.iter().any(|n| n.starts_with("pytorch")) {
+        let above = |s: &Summary| s.peak_rss.saturating_sub(s.baseline_rss.unwrap_or(0)) as f64;
+        let median = |runs: &[Summary], f: &Figure| spread(runs.iter().map(f).collect()).0;
+        let pool = median(&runs[0], &|s| s.peak_rss as f64);
+        let mut cells = vec!["PyTorch: peak RSS above its RSS before the first step".to_owned()];
+        let mut ratios = Vec::new();
+        for (name, runs) in names.iter().zip(runs) {
+            if name.starts_with("pytorch") {
+                cells.push(columns.cell(runs, &above, &rss));
+                ratios.push(format!("{:.2}x {name}", pool / median(runs, &above)));
+            } else {
+                cells.push("-".into());
+            }
+        }
+        cells.push(format!("peak RSS {}", ratios.join(", ")));
+        figures.add_row(cells);
+    }
     if runs.iter().any(|r| r[0].compile_s.is_some()) {
         let mut cells = vec!["compile time, s (apart)".to_owned()];
         cells.extend(runs.iter().map(|r| match r[0].compile_s {

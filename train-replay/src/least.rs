@@ -31,13 +31,13 @@ pub fn below_least(
     match least_budget(backend, args, budget.saturating_sub(outside)) {
         Ok(least) => {
             let least = least.saturating_add(outside);
+            let mib = least / LEAST_STEP;
             anyhow!(
-                "--budget {:.2} ({share}) is below the least this run needs, {:.2}: even with \
-                 every kept tensor that may be recomputed evicted, the tensors a step reads at \
-                 once do not fit. Raise --budget to at least {:.2}, or lower --batch or the \
-                 model's size.",
+                "--budget {:.2} ({share}) is below the least this run needs, {mib} MiB ({:.2}): \
+                 even with every kept tensor that may be recomputed evicted, the tensors a step \
+                 reads at once do not fit. Raise --budget to at least {mib}MiB, or lower \
+                 --batch or the model's size.",
                 bytes(budget),
-                bytes(least),
                 bytes(least),
             )
         }

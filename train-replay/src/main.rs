@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::CommandFactory;
 use ferropool_choice::ChosenAllocator;
 use train_replay::args::{Cli, Command};
 use train_replay::error::BadInput;
@@ -14,7 +14,7 @@ static GLOBAL: &ChosenAllocator = &train_replay::allocator::ALLOCATOR;
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
+    let cli = match Cli::from_matches(&matches) {
         Ok(cli) => cli,
         Err(error) => error.exit(),
     };

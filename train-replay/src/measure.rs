@@ -35,6 +35,12 @@ pub struct Summary {
     pub pool_system_calls_per_step: Option<f64>,
     /// Peak resident memory of the process, bytes.
     pub peak_rss: u64,
+    /// Peak resident memory of the process once the model (and its optimiser) exists,
+    /// before the first step: the program, its libraries, the weights (`None`: not
+    /// measured). For PyTorch, the interpreter and its libraries are most of it; its
+    /// optimiser makes its moments at the first step.
+    #[serde(default)]
+    pub baseline_rss: Option<u64>,
     /// The pool's peak bytes in use over the run (`None`: no pool).
     #[serde(default)]
     pub peak_live_bytes: Option<u64>,
@@ -250,9 +256,11 @@ pub fn train<B: Backend>(
 ) -> anyhow::Result<Summary> {
     let gauges = Gauges::new(pool);
     let mut model = crate::model::build(backend, args, false)?;
+    let baseline_rss = peak_rss();
     let warmup = (args.steps / 2).min(args.steps.saturating_sub(1));
     let mut summary = Summary {
         allocator: allocator::choice().name().into(),
+        baseline_rss: Some(baseline_rss),
         ..Summary::default()
     };
     let evaluate = !args.json && args.eval_every > 0;

@@ -12,7 +12,7 @@ use ferropool_figures::spread;
 
 use crate::allocator::{Choice, VARIABLE};
 use crate::args::{Args, ModelKind, SweepArgs};
-use crate::compare::torch_command;
+use crate::compare::{torch_command, RunFiles};
 use crate::measure::Summary;
 use crate::show::{bytes, table};
 
@@ -57,11 +57,11 @@ impl Runs {
 }
 
 /// The sweep's fixed state: the program, the training, the PyTorch interpreter and the
-/// initial weights every GPT run starts from.
+/// files every GPT run starts from.
 struct Sweep<'a> {
     exe: PathBuf,
     args: &'a SweepArgs,
-    init: Option<PathBuf>,
+    files: RunFiles,
     /// The `--checkpoint-every` that keeps everything: the reference of the budgets.
     reference: usize,
 }
@@ -81,29 +81,16 @@ pub fn sweep(args: &SweepArgs) -> anyhow::Result<()> {
             "sweep writes no trace, JSON or weights: run `train` for those"
         ));
     }
-    let init = (train.model == ModelKind::Gpt).then(|| {
-        std::env::temp_dir().join(format!(
-            "train-replay-sweep-{}.safetensors",
-            std::process::id()
-        ))
-    });
-    if let Some(path) = &init {
-        crate::model::gpt::save_init(train, path)?;
-    }
     let sweep = Sweep {
         exe: std::env::current_exe().context("locating this program to run its children")?,
         args,
-        init,
+        files: RunFiles::write(train, "sweep")?,
         reference: match train.model {
             ModelKind::Gpt => 0,
             ModelKind::Mlp => 1,
         },
     };
-    let result = sweep.run();
-    if let Some(path) = &sweep.init {
-        let _ = std::fs::remove_file(path);
-    }
-    result
+    sweep.run()
 }
 
 impl Sweep<'_> {
@@ -201,14 +188,14 @@ impl Sweep<'_> {
                 checkpoint_every: Some(every),
                 ..train.clone()
             };
-            return torch_command(python, &train, self.init.as_deref(), compiled);
+            return torch_command(python, &train, &self.files, compiled);
         }
         let mut command = Command::new(&self.exe);
         command
             .env(VARIABLE, Choice::PoolMimalloc.name())
             .args(["train", "--json"])
             .args(train.training_flags());
-        if let Some(init) = &self.init {
+        if let Some(init) = &self.files.init {
             command.arg("--load").arg(init);
         }
         match point {

@@ -199,7 +199,13 @@ fn announce(args: &Args) {
     let model = match args.model {
         ModelKind::Gpt => format!(
             "GPT of {} blocks, width {}, {} heads, context {}, vocabulary {}, batch {} x {}",
-            args.layers, args.width, args.heads, args.context, args.vocab, args.batch, args.context
+            args.layers,
+            args.width,
+            args.heads,
+            args.context,
+            args.vocab(),
+            args.batch,
+            args.context
         ),
         ModelKind::Mlp => format!(
             "MLP {INPUT} -> {} x {} -> {CLASSES}, batch {}",

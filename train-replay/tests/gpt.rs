@@ -68,6 +68,79 @@ fn the_losses_are_the_same_bits_at_any_thread_count_and_any_keeping() {
     assert_eq!(bits(&fitted), bits(&reference));
 }
 
+/// The head in chunks of rows (32 of the tiny batch's 96, so three chunks): the same bits
+/// at any thread count and whatever the forward pass keeps, and within 1e-5 of the head that
+/// holds the logits whole (the weight gradient of the embedding is summed a chunk at a time).
+#[test]
+fn the_chunked_head_keeps_the_bits_and_agrees_with_the_whole_logits() {
+    let chunked = run(&[
+        "--threads",
+        "1",
+        "--checkpoint-every",
+        "0",
+        "--head-rows",
+        "32",
+    ]);
+    for extra in [
+        &[
+            "--threads",
+            "2",
+            "--checkpoint-every",
+            "0",
+            "--head-rows",
+            "32",
+        ][..],
+        &[
+            "--threads",
+            "3",
+            "--checkpoint-every",
+            "2",
+            "--head-rows",
+            "32",
+        ],
+    ] {
+        assert_eq!(bits(&run(extra)), bits(&chunked), "{extra:?}");
+    }
+    let whole = run(&["--threads", "2", "--head-rows", "0"]);
+    assert_eq!(
+        bits(&whole),
+        bits(&run(&["--threads", "2"])),
+        "one chunk is the whole"
+    );
+    for (a, b) in chunked.losses.iter().zip(&whole.losses) {
+        assert!(((a - b) / b).abs() < 1e-5, "{chunked:?} against {whole:?}");
+    }
+}
+
+/// GPT-2's tokenizer: the text in its tokens (a loss that starts at about ln 50257, a
+/// vocabulary that follows the tokenizer), and the sample decoded to text.
+#[test]
+fn gpt2_tokens_train_and_the_sample_is_text() {
+    let args = [
+        &["train"],
+        TINY_GPT,
+        &["--tokenizer", "gpt2", "--steps", "2", "--sample", "8"],
+    ]
+    .concat();
+    let text = succeeded(&train_replay(&args), &args);
+    assert!(text.contains("vocabulary 50257"), "{text}");
+    let first: f32 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("step    1  loss "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|loss| loss.parse().ok())
+        .expect("the first step's loss");
+    assert!((first - 50_257f32.ln()).abs() < 0.2, "{text}");
+    let sample = text.split("----").nth(1).expect("a sample between rules");
+    assert!(
+        sample
+            .trim()
+            .chars()
+            .all(|c| !c.is_control() || c.is_whitespace()),
+        "{sample:?}"
+    );
+}
+
 #[test]
 fn weights_go_out_and_come_back() {
     let dir = std::env::temp_dir().join(format!("gpt-weights-{}", std::process::id()));
@@ -213,8 +286,30 @@ fn bad_input_is_refused_with_exit_code_2() {
         &["--load", short.to_str().unwrap()],
         &["--load", "not a safetensors file"],
     );
+    // A text with fewer tokens of GPT-2's than one context in each part.
+    std::fs::write(&short, "to be or not to be ".repeat(12)).unwrap();
+    refused(
+        &["--tokenizer", "gpt2", "--data", short.to_str().unwrap()],
+        &["--data", "tokens of --tokenizer gpt2", "--context 24"],
+    );
+    refused(
+        &["--tokenizer", "gpt2", "--vocab", "50000"],
+        &["--vocab 50000", "50257", "--tokenizer gpt2"],
+    );
+    refused(&["--tokenizer", "words"], &["--tokenizer", "bytes", "gpt2"]);
+    refused(
+        &["--preset", "gpt3"],
+        &["--preset", "gpt2-small", "gpt2-mini"],
+    );
     // A flag of the other model would be silently ignored.
     refused(&["--hidden", "7"], &["--hidden", "--model mlp"]);
+    let out = train_replay(&["train", "--model", "mlp", "--preset", "gpt2-mini"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--preset is a flag of --model gpt"),
+        "{stderr}"
+    );
     refused(&["--model", "mlp"], &["--context", "--model gpt"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }

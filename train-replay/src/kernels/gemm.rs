@@ -376,6 +376,63 @@ pub fn weight_grad(
     gemm(k, rows, n, input, grad, out, false, threads);
 }
 
+/// [`product`] into an output that holds values already (overwritten, not read): a block
+/// of rows of a larger matrix, say.
+///
+/// # Panics
+///
+/// If an operand is too short for its shape.
+pub fn product_over(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [f32],
+    threads: usize,
+) {
+    let elements = m.checked_mul(n).expect("m * n overflows");
+    assert!(
+        c.len() >= elements && a.reaches(m, k) && b.reaches(k, n),
+        "operands too short for their shapes"
+    );
+    if elements == 0 {
+        return;
+    }
+    // SAFETY: `c` holds the `m x n` row-major output (checked above), initialised (a
+    // `&mut [f32]`), exclusively ours and apart from `a` and `b`.
+    unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr(), n, false, threads) }
+}
+
+/// [`weight_grad`] added to `out` (`k x n`, holding a gradient already): the weight
+/// gradient of a batch whose rows come a block at a time, each block's sum added in turn.
+/// The same bits at every thread count.
+///
+/// # Panics
+///
+/// If an operand is too short for its shape.
+pub fn weight_grad_add(
+    rows: usize,
+    k: usize,
+    n: usize,
+    input: &[f32],
+    grad: &[f32],
+    out: &mut [f32],
+    threads: usize,
+) {
+    let elements = k.checked_mul(n).expect("k * n overflows");
+    assert!(out.len() >= elements, "output too short for its shape");
+    let (input, grad) = (Mat::transposed(input, k), Mat::rows(grad, n));
+    assert!(
+        input.reaches(k, rows) && grad.reaches(rows, n),
+        "operands too short for their shapes"
+    );
+    // SAFETY: `out` holds the `k x n` row-major output (checked above), initialised (a
+    // `&mut [f32]`, which the GEMM reads and adds to), exclusively ours and apart from the
+    // operands.
+    unsafe { gemm_into(k, rows, n, input, grad, out.as_mut_ptr(), n, true, threads) }
+}
+
 /// `out[n] = ` the sum of the `rows` rows of `grad` (row-major, `n` columns): a layer's bias
 /// gradient. The rows are cut into blocks of [`ROW_BLOCK`] whatever the thread count, each
 /// block summed row by row (on the current rayon pool's threads at once), and the blocks'

@@ -47,6 +47,29 @@ pub fn cross_entropy(
     losses: &mut [f32],
     grad: bool,
 ) -> f32 {
+    let scale = grad.then(|| 1.0 / rows as f32);
+    cross_entropy_rows(rows, vocab, logits, targets, losses, scale);
+    mean(&losses[..rows])
+}
+
+/// The softmax cross-entropy of each of the `rows` rows of `vocab` logits against `targets`
+/// (each below `vocab`), written to `losses`; with `scale`, each row of `logits` becomes
+/// `scale` times the loss's gradient with respect to it (`1 / rows of the whole batch`: the
+/// mean's gradient, for a batch whose rows come a chunk at a time). Rows are independent:
+/// the results do not depend on how the rows are cut. Split over the current rayon pool's
+/// threads.
+///
+/// # Panics
+///
+/// If an operand is too short for its shape or a target is not below `vocab`.
+pub fn cross_entropy_rows(
+    rows: usize,
+    vocab: usize,
+    logits: &mut [f32],
+    targets: &[u32],
+    losses: &mut [f32],
+    scale: Option<f32>,
+) {
     let len = rows.checked_mul(vocab).expect("rows * vocab overflows");
     assert!(
         logits.len() >= len && targets.len() >= rows && losses.len() >= rows,
@@ -57,9 +80,9 @@ pub fn cross_entropy(
         "a target past the vocabulary"
     );
     if rows == 0 || vocab == 0 {
-        return 0.0;
+        return;
     }
-    let scale = 1.0 / rows as f32;
+    let (scale, grad) = (scale.unwrap_or(0.0), scale.is_some());
     logits[..len]
         .par_chunks_mut(ROWS_PER_TASK * vocab)
         .zip(targets[..rows].par_chunks(ROWS_PER_TASK))
@@ -67,5 +90,12 @@ pub fn cross_entropy(
         .for_each(|((logits, targets), losses)| {
             rows_loss(logits, vocab, targets, losses, scale, grad);
         });
-    (losses[..rows].iter().map(|&l| l as f64).sum::<f64>() / rows as f64) as f32
+}
+
+/// The mean of `losses`, summed in order in `f64` (0 for none).
+pub fn mean(losses: &[f32]) -> f32 {
+    if losses.is_empty() {
+        return 0.0;
+    }
+    (losses.iter().map(|&l| l as f64).sum::<f64>() / losses.len() as f64) as f32
 }

@@ -77,7 +77,7 @@ impl Shape {
     pub fn of(args: &Args) -> Result<Self, BadInput> {
         args.check()?;
         let shape = Self {
-            vocab: args.vocab,
+            vocab: args.vocab(),
             context: args.context,
             width: args.width,
             heads: args.heads,
@@ -166,6 +166,8 @@ struct State<'a, B: Backend> {
     params: Params<B>,
     keep: Keep,
     keep_scores: bool,
+    /// Rows of logits the head computes at once (0: all).
+    head_rows: usize,
     text: Text,
     opt: AdamW,
     seed: u64,
@@ -181,7 +183,12 @@ impl<'a, B: Backend> Gpt<'a, B> {
     /// [`Ops::dry`]) has zeros for weights and computes nothing.
     pub fn new(backend: &'a B, args: &Args, dry: bool) -> anyhow::Result<Self> {
         let shape = Shape::of(args)?;
-        let text = Text::load(args.data.as_deref(), shape.context, shape.vocab)?;
+        let text = Text::load(
+            args.data.as_deref(),
+            shape.context,
+            shape.vocab,
+            args.tokenizer,
+        )?;
         let mut rng = Rng::seed_from_u64(args.seed);
         let mut params = Params::new(backend, &shape, (!dry).then_some(&mut rng))?;
         if let (Some(path), false) = (&args.load, dry) {
@@ -221,6 +228,9 @@ impl<'a, B: Backend> Gpt<'a, B> {
                 params,
                 keep,
                 keep_scores: args.keep_scores,
+                head_rows: args
+                    .head_rows
+                    .unwrap_or_else(|| head::chunk_rows(shape.vocab)),
                 text,
                 opt: AdamW {
                     lr: args.lr,
@@ -463,7 +473,8 @@ impl<B: Backend> State<'_, B> {
         heads: Heads,
     ) -> anyhow::Result<(f32, head::HeadGrads<B::Buf>)> {
         let _loss = self.ops.backend.span("loss");
-        let (loss, grads) = head::head(&self.ops, &self.params, x, heads, &self.targets, true)?;
+        let (ops, params, targets) = (&self.ops, &self.params, &self.targets);
+        let (loss, grads) = head::head(ops, params, x, heads, targets, true, self.head_rows)?;
         let grads = grads.ok_or_else(|| anyhow!("the head gave no gradients"))?;
         if !self.ops.dry {
             let (opt, t) = (self.opt, self.t());
@@ -519,20 +530,22 @@ impl<B: Backend> State<'_, B> {
             );
             let tokens: Arc<[u32]> = Arc::from(self.inputs.as_slice());
             let x = self.infer(&tokens, heads)?;
-            let (loss, _) = head::head(&self.ops, &self.params, &x, heads, &self.targets, false)?;
+            let (ops, params, targets) = (&self.ops, &self.params, &self.targets);
+            let (loss, _) = head::head(ops, params, &x, heads, targets, false, self.head_rows)?;
             total += loss as f64;
         }
         Ok((total / EVAL_BATCHES as f64) as f32)
     }
 
-    /// `len` bytes generated from the model after a newline (at temperature
-    /// [`TEMPERATURE`], from the seed).
+    /// `len` tokens generated from the model after a line break (at temperature
+    /// [`TEMPERATURE`], from the seed), decoded. Tokens past the tokenizer's (a vocabulary
+    /// padded beyond it) are never drawn.
     fn sample(&mut self, len: usize) -> anyhow::Result<String> {
-        let (c, vocab) = (self.shape.width, self.shape.vocab);
-        let start = if vocab > usize::from(b'\n') {
-            u32::from(b'\n')
-        } else {
-            0
+        let (c, vocab, tokenizer) = (self.shape.width, self.shape.vocab, self.text.tokenizer);
+        let drawn = vocab.min(tokenizer.vocab());
+        let start = match tokenizer.newline() {
+            newline if (newline as usize) < vocab => newline,
+            _ => 0,
         };
         let mut tokens = vec![start];
         let mut rng = Rng::seed_from_u64(self.seed ^ SAMPLE_STREAM);
@@ -542,7 +555,7 @@ impl<B: Backend> State<'_, B> {
             let heads = self.shape.heads(1, window.len());
             let x = self.infer(&window, heads)?;
             let logits = head::last_logits(&self.ops, &self.params, &x, window.len(), c)?;
-            let logits = B::slice(&logits);
+            let logits = &B::slice(&logits)[..drawn];
             let max = logits.iter().copied().fold(f32::MIN, f32::max);
             let weights: Vec<f32> = logits
                 .iter()
@@ -555,10 +568,9 @@ impl<B: Backend> State<'_, B> {
                     pick -= w;
                     pick < 0.0
                 })
-                .unwrap_or(vocab - 1);
+                .unwrap_or(drawn - 1);
             tokens.push(token as u32);
         }
-        let bytes: Vec<u8> = tokens[1..].iter().map(|&t| t.min(255) as u8).collect();
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        tokenizer.decode(&tokens[1..])
     }
 }
