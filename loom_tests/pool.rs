@@ -316,6 +316,43 @@ fn a_second_thread_ends_the_sole_writers_counting() {
     });
 }
 
+/// **the peak since a reset, under a reader**: the main thread allocates a block while a
+/// worker reads the statistics (which raise the peak with the bytes in use they read, here
+/// perhaps between the allocation's add and its own raise), then frees both of its blocks,
+/// starts the peaks again and allocates one block. The peak it then reads is that one
+/// block's bytes: a figure the worker read before the reset never lands in the new peak,
+/// however late the worker's raise comes.
+///
+/// Planted bug caught: `raise_across_a_reset` (a raise lands whatever reset came between
+/// its read and its write, as a plain `fetch_max` did: the worker's two blocks of before the
+/// reset become the new peak).
+#[test]
+fn the_peak_since_a_reset_is_exact_under_a_reader() {
+    model(|| {
+        let pool = pool();
+        let a = pool.alloc(100).unwrap();
+        let reader = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                let _ = pool.stats();
+            })
+        };
+        let b = pool.alloc(100).unwrap();
+        drop((a, b));
+        pool.reset_peak_stats();
+        let c = pool.alloc(100).unwrap();
+        reader.join().unwrap();
+        let stats = pool.stats();
+        drop(c);
+        let block = BufferPool::class_size_for(100).unwrap() as u64;
+        assert_eq!(
+            stats.peak_in_use_bytes, block,
+            "the peak since the reset is not the one block's: {stats:?}"
+        );
+        trim_releases_everything(&pool);
+    });
+}
+
 /// **the close racing a free in flight**: a worker drops a buffer (allocated on the main
 /// thread) while the main thread drops the pool's last handle. Whichever comes first, the
 /// block goes back to the system and the pool's control block is freed exactly once, by the

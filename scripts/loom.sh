@@ -54,6 +54,7 @@ planted_cases=(
   "loom_pool:close_racing_a_free_in_flight:close_without_wait"
   "loom_pool:last_buffers_dropped_on_two_threads:remaining_load_store"
   "loom_pool:peak_reserved_while_a_reservation_races_a_trim:peak_reserved_late"
+  "loom_pool:the_peak_since_a_reset_is_exact_under_a_reader:raise_across_a_reset"
   "loom_pool:a_reservation_the_system_refuses_never_reaches_the_figures:peak_before_grant"
   "loom_pool:stats_never_count_a_free_before_its_allocation:totals_cache_by_cache"
   "loom_pool:stats_never_count_a_free_before_its_allocation:frees_relaxed"

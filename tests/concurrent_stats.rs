@@ -2,8 +2,9 @@
 //! peak past what was really in use, `peak_reserved_bytes` never goes down nor below a
 //! `reserved_bytes` once reported, the default peaks are exact for "reset, run, read", the
 //! idle policy counts its rounds, and live threads are never reported as threads without an
-//! index. Each test fails on a one-CPU machine when its bug is present: the races they
-//! provoke need only a preemption, which a single core gives as often as two.
+//! index. Each test but one fails on a one-CPU machine when its bug is present: the races
+//! they provoke need only a preemption, which a single core gives as often as two (the
+//! exception, "reset, run, read" under a reader, has a loom model that schedules its race).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -150,6 +151,46 @@ fn reset_then_run_then_read_gives_the_true_peak() {
     let step = (pool.alloc(8 << 20).unwrap(), pool.alloc(1000).unwrap());
     drop(step);
     assert_eq!(pool.stats().peak_requested_bytes, (8 << 20) + 1000);
+}
+
+/// "Reset, run, read" while another thread reads the statistics in a loop (each read raises
+/// the peak with the bytes in use it read): steps of 1 to 4 blocks of 64 KiB, 3,000 of them
+/// at least and for `race_for`; each read of the peak after a step is that step's high-water mark. (A read that loaded the
+/// bytes in use between an allocation's add and its raise once raised the peak after the
+/// next reset, with the step before's figure: about 1 run in 100 reported it. Put back, this
+/// test failed 2 runs in 3 on two cores; on one core the race needs the allocating thread
+/// preempted between its add and its raise, which the loom model
+/// `the_peak_since_a_reset_is_exact_under_a_reader` schedules on any machine.)
+#[test]
+fn reset_run_read_is_exact_while_another_thread_reads() {
+    let pool = BufferPool::new();
+    let stop = AtomicBool::new(false);
+    let (pool, stop) = (&pool, &stop);
+    let block = BufferPool::class_size_for(64 << 10).unwrap() as u64;
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::hint::black_box(pool.stats());
+            }
+        });
+        let _stop = StopOnDrop(stop);
+        let started = Instant::now();
+        for round in 0.. {
+            if round >= 3_000 && started.elapsed() > race_for() {
+                break;
+            }
+            let blocks = 1 + round % 4;
+            pool.reset_peak_stats();
+            let step: Vec<_> = (0..blocks).map(|_| pool.alloc(64 << 10).unwrap()).collect();
+            drop(step);
+            let peak = pool.stats().peak_in_use_bytes;
+            assert_eq!(
+                peak,
+                blocks as u64 * block,
+                "round {round}: a step of {blocks} blocks read a peak of {peak}"
+            );
+        }
+    });
 }
 
 #[test]

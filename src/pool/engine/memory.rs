@@ -13,7 +13,7 @@ use super::advise;
 use super::blocks::{BlockTable, Record};
 use crate::pool::config::PoolConfig;
 use crate::pool::error::PoolError;
-use crate::pool::observe::counters::raise;
+use crate::pool::observe::counters::ResetPeak;
 use crate::pool::observe::stats::PoolStats;
 use crate::pool::pages::os::PAGE;
 use crate::pool::pages::{Beside, PageLayer, Room, PAGED_MIN_BLOCK};
@@ -48,9 +48,10 @@ pub(in crate::pool) struct Memory {
     /// Invariant: at least every value `held` took since the last reset once its mover or
     /// a reader raised it, and no more than the largest of them: [`hold`](Memory::hold)
     /// raises it with the value its add wrote, and every read of `held` that is reported
-    /// raises it with the value read first. So it never decreases, and it never counts a
-    /// block the system has not granted (a request the system refuses leaves it as it was).
-    peak_reserved: AtomicU64,
+    /// raises it with the value read first. So it never decreases but at a reset, it never
+    /// counts a block the system has not granted (a request the system refuses leaves it as
+    /// it was), and no value of before the last reset lands in it ([`ResetPeak`]).
+    peak_reserved: ResetPeak,
     /// Of `held`, the bytes of blocks from the heap (those below the page layer's smallest
     /// block, or all with `os_pages` off): what the page layer's budget check adds to its own.
     heap_held: AtomicU64,
@@ -72,7 +73,7 @@ impl Memory {
             budget: AtomicU64::new(config.budget.unwrap_or(u64::MAX)),
             reserved: AtomicU64::new(0),
             held: AtomicU64::new(0),
-            peak_reserved: AtomicU64::new(0),
+            peak_reserved: ResetPeak::default(),
             heap_held: AtomicU64::new(0),
             system_allocations: AtomicU64::new(0),
             system_frees: AtomicU64::new(0),
@@ -325,8 +326,9 @@ impl Memory {
 
     /// Counts a block of `bytes` the system granted, and raises the peak with the sum.
     fn hold(&self, bytes: u64) {
+        let since = self.peak_reserved.since();
         let held = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        raise(&self.peak_reserved, held);
+        let _ = self.peak_reserved.raise(since, held);
     }
 
     /// The bytes held now (reservations in flight left out).
@@ -337,17 +339,14 @@ impl Memory {
     /// `held` now, with its peak raised to it (so that no later read reports a lower peak
     /// than this value).
     pub(in crate::pool) fn held_and_peak(&self) -> (u64, u64) {
-        let held = self.held.load(Ordering::Relaxed);
-        (held, raise(&self.peak_reserved, held))
+        self.peak_reserved.read(&self.held)
     }
 
     /// Starts the peaks again from now (see `PoolCounters::reset_peaks` for the race it
     /// tolerates): the bytes held, and the page layer's committed bytes (reserved plus
     /// dirty free pages).
     pub(in crate::pool) fn reset_peaks(&self) {
-        self.peak_reserved
-            .store(self.held.load(Ordering::Relaxed), Ordering::Relaxed);
-        raise(&self.peak_reserved, self.held.load(Ordering::Relaxed));
+        self.peak_reserved.reset(&self.held);
         let committed = self.reserved.load(Ordering::Relaxed) + self.pages.dirty_bytes();
         self.pages.reset_peak(committed);
     }

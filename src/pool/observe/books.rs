@@ -5,7 +5,7 @@
 
 use crossbeam_utils::CachePadded;
 
-use super::counters::{add, raise, OpCounters, Writers, CACHELESS};
+use super::counters::{add, OpCounters, ResetPeak, Writers, CACHELESS};
 use super::trace::{PoolEventKind, Trace};
 use crate::pool::config::PoolConfig;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -81,10 +81,11 @@ struct LiveBytes {
     solo: CachePadded<AtomicU32>,
     /// Invariant: the largest value `in_use` took since the last reset, as far as its
     /// movers and readers raised it (an allocation raises it with the value its add gave, a
-    /// read with the value it reports); never a value `in_use` did not take.
-    peak_in_use: AtomicU64,
+    /// read with the value it reports); never a value `in_use` did not take, nor one it
+    /// took before the last reset ([`ResetPeak`]).
+    peak_in_use: ResetPeak,
     /// The same for `requested`.
-    peak_requested: AtomicU64,
+    peak_requested: ResetPeak,
 }
 
 impl Books {
@@ -205,15 +206,13 @@ impl Books {
     /// instant, so that no later read reports a peak below a figure reported before.
     pub(in crate::pool) fn in_use_and_peak(&self) -> (u64, u64) {
         let live = &self.counters.live;
-        let in_use = live.in_use.load(Ordering::Relaxed);
-        (in_use, raise(&live.peak_in_use, in_use))
+        live.peak_in_use.read(&live.in_use)
     }
 
     /// The exact requested bytes now, and their peak raised to it.
     pub(in crate::pool) fn requested_and_peak(&self) -> (u64, u64) {
         let live = &self.counters.live;
-        let requested = live.requested.load(Ordering::Relaxed);
-        (requested, raise(&live.peak_requested, requested))
+        live.peak_requested.read(&live.requested)
     }
 
     /// Whether the calling thread (`thread`, with its cache claimed; `None` for a thread
@@ -290,16 +289,14 @@ impl Books {
         // the thread's cache busy for good); the counts never exceed the bytes held.
         let live = &self.counters.live;
         if config.exact_peaks {
-            raise(
-                &live.peak_in_use,
-                add(&live.in_use, bytes, writers, Ordering::Relaxed),
-            );
+            let since = live.peak_in_use.since();
+            let in_use = add(&live.in_use, bytes, writers, Ordering::Relaxed);
+            let _ = live.peak_in_use.raise(since, in_use);
         }
         if config.exact_requested {
-            raise(
-                &live.peak_requested,
-                add(&live.requested, requested, writers, Ordering::Relaxed),
-            );
+            let since = live.peak_requested.since();
+            let requested = add(&live.requested, requested, writers, Ordering::Relaxed);
+            let _ = live.peak_requested.raise(since, requested);
         }
     }
 
@@ -343,33 +340,30 @@ impl Books {
         if !config.exact_requested {
             return;
         }
+        let live = &self.counters.live;
+        let since = live.peak_requested.since();
         let requested = add(
-            &self.counters.live.requested,
+            &live.requested,
             new.wrapping_sub(old),
             writers,
             Ordering::Relaxed,
         );
         if new >= old {
-            raise(&self.counters.live.peak_requested, requested);
+            let _ = live.peak_requested.raise(since, requested);
         }
     }
 
-    /// Starts the peaks again from the current values. A concurrent allocation may raise a
-    /// peak just before the store, and lose that raise: the peak then starts from the value
-    /// the reset read, and the next allocation or read raises it again.
+    /// Starts the peaks again from the current values, each in a new generation: no read
+    /// or allocation that read a counter before the reset raises the new peak with it (see
+    /// [`ResetPeak`]). An allocation racing the reset may lose its raise; the next read
+    /// raises the peak again while the block lives.
     pub(in crate::pool) fn reset_peaks(&self, config: &PoolConfig) {
-        let restart = |peak: &AtomicU64, current: &AtomicU64| {
-            peak.store(current.load(Ordering::Relaxed), Ordering::Relaxed);
-            raise(peak, current.load(Ordering::Relaxed));
-        };
+        let live = &self.counters.live;
         if config.exact_peaks {
-            restart(&self.counters.live.peak_in_use, &self.counters.live.in_use);
+            live.peak_in_use.reset(&live.in_use);
         }
         if config.exact_requested {
-            restart(
-                &self.counters.live.peak_requested,
-                &self.counters.live.requested,
-            );
+            live.peak_requested.reset(&live.requested);
         }
     }
 }

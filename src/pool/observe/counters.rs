@@ -146,6 +146,107 @@ impl OpCounters {
     }
 }
 
+/// A high-water mark that [`reset`](ResetPeak::reset) starts again, whose raises never carry
+/// a value read before the latest reset: its word holds the reset's generation in its top
+/// 16 bits and the mark in the low 48 (a mark past 256 TiB saturates there). A raise reads
+/// the word first ([`since`](ResetPeak::since)), then the value it raises with, and lands
+/// only in the generation it read: so a reader that loaded the bytes in use just before a
+/// reset (the step's old high-water mark) cannot raise the new mark with them, which a plain
+/// `fetch_max` did. A reader that read the word after a reset reads a value at or after the
+/// reset's own (the reset reads the counter before it publishes its word, and a raise
+/// acquires the word before it reads the counter). An allocation racing a reset may lose its
+/// raise (a later read raises the mark again while the block lives); it never lands a value
+/// of before the reset. A generation wraps after 65,536 resets; a raise stalled through all
+/// of them could land.
+#[derive(Debug, Default)]
+pub(in crate::pool) struct ResetPeak(AtomicU64);
+
+/// A [`ResetPeak`]'s word as a raise read it before reading its value.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::pool) struct Since(u64);
+
+/// The bits of a [`ResetPeak`]'s word below its generation: the mark.
+const MARK: u64 = (1 << 48) - 1;
+
+impl ResetPeak {
+    /// The word a raise starts from: read it before the value to raise with.
+    #[inline(always)]
+    pub(in crate::pool) fn since(&self) -> Since {
+        Since(self.0.load(Ordering::Acquire))
+    }
+
+    /// Raises the mark to `value` (read after `since`) unless a reset came between; the mark
+    /// of `since`'s generation, or `Err` with the current mark when a reset came.
+    #[inline(always)]
+    pub(in crate::pool) fn raise(&self, since: Since, value: u64) -> Result<u64, u64> {
+        // In steady state the mark holds the value already: one comparison, no write.
+        if since.0 & MARK >= value {
+            return Ok(since.0 & MARK);
+        }
+        self.raise_past(since, value)
+    }
+
+    /// [`raise`](Self::raise) where `since` holds less than `value`.
+    #[inline(never)]
+    fn raise_past(&self, since: Since, value: u64) -> Result<u64, u64> {
+        let value = value.min(MARK);
+        let mut seen = since.0;
+        loop {
+            if seen & !MARK != since.0 & !MARK {
+                return Err(seen & MARK);
+            }
+            if seen & MARK >= value {
+                return Ok(seen & MARK);
+            }
+            match self.0.compare_exchange_weak(
+                seen,
+                (seen & !MARK) | value,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(value),
+                Err(actual) => seen = actual,
+            }
+        }
+    }
+
+    /// Starts the mark again from `current`'s value, in a new generation.
+    pub(in crate::pool) fn reset(&self, current: &AtomicU64) {
+        let mut seen = self.0.load(Ordering::Relaxed);
+        loop {
+            // Read before the word is published: a raise that acquires the word reads the
+            // counter at or after this value.
+            let start = current.load(Ordering::Relaxed).min(MARK);
+            let generation = ((seen >> 48).wrapping_add(1) & 0xFFFF) << 48;
+            match self.0.compare_exchange_weak(
+                seen,
+                generation | start,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => seen = actual,
+            }
+        }
+    }
+
+    /// Reads `current` and raises the mark to it, as a read that reports both does: the
+    /// value and the mark, read again when a reset came between (a few times at most; then
+    /// the value and the reset's mark, raised in its generation).
+    pub(in crate::pool) fn read(&self, current: &AtomicU64) -> (u64, u64) {
+        for _ in 0..4 {
+            let since = self.since();
+            let value = current.load(Ordering::Relaxed);
+            if let Ok(mark) = self.raise(since, value) {
+                return (value, mark);
+            }
+        }
+        let since = self.since();
+        let value = current.load(Ordering::Relaxed);
+        (value, self.raise(since, value).unwrap_or_else(|mark| mark))
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -180,15 +281,27 @@ mod tests {
         );
         assert_eq!(totals.allocations(), 8);
     }
-}
 
-/// Raises a high-water mark to `value` (a load first: in steady state no write at all).
-#[inline]
-pub(in crate::pool) fn raise(peak: &AtomicU64, value: u64) -> u64 {
-    let seen = peak.load(Ordering::Relaxed);
-    if value > seen {
-        peak.fetch_max(value, Ordering::Relaxed).max(value)
-    } else {
-        seen
+    #[test]
+    fn a_reset_peak_lands_raises_of_its_own_generation_only() {
+        let (peak, counter) = (ResetPeak::default(), AtomicU64::new(300));
+        let stale = peak.since();
+        assert_eq!(peak.raise(peak.since(), 300), Ok(300));
+        counter.store(100, Ordering::Relaxed);
+        peak.reset(&counter);
+        assert_eq!(peak.raise(stale, 500), Err(100), "read before the reset");
+        assert_eq!(peak.read(&counter), (100, 100));
+        assert_eq!(peak.raise(peak.since(), 120), Ok(120));
+        assert_eq!(peak.raise(peak.since(), 110), Ok(120));
+        assert_eq!(peak.raise(peak.since(), u64::MAX), Ok(MARK), "saturates");
+        // The generation wraps: 65,536 resets later a stale word matches again.
+        counter.store(5, Ordering::Relaxed);
+        peak.reset(&counter);
+        let stale = peak.since();
+        counter.store(100, Ordering::Relaxed);
+        for _ in 0..(1 << 16) {
+            peak.reset(&counter);
+        }
+        assert_eq!(peak.raise(stale, 7), Ok(100));
     }
 }
