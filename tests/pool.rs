@@ -536,6 +536,32 @@ fn free_from_a_thread_local_destructor_does_not_panic() {
     assert_pool_consistent(&stats);
 }
 
+/// A free from a thread without an index (its thread-locals being destroyed) honours a
+/// budget lowered below what the pool holds, as the other free paths do: the block goes back
+/// to the system, not to the shared lists, so the pool's free memory stays within the budget.
+#[test]
+fn a_free_without_an_index_honours_a_lowered_budget() {
+    let pool = BufferPool::new();
+    let late = pool.alloc(100 << 10).unwrap(); // below the blocks that merge on their free
+    pool.set_budget(Some(0));
+    let other = BufferPool::new();
+    std::thread::spawn(move || {
+        // Held before the thread claims its index (its first pool operation, on another
+        // pool), so dropped after the index is given back: the free has no cache.
+        common::drop_at_thread_exit(late);
+        drop(other.alloc(64).unwrap());
+    })
+    .join()
+    .unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.frees, 1, "{stats}");
+    assert_eq!(
+        stats.reserved_bytes, 0,
+        "the block stayed cached over the budget: {stats}"
+    );
+    assert_pool_consistent(&stats);
+}
+
 #[test]
 fn global_pool_is_shared() {
     let a = BufferPool::global();

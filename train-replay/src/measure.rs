@@ -71,6 +71,10 @@ pub struct Summary {
     /// The losses of the first steps, at most [`KEPT_LOSSES`].
     #[serde(default)]
     pub losses: Vec<f32>,
+    /// A digest of the parameters' bits after the last step (`None`: not reported, as by
+    /// PyTorch): two runs that trained the same bits report the same digest.
+    #[serde(default)]
+    pub params_digest: Option<u64>,
     /// The validation loss after the last step (`None`: the model has none).
     #[serde(default)]
     pub val_loss: Option<f32>,
@@ -293,6 +297,7 @@ pub fn train<B: Backend>(
         }
     }
     gauges.finish(&mut summary, &window, (args.steps - warmup).max(1) as f64);
+    summary.params_digest = Some(model.digest());
     summary.val_loss = match args.eval_every {
         0 => None,
         _ => model.validate()?,

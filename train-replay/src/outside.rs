@@ -49,57 +49,77 @@ pub fn l3_bytes() -> u64 {
     cache_bytes(3).unwrap_or(32 * MIB)
 }
 
+/// The depth the `gemm` crate packs an operand to at most, here and on the machines it
+/// chooses for (its `kc`: at least 512 where the depth allows, from the L1 cache's sets).
+const PACKED_DEPTH: usize = 512;
+
+/// The bytes the `gemm` crate packs of a right operand `depth x n` at once: a block of at most
+/// [`PACKED_DEPTH`] of its depth and as many of its columns as the L3 cache holds.
+fn packed(depth: usize, n: usize) -> u64 {
+    (depth.min(PACKED_DEPTH) as u64)
+        .saturating_mul(n as u64)
+        .saturating_mul(4)
+        .min(l3_bytes())
+}
+
 /// The bytes a run of `args` sets aside for what stays outside the training's pool, in whole
-/// MiB. Per thread: the packing slab, the packed weight of a fused linear layer (each thread
-/// runs blocks of rows at once, each block a GEMM call that packs the weight for itself) and
-/// the largest kernel scratch. For the process, once: what a GEMM call the threads share
-/// packs (the head's products and the gradients' are such calls, one at a time: GPT-2's
-/// tied head is packed once, not per thread), and 4 MiB. A packed operand counts for at most
-/// what the `gemm` crate packs at once, an L3 cache's worth (147 MiB of GPT-2 small's head:
-/// 32 MiB here).
+/// MiB. Per thread: the `gemm` crate's packing slab (an L2 cache's worth, each thread that
+/// runs a GEMM keeps one) and the fused kernels' scratch (one buffer, grown to the largest
+/// the thread used: a block of input rows, an attention pair's scores, partial sums). Per
+/// fused call in flight (one per thread, at most one per block of rows): the packed weight
+/// of a fused linear layer (each block of rows is a GEMM call that packs the weight for
+/// itself). For the process, once: what a GEMM call the threads share packs (the head's
+/// products, the input and weight gradients: one call at a time, so GPT-2's tied head is
+/// packed once, not per thread), and 4 MiB. The `gemm` crate packs
+/// at most [`PACKED_DEPTH`] of an operand's depth at once, and at most an L3 cache's worth.
 pub fn reserve(args: &Args) -> u64 {
     let threads = args.threads() as u64;
-    let packed = |elements: usize| (elements as u64).saturating_mul(4).min(l3_bytes());
     let f32s = |elements: usize| (elements as u64).saturating_mul(4);
-    // The largest weight of a fused layer, the largest right operand of a shared call, and
-    // the largest scratch.
-    let (weight, shared, scratch) = match args.model {
+    // A fused layer's packed weight (per call in flight), a shared call's packed operand
+    // (once), the largest scratch a thread keeps (per thread), and the rows a step's fused
+    // layers cut into blocks.
+    let (weight, shared, scratch, rows) = match args.model {
         ModelKind::Gpt => {
             let (c, rows) = (args.width, args.batch.saturating_mul(args.context));
+            let c4 = c.saturating_mul(4);
             let heads = Heads {
                 batch: args.batch,
                 seq: args.context,
                 heads: args.heads,
                 size: args.width / args.heads.max(1),
             };
-            let weight = (4 * c).saturating_mul(c);
-            // The logits' `h W^T` packs the tied embedding; a weight gradient `X^T g` packs
-            // the gradient, at most `rows x 4 width`.
-            let shared = args
-                .vocab()
-                .saturating_mul(c)
-                .max(rows.saturating_mul(4 * c));
-            let bias_sums = rows.div_ceil(ROW_BLOCK).saturating_mul(4 * c);
+            // The fused layers: `c x 3c`, `c x c`, `c x 4c`, `4c x c`.
+            let weight = packed(c, c4).max(packed(c4, c));
+            // The shared calls: the logits against the tied embedding (`c x vocab`), the
+            // input gradients `g W^T` (`4c x c` at most), the weight gradients `X^T g`
+            // (`rows x 4c` at most).
+            let shared = packed(c, args.vocab())
+                .max(packed(c4, c))
+                .max(packed(rows, c4));
+            // One buffer a thread grows to the largest it used: a fused layer's block of
+            // input rows, an attention pair's scratch, the bias gradients' partial sums.
             let scratch = ROW_BLOCK
-                .saturating_mul(4 * c)
+                .saturating_mul(c4)
                 .max(heads.scratch_len())
-                .max(bias_sums);
-            (weight, shared, scratch)
+                .max(rows.div_ceil(ROW_BLOCK).saturating_mul(c4));
+            (weight, shared, f32s(scratch), rows)
         }
         ModelKind::Mlp => {
             let hidden = args.hidden.max(crate::model::mlp::INPUT);
-            let weight = hidden.saturating_mul(hidden);
-            let shared = weight.max(args.batch.saturating_mul(hidden));
-            let scratch = args.batch.div_ceil(ROW_BLOCK).saturating_mul(hidden);
-            (weight, shared, scratch)
+            let weight = packed(hidden, hidden);
+            let shared = weight.max(packed(args.batch, hidden));
+            let scratch = ROW_BLOCK
+                .saturating_mul(hidden)
+                .max(args.batch.div_ceil(ROW_BLOCK).saturating_mul(hidden));
+            (weight, shared, f32s(scratch), args.batch)
         }
     };
-    let per_thread = l2_bytes()
-        .saturating_add(packed(weight))
-        .saturating_add(f32s(scratch));
+    // At most one fused call per block of rows is in flight.
+    let in_flight = threads.min(rows.div_ceil(ROW_BLOCK).max(1) as u64);
     threads
-        .saturating_mul(per_thread)
-        .saturating_add(packed(shared))
+        .saturating_mul(l2_bytes().saturating_add(scratch))
+        .saturating_add(in_flight.saturating_mul(weight))
+        .saturating_add(shared)
         .saturating_add(PROCESS)
         .div_ceil(MIB)
         .saturating_mul(MIB)

@@ -11,6 +11,7 @@ use ferropool::{BufferPool, PoolConfig, PoolEvent};
 use crate::allocator;
 use crate::args::{Args, Keep, ModelKind};
 use crate::backend::{OverBudget, PoolBackend, VecBackend};
+use crate::error::BadInput;
 use crate::least::below_least;
 use crate::measure::{train, Event, Summary};
 use crate::model::mlp::{CLASSES, INPUT};
@@ -35,6 +36,18 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // aside for them (`outside`), and the training's pool gets the rest. The table reports
     // the share and that pool's peak. A tensor the budget refuses ends the run with an error.
     let outside = args.budget.map_or(0, |_| outside::reserve(args));
+    if let Some(budget) = args.budget.filter(|&budget| budget < outside) {
+        return Err(BadInput(format!(
+            "--budget {:.2} is below the {:.2} set aside for what stays outside the training's \
+             pool (the GEMM's packing and the kernels' scratch of {} thread(s), small \
+             allocations): give a budget above it (a run below its least names that least, \
+             which includes the share), or fewer --threads",
+            bytes(budget),
+            bytes(outside),
+            args.threads()
+        ))
+        .into());
+    }
     let pool = BufferPool::with_config(PoolConfig {
         budget: args.budget.map(|budget| budget.saturating_sub(outside)),
         ..PoolConfig::default()

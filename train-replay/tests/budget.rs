@@ -9,6 +9,15 @@ mod common;
 use common::{succeeded, train_replay, train_small, SMALL_MODEL};
 use train_replay::measure::Summary;
 
+/// The share of `--budget` a run of `args` (training flags) sets aside outside the training's
+/// pool, in MiB: it follows the machine's caches, so the budgets below are given above it.
+fn share_mib(args: &[&str]) -> u64 {
+    use clap::Parser;
+    let line = [&["train-replay"], args].concat();
+    let cli = train_replay::args::Cli::parse_from(line);
+    train_replay::outside::reserve(&cli.train) >> 20
+}
+
 /// The run fails with exit code 1 and one budget message.
 fn over_budget(args: &[&str], budget: &str) {
     let out = train_replay(args);
@@ -66,11 +75,13 @@ fn a_budget_too_small_for_the_first_tensors_is_an_error() {
 #[test]
 fn a_budget_that_runs_out_inside_a_step_is_an_error() {
     // Peak reserved under a budget it never reaches: 4.6 MiB, 2.4 MiB of it the parameters
-    // and Adam's moments; 4 MiB runs out inside the first step.
+    // and Adam's moments; 4 MiB for the training's pool runs out inside the first step.
+    let given = share_mib(SMALL_MODEL) + 4;
+    let budget = format!("{given}MiB");
     let args = [
         &[
             "--budget",
-            "4MiB",
+            &budget,
             "--steps",
             "2",
             "--checkpoint-every",
@@ -79,7 +90,7 @@ fn a_budget_that_runs_out_inside_a_step_is_an_error() {
         SMALL_MODEL,
     ]
     .concat();
-    over_budget(&args, "4.00 MiB");
+    over_budget(&args, &format!("{given}.00 MiB"));
 }
 
 #[test]
@@ -161,7 +172,15 @@ fn a_fitted_run_evicts_recomputes_and_keeps_the_losses() {
 
 #[test]
 fn a_budget_below_the_least_a_fitted_run_needs_names_that_least() {
-    let out = train_replay(&[EVICTING_MODEL, &["--budget", "4MiB"]].concat());
+    // 1 MiB above the share set aside outside the training's pool (it follows the
+    // machine's caches), so the training's pool gets 1 MiB.
+    let roomy = fitted_run(&["--budget", "1GiB"]);
+    let share = roomy
+        .outside_reserve_bytes
+        .expect("a fitted run reports its share")
+        >> 20;
+    let given = format!("{}MiB", share + 1);
+    let out = train_replay(&[EVICTING_MODEL, &["--budget", &given]].concat());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{:?}\n{stderr}", out.status);
     assert_eq!(
@@ -171,7 +190,10 @@ fn a_budget_below_the_least_a_fitted_run_needs_names_that_least() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
     let prefix = "is below the least this run needs, ";
-    assert!(stderr.contains("--budget 4.00 MiB ("), "{stderr}");
+    assert!(
+        stderr.contains(&format!("--budget {}.00 MiB (", share + 1)),
+        "{stderr}"
+    );
     let least = stderr
         .split_once(prefix)
         .and_then(|(_, rest)| rest.split_once(" MiB ("))
@@ -184,7 +206,10 @@ fn a_budget_below_the_least_a_fitted_run_needs_names_that_least() {
     let least = least as f64;
     // What it names is enough, not more than the run without a budget holds, and exact: a
     // MiB less does not complete.
-    assert!(least > 4.0 && least <= 40.0, "{stderr}");
+    assert!(
+        least > (share + 1) as f64 && least <= 40.0 + share as f64,
+        "{stderr}"
+    );
     let budget = format!("{least}MiB");
     let fitted = fitted_run(&["--budget", &budget]);
     assert!(
@@ -206,12 +231,28 @@ fn a_budget_below_the_least_a_fitted_run_needs_names_that_least() {
     );
 }
 
+/// A budget below the share set aside for what stays outside the training's pool is the
+/// user's to mend: exit code 2, naming the share, not a search for a least it cannot reach.
+#[test]
+fn a_budget_below_the_share_set_aside_is_refused_naming_it() {
+    let out = train_replay(&[EVICTING_MODEL, &["--budget", "1MiB"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{:?}\n{stderr}", out.status);
+    assert!(
+        stderr.contains("--budget 1.00 MiB is below the") && stderr.contains("set aside"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn the_sweep_prints_every_point_and_draws_the_frontier() {
     let dir = std::env::temp_dir().join(format!("sweep-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let svg = dir.join("frontier.svg");
     let svg_arg = svg.to_str().unwrap();
+    // One budget that holds the run, one above the share set aside but below the least.
+    let low = share_mib(EVICTING_MODEL) + 1;
+    let budgets = format!("28MiB,{low}MiB");
     let out = train_replay(
         &[
             &[
@@ -221,7 +262,7 @@ fn the_sweep_prints_every_point_and_draws_the_frontier() {
                 "--every",
                 "2",
                 "--budgets",
-                "28MiB,4MiB",
+                &budgets,
             ],
             &EVICTING_MODEL[..EVICTING_MODEL.len() - 1], // without --json
             &["--plot", svg_arg],
@@ -229,11 +270,12 @@ fn the_sweep_prints_every_point_and_draws_the_frontier() {
         .concat(),
     );
     let stdout = succeeded(&out, "sweep");
+    let low_row = format!("| ferropool, fitted             | {low}.0 MiB");
     for row in [
         "| ferropool, checkpoint every 1 |", // the reference, though not asked for
         "| ferropool, checkpoint every 2 |",
         "| ferropool, fitted             | 28.0 MiB",
-        "| ferropool, fitted             | 4.0 MiB",
+        low_row.as_str(),
         "failed (1)",
         "is below the least this run needs",
         "bit-identical to the run that keeps everything: yes",

@@ -33,8 +33,11 @@ fn run(extra: &[&str]) -> Summary {
     Summary::parse(&succeeded(&out, &args)).expect("a JSON summary")
 }
 
-fn bits(summary: &Summary) -> Vec<u32> {
-    summary.losses.iter().map(|l| l.to_bits()).collect()
+/// The losses' bits and the digest of the parameters' bits after the last step (the losses
+/// of three steps alone hide a difference of an ulp in a gradient).
+fn bits(summary: &Summary) -> (Vec<u32>, Option<u64>) {
+    let losses = summary.losses.iter().map(|l| l.to_bits()).collect();
+    (losses, summary.params_digest)
 }
 
 #[test]
@@ -139,6 +142,65 @@ fn gpt2_tokens_train_and_the_sample_is_text() {
             .all(|c| !c.is_control() || c.is_whitespace()),
         "{sample:?}"
     );
+}
+
+/// `--trace` on the GPT: each step's spans (`step`, `forward`, `loss`, `backward`), a
+/// `backward (segment)` and an `optimizer (block)` span per block, every span ended, on the
+/// track of the worker thread that runs the steps, named.
+#[test]
+fn the_gpt_trace_holds_every_steps_spans() {
+    let dir = std::env::temp_dir().join(format!("gpt-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.json");
+    let args = [
+        &["train"],
+        TINY_GPT,
+        &["--trace", trace.to_str().unwrap(), "--sample", "0"],
+    ]
+    .concat();
+    succeeded(&train_replay(&args), &args);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).expect("JSON");
+    let events = json["traceEvents"].as_array().expect("traceEvents");
+    let spans = |name: &str| -> Vec<&serde_json::Value> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "B" && e["name"] == name)
+            .collect()
+    };
+    let (steps, blocks) = (3, 3);
+    for span in ["step", "forward", "loss", "backward"] {
+        assert_eq!(spans(span).len(), steps, "a {span:?} span per step");
+    }
+    for span in ["backward (segment)", "optimizer (block)"] {
+        assert_eq!(
+            spans(span).len(),
+            steps * blocks,
+            "a {span:?} span per block"
+        );
+    }
+    let begins = events.iter().filter(|e| e["ph"] == "B").count();
+    let ends = events.iter().filter(|e| e["ph"] == "E").count();
+    assert_eq!(
+        (begins, ends),
+        (steps * (4 + 2 * blocks), begins),
+        "every span ended"
+    );
+    let tid = &spans("step")[0]["tid"];
+    assert!(
+        tid.as_u64().is_some_and(|t| t > 0),
+        "an OS thread id: {tid}"
+    );
+    assert!(
+        events.iter().any(|e| e["ph"] == "M"
+            && e["name"] == "thread_name"
+            && &e["tid"] == tid
+            && e["args"]["name"]
+                .as_str()
+                .is_some_and(|name| name.starts_with("worker "))),
+        "the steps run on a worker's track, named"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -33,8 +33,16 @@ fn the_losses_are_the_same_bits_at_every_thread_count() {
         for threads in [2, 3, 8] {
             let other = run(MODEL, threads, keep);
             assert_eq!(
-                (one.first_loss.to_bits(), one.last_loss.to_bits()),
-                (other.first_loss.to_bits(), other.last_loss.to_bits()),
+                (
+                    one.first_loss.to_bits(),
+                    one.last_loss.to_bits(),
+                    one.params_digest
+                ),
+                (
+                    other.first_loss.to_bits(),
+                    other.last_loss.to_bits(),
+                    other.params_digest
+                ),
                 "{keep:?} at 1 and {threads} threads:\n{one:?}\n{other:?}"
             );
         }
@@ -63,4 +71,53 @@ fn a_step_holds_one_copy_of_the_gradients_at_any_thread_count() {
         "peak live {one_live} at 1 thread, {eight_live} at 8: a copy of the gradients is \
          {gradients}"
     );
+}
+
+/// The GPT across more than one block of every kernel: 320 rows (two of the fused layers'
+/// 256-row blocks, ten of the cross-entropy's 32-row tasks), a context of 80 (two of the
+/// attention's 64-row query blocks in each sequence), the head in chunks of 64 rows; the
+/// same losses to the bit at 1, 2 and 32 threads, keeping everything or every block's input.
+#[test]
+fn the_gpts_losses_are_the_same_bits_at_32_threads_over_several_blocks() {
+    let gpt = [
+        "--model",
+        "gpt",
+        "--context",
+        "80",
+        "--batch",
+        "4",
+        "--width",
+        "32",
+        "--heads",
+        "4",
+        "--layers",
+        "2",
+        "--steps",
+        "3",
+        "--head-rows",
+        "64",
+        "--sample",
+        "0",
+    ];
+    for keep in [
+        &["--checkpoint-every", "0"][..],
+        &["--checkpoint-every", "1"],
+    ] {
+        let one = run(&gpt, 1, keep);
+        assert_eq!(one.losses.len(), 3);
+        for threads in [2, 32] {
+            let other = run(&gpt, threads, keep);
+            // The losses' bits and the parameters' (three steps' losses alone hide an ulp).
+            let bits = |s: &Summary| {
+                let losses: Vec<u32> = s.losses.iter().map(|l| l.to_bits()).collect();
+                (losses, s.params_digest)
+            };
+            assert!(one.params_digest.is_some());
+            assert_eq!(
+                bits(&one),
+                bits(&other),
+                "{keep:?} at 1 and {threads} threads"
+            );
+        }
+    }
 }

@@ -250,7 +250,8 @@ impl PoolInner {
             return true;
         }
         let class_bytes = class::class_size(class);
-        if self.merges_on_free(class_bytes) {
+        // Over a lowered budget the block goes back, as `free` sends it.
+        if self.merges_on_free(class_bytes) || self.memory.over_budget() {
             // SAFETY: the buffer being freed held the block, not cached or listed.
             unsafe { self.release_block(record, class) };
         } else {

@@ -208,6 +208,14 @@ impl<B: Backend> Model for Trainer<'_, B> {
         self.train_step(self.batch)
     }
 
+    fn digest(&self) -> u64 {
+        self.layers.iter().fold(super::DIGEST_START, |hash, layer| {
+            let params = layer.params.lock().unwrap_or_else(|e| e.into_inner());
+            let hash = super::digest_of(hash, B::slice(&params.weight));
+            super::digest_of(hash, B::slice(&params.bias))
+        })
+    }
+
     fn describe(&self) -> String {
         let hidden = self.layers.first().map_or(0, |layer| layer.outputs);
         format!(

@@ -21,7 +21,23 @@ pub trait Model {
     }
     /// What trains, on one line.
     fn describe(&self) -> String;
+    /// A digest of every parameter's bits (FNV-1a over them, in a fixed order): two runs
+    /// whose parameters are the same bits have the same digest. The losses of a few steps
+    /// hide a difference of an ulp in a gradient (AdamW divides it away); the weights keep it.
+    fn digest(&self) -> u64;
 }
+
+/// FNV-1a over the bits of `values`, continuing from `hash`.
+pub fn digest_of(hash: u64, values: &[f32]) -> u64 {
+    values.iter().fold(hash, |hash, v| {
+        v.to_bits().to_le_bytes().iter().fold(hash, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
+    })
+}
+
+/// FNV-1a's starting value.
+pub const DIGEST_START: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// The model `args` name, its tensors from `backend`. A dry one takes the buffers a step
 /// takes, of the same sizes and in the same order, without computing them: it finds what a

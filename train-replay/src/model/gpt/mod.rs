@@ -270,6 +270,10 @@ impl<B: Backend> Model for Gpt<'_, B> {
         self.workers.install(|| state.sample(len)).map(Some)
     }
 
+    fn digest(&self) -> u64 {
+        self.state.params.digest()
+    }
+
     fn describe(&self) -> String {
         let (s, state) = (&self.state.shape, &self.state);
         format!(

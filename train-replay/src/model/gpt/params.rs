@@ -379,6 +379,13 @@ impl<B: Backend> Params<B> {
             .chain([&mut self.lnf_w, &mut self.lnf_b])
     }
 
+    /// A digest of every parameter's bits, in nanoGPT's order (see `Model::digest`).
+    pub fn digest(&self) -> u64 {
+        self.all().fold(crate::model::DIGEST_START, |hash, p| {
+            crate::model::digest_of(hash, p.get())
+        })
+    }
+
     /// The number of parameters.
     pub fn count(&self) -> usize {
         self.all().map(|p| p.rows * p.cols).sum()
