@@ -71,7 +71,7 @@ fn packed(depth: usize, n: usize) -> u64 {
 /// itself). For the process, once: what a GEMM call the threads share packs (the head's
 /// products, the input and weight gradients: one call at a time, so GPT-2's tied head is
 /// packed once, not per thread), and 4 MiB. The `gemm` crate packs
-/// at most [`PACKED_DEPTH`] of an operand's depth at once, and at most an L3 cache's worth.
+/// at most `PACKED_DEPTH` (512) of an operand's depth at once, and at most an L3 cache's worth.
 pub fn reserve(args: &Args) -> u64 {
     let threads = args.threads() as u64;
     let f32s = |elements: usize| (elements as u64).saturating_mul(4);
