@@ -105,19 +105,21 @@ class GPT(nn.Module):
         self.transformer.wpe = nn.Embedding(context, width)
         self.transformer.h = nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.transformer.ln_f = nn.LayerNorm(width)
-        self.every = every
+        # The checkpointed segments, made once (a plain list: the blocks stay registered
+        # under `transformer.h` alone, nanoGPT's names), so that a compiled forward sees the
+        # same modules on every call.
+        blocks = list(self.transformer.h)
+        self.segments = [Segment(blocks[i : i + every]) for i in range(0, len(blocks), every)] if every else []
 
     def forward(self, idx, targets):
         t = idx.shape[1]
         pos = torch.arange(t, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        blocks = list(self.transformer.h)
-        if self.every:
-            for i in range(0, len(blocks), self.every):
-                segment = Segment(blocks[i : i + self.every])
+        if self.segments:
+            for segment in self.segments:
                 x = checkpoint(segment, x, use_reentrant=False)
         else:
-            for block in blocks:
+            for block in self.transformer.h:
                 x = block(x)
         x = self.transformer.ln_f(x)
         logits = x @ self.transformer.wte.weight.t()  # tied
@@ -173,12 +175,20 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.1)
+    parser.add_argument("--beta1", type=float, default=0.9)
+    parser.add_argument("--beta2", type=float, default=0.95)
+    parser.add_argument("--eps", type=float, default=1e-8)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--data", default=DATA)
     parser.add_argument("--tokens", help="the text's token ids, little-endian int32 (not --data)")
     parser.add_argument("--load")
     parser.add_argument("--losses", type=int, default=0)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print what torch.compile makes of the model (graphs, graph breaks and why) and exit",
+    )
     args = parser.parse_args()
     counts = (args.steps, args.batch, args.context, args.width, args.heads, args.layers, args.threads)
     if min(counts) < 1 or args.checkpoint_every < 0 or args.width % args.heads:
@@ -204,8 +214,8 @@ def main():
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": rest, "weight_decay": 0.0}],
         lr=args.lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
+        betas=(args.beta1, args.beta2),
+        eps=args.eps,
     )
     # The interpreter, its libraries, the weights and the optimizer, before any step (or
     # compilation) runs.
@@ -217,6 +227,14 @@ def main():
         starts = torch.tensor(offsets(args.seed, 0, index, args.batch, span))
         rows = train[starts[:, None] + windows]
         return rows[:, :-1], rows[:, 1:]
+
+    if args.explain:
+        x, y = batch(0)
+        explained = torch._dynamo.explain(model)(x, y)
+        print(f"graphs: {explained.graph_count}, graph breaks: {explained.graph_break_count}")
+        for reason in explained.break_reasons:
+            print(f"break: {reason.reason}")
+        return
 
     forward = model
     compile_s = None
@@ -244,17 +262,22 @@ def main():
         losses.append(step(i))
     measured = args.steps - warmup
     elapsed = time.perf_counter() - started
+
+    def finite(x):
+        """A loss for JSON, which has no NaN: `null` where it is not finite."""
+        return x if math.isfinite(x) else None
+
     print(
         json.dumps(
             {
                 "allocator": "pytorch-compiled" if args.compile else "pytorch",
-                "first_loss": losses[0],
-                "last_loss": losses[-1],
+                "first_loss": finite(losses[0]),
+                "last_loss": finite(losses[-1]),
                 "steps_per_s": measured / elapsed,
                 "faults_per_step": (minor_faults() - faults) / measured,
                 "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 "baseline_rss": baseline_rss,
-                "losses": losses[: args.losses],
+                "losses": [finite(x) for x in losses[: args.losses]],
                 "compile_s": compile_s,
             }
         )

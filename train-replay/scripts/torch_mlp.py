@@ -11,6 +11,7 @@ timed. Prints one JSON line with the same fields as `train-replay train --json`.
 
 import argparse
 import json
+import math
 import resource
 import time
 
@@ -71,6 +72,8 @@ def main():
     )
     teacher = torch.randn(INPUT, CLASSES)
     optimizer = torch.optim.Adam(segments.parameters(), lr=args.lr)
+    # The interpreter, its libraries, the weights and the optimizer, before any step.
+    baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     def step():
         x = torch.randn(args.batch, INPUT)
@@ -95,16 +98,22 @@ def main():
             first = last
     measured = args.steps - warmup
     elapsed = time.perf_counter() - started
+
+    def finite(x):
+        """A loss for JSON, which has no NaN: `null` where it is not finite."""
+        return x if math.isfinite(x) else None
+
     print(
         json.dumps(
             {
                 "allocator": "pytorch",
-                "first_loss": first,
-                "last_loss": last,
+                "first_loss": finite(first),
+                "last_loss": finite(last),
                 "steps_per_s": measured / elapsed,
                 "faults_per_step": (minor_faults() - faults) / measured,
                 "allocs_per_step": None,
                 "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "baseline_rss": baseline_rss,
             }
         )
     )

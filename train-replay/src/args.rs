@@ -83,6 +83,11 @@ pub struct CompareArgs {
     /// how far its first losses are from the job's; or `scripts/torch_mlp.py`).
     #[arg(long, value_name = "PYTHON")]
     pub torch: Option<PathBuf>,
+    /// With --torch: the largest relative difference allowed between the job's first losses
+    /// and each PyTorch run's (eager and compiled); past it, or with a NaN anywhere, compare
+    /// exits with code 1 after its table.
+    #[arg(long, default_value_t = 1e-4, value_parser = positive_finite)]
+    pub agree: f64,
 }
 
 /// Which model the job trains.
@@ -196,11 +201,21 @@ pub struct Args {
     /// Learning rate (a finite number above 0; default 1e-3 for the GPT's AdamW, 2e-3 for
     /// the MLP's Adam).
     #[arg(long, default_value_t = 1e-3, default_value_if("model", "mlp", "2e-3"), value_parser = positive_finite)]
-    pub lr: f32,
+    pub lr: f64,
     /// GPT: AdamW's weight decay on the matrices and embeddings (a finite number, at least
     /// 0).
     #[arg(long, default_value_t = 0.1, value_parser = decay)]
-    pub weight_decay: f32,
+    pub weight_decay: f64,
+    /// GPT: AdamW's first moment's decay, `beta1` (0 to below 1; nanoGPT's 0.9).
+    #[arg(long, default_value_t = 0.9, value_parser = beta)]
+    pub beta1: f64,
+    /// GPT: AdamW's second moment's decay, `beta2` (0 to below 1; nanoGPT's 0.95).
+    #[arg(long, default_value_t = 0.95, value_parser = beta)]
+    pub beta2: f64,
+    /// GPT: AdamW's `eps`, added to the root of the second moment (a finite number above 0;
+    /// PyTorch's 1e-8).
+    #[arg(long, default_value_t = 1e-8, value_parser = positive_finite)]
+    pub eps: f64,
     /// Seed of the data and the initial weights.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -362,6 +377,9 @@ impl Args {
                 ("--vocab", self.vocab().to_string()),
                 ("--tokenizer", self.tokenizer.name().to_owned()),
                 ("--weight-decay", self.weight_decay.to_string()),
+                ("--beta1", self.beta1.to_string()),
+                ("--beta2", self.beta2.to_string()),
+                ("--eps", self.eps.to_string()),
             ]),
         }
         if let Some(data) = &self.data {
@@ -422,7 +440,7 @@ impl Args {
 }
 
 /// The flags only one model reads: each one's id, its name, and the model.
-const MODEL_FLAGS: [(&str, &str, ModelKind); 15] = [
+const MODEL_FLAGS: [(&str, &str, ModelKind); 18] = [
     ("context", "--context", ModelKind::Gpt),
     ("width", "--width", ModelKind::Gpt),
     ("heads", "--heads", ModelKind::Gpt),
@@ -437,6 +455,9 @@ const MODEL_FLAGS: [(&str, &str, ModelKind); 15] = [
     ("keep_scores", "--keep-scores", ModelKind::Gpt),
     ("head_rows", "--head-rows", ModelKind::Gpt),
     ("weight_decay", "--weight-decay", ModelKind::Gpt),
+    ("beta1", "--beta1", ModelKind::Gpt),
+    ("beta2", "--beta2", ModelKind::Gpt),
+    ("eps", "--eps", ModelKind::Gpt),
     ("hidden", "--hidden", ModelKind::Mlp),
 ];
 
@@ -490,9 +511,17 @@ fn width(text: &str) -> Result<usize, String> {
     }
 }
 
+/// A moment's decay: at least 0 and below 1.
+fn beta(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(value) if (0.0..1.0).contains(&value) => Ok(value),
+        _ => Err("expected a number of at least 0 and below 1, e.g. 0.9".into()),
+    }
+}
+
 /// A finite number of at least 0.
-fn decay(text: &str) -> Result<f32, String> {
-    match text.trim().parse::<f32>() {
+fn decay(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
         Ok(value) if value.is_finite() && value >= 0.0 => Ok(value),
         _ => Err("expected a finite number of at least 0, e.g. 0.1".into()),
     }
@@ -517,8 +546,8 @@ fn thread_count(text: &str) -> Result<usize, String> {
 }
 
 /// A finite number above 0.
-fn positive_finite(text: &str) -> Result<f32, String> {
-    match text.trim().parse::<f32>() {
+fn positive_finite(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
         Ok(value) if value.is_finite() && value > 0.0 => Ok(value),
         _ => Err("expected a finite number above 0, e.g. 2e-3".into()),
     }

@@ -141,26 +141,59 @@ fn run_rounds(
         }
     }
     print_table(&names, &runs, args.rounds);
-    if let Some(torch) = names.iter().position(|n| *n == "pytorch") {
-        print_agreement(&runs[0][0], &runs[torch][0]);
-    }
-    Ok(())
+    agreement(args, &names, &runs)
 }
 
-/// How far the pool's first losses are from PyTorch's, from the same weights on the same
-/// batches.
-fn print_agreement(ours: &Summary, torch: &Summary) {
-    let pairs = ours.losses.iter().zip(&torch.losses);
-    // A NaN on either side is the worst disagreement (`f64::max` would pass over it).
-    let worst = pairs
-        .clone()
-        .map(|(a, b)| ((a - b) / b).abs() as f64)
-        .fold(0.0, |worst, d| if d <= worst { worst } else { d });
-    println!(
-        "(the first {} losses of ferropool and PyTorch, from the same initial weights on the \
-         same batches, differ by at most {worst:.1e} relative)",
-        pairs.count()
-    );
+/// The largest relative difference between the first losses of `ours` and `theirs` (from the
+/// same weights on the same batches); infinite where either is NaN or infinite, or where one
+/// run has fewer losses.
+pub fn worst_difference(ours: &[f32], theirs: &[f32]) -> f64 {
+    if ours.len() != theirs.len() {
+        return f64::INFINITY;
+    }
+    ours.iter()
+        .zip(theirs)
+        .map(|(&a, &b)| match (a.is_finite(), b.is_finite()) {
+            (true, true) => ((a as f64 - b as f64) / b as f64).abs(),
+            _ => f64::INFINITY,
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Prints how far each PyTorch run's first losses are from the pool's (the first round of
+/// each; the GPT's, which start from the job's weights), and fails past `--agree`.
+fn agreement(args: &CompareArgs, names: &[&str], runs: &[Vec<Summary>]) -> anyhow::Result<()> {
+    // The MLP's PyTorch recipe draws weights of its own: nothing to agree on.
+    if args.train.model != ModelKind::Gpt {
+        return Ok(());
+    }
+    let ours = &runs[0][0].losses;
+    let mut failed = Vec::new();
+    for (name, runs) in names
+        .iter()
+        .zip(runs)
+        .filter(|(n, _)| n.starts_with("pytorch"))
+    {
+        let worst = worst_difference(ours, &runs[0].losses);
+        println!(
+            "(the first {} losses of ferropool and {name}, from the same initial weights on \
+             the same batches, differ by at most {worst:.1e} relative; --agree {:.0e})",
+            ours.len(),
+            args.agree
+        );
+        // NaN is the worst disagreement (`worst_difference` makes it infinite).
+        if worst.is_nan() || worst > args.agree {
+            failed.push(format!("{name} by {worst:.1e}"));
+        }
+    }
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(anyhow!(
+            "the first losses disagree past --agree {:.0e}: {}",
+            args.agree,
+            failed.join(", ")
+        )),
+    }
 }
 
 /// The training flags of this command line, to hand to the children: every argument but the
@@ -173,9 +206,12 @@ fn training_flags(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
         if skip_value {
             skip_value = false;
         } else if text == "compare" && kept.is_empty() {
-        } else if text == "--rounds" || text == "--torch" {
+        } else if ["--rounds", "--torch", "--agree"].contains(&text.as_ref()) {
             skip_value = true;
-        } else if !(text.starts_with("--rounds=") || text.starts_with("--torch=")) {
+        } else if !["--rounds=", "--torch=", "--agree="]
+            .iter()
+            .any(|own| text.starts_with(own))
+        {
             kept.push(arg);
         }
     }
@@ -222,6 +258,9 @@ pub(crate) fn torch_command(
                 ("--heads", train.heads.to_string()),
                 ("--vocab", train.vocab().to_string()),
                 ("--weight-decay", train.weight_decay.to_string()),
+                ("--beta1", train.beta1.to_string()),
+                ("--beta2", train.beta2.to_string()),
+                ("--eps", train.eps.to_string()),
                 ("--losses", crate::measure::KEPT_LOSSES.to_string()),
             ]);
             match (&files.tokens, &train.data) {
@@ -356,24 +395,40 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
     let mimalloc = |s: &Summary| s.mimalloc_calls_per_step.unwrap_or(f64::NAN);
     figures.add_row(columns.row("calls to mimalloc per step", &mimalloc, &calls_cell, false));
     let rss = |v: f64| bytes(v as u64).to_string();
-    figures.add_row(columns.row("peak RSS", &|s| s.peak_rss as f64, &rss, true));
-    // PyTorch's interpreter and libraries hold about 0.8 GiB before its first step: its
-    // peak RSS above that, against the pool's whole peak RSS.
+    figures.add_row(columns.row(
+        "peak RSS (whole process)",
+        &|s| s.peak_rss as f64,
+        &rss,
+        true,
+    ));
+    // Each process's RSS before its first step (the program and its libraries, the weights;
+    // PyTorch's interpreter and libraries are some 0.8 GiB of it) and its peak above that.
+    let baseline = |s: &Summary| s.baseline_rss.map_or(f64::NAN, |b| b as f64);
+    let above = |s: &Summary| match s.baseline_rss {
+        Some(b) => s.peak_rss.saturating_sub(b) as f64,
+        None => f64::NAN,
+    };
+    let rss_or_dash = |v: f64| match v.is_nan() {
+        true => "-".to_owned(),
+        false => bytes(v as u64).to_string(),
+    };
+    figures.add_row(columns.row("RSS before the first step", &baseline, &rss_or_dash, false));
+    figures.add_row(columns.row("peak RSS above it", &above, &rss_or_dash, true));
+    // The pool's whole peak against PyTorch's peak above its own start, which is mostly its
+    // interpreter and libraries.
     if names.iter().any(|n| n.starts_with("pytorch")) {
-        let above = |s: &Summary| s.peak_rss.saturating_sub(s.baseline_rss.unwrap_or(0)) as f64;
         let median = |runs: &[Summary], f: &Figure| spread(runs.iter().map(f).collect()).0;
         let pool = median(&runs[0], &|s| s.peak_rss as f64);
-        let mut cells = vec!["PyTorch: peak RSS above its RSS before the first step".to_owned()];
-        let mut ratios = Vec::new();
-        for (name, runs) in names.iter().zip(runs) {
-            if name.starts_with("pytorch") {
-                cells.push(columns.cell(runs, &above, &rss));
-                ratios.push(format!("{:.2}x {name}", pool / median(runs, &above)));
-            } else {
-                cells.push("-".into());
-            }
-        }
-        cells.push(format!("peak RSS {}", ratios.join(", ")));
+        let mut cells =
+            vec!["ferropool's whole peak RSS against PyTorch's above its start".to_owned()];
+        cells.extend(runs.iter().map(|_| String::new()));
+        let against: Vec<String> = names
+            .iter()
+            .zip(runs)
+            .filter(|(name, _)| name.starts_with("pytorch"))
+            .map(|(name, runs)| format!("{:.2}x {name}", pool / median(runs, &above)))
+            .collect();
+        cells.push(against.join(", "));
         figures.add_row(cells);
     }
     if runs.iter().any(|r| r[0].compile_s.is_some()) {
@@ -402,7 +457,24 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::training_flags;
+    use super::{training_flags, worst_difference};
+
+    #[test]
+    fn a_nan_or_a_missing_loss_is_the_worst_disagreement() {
+        assert_eq!(worst_difference(&[2.0, 4.0], &[2.0, 4.0]), 0.0);
+        let near = worst_difference(&[2.0, 4.0], &[2.0, 4.004]);
+        assert!((near - 1e-3).abs() < 1e-6, "{near}");
+        // A NaN after a finite difference, on either side, and a shorter run.
+        assert_eq!(
+            worst_difference(&[2.0, f32::NAN], &[2.1, 4.0]),
+            f64::INFINITY
+        );
+        assert_eq!(
+            worst_difference(&[2.0, 4.0], &[2.0, f32::NAN]),
+            f64::INFINITY
+        );
+        assert_eq!(worst_difference(&[2.0, 4.0], &[2.0]), f64::INFINITY);
+    }
 
     #[test]
     fn the_children_get_the_training_flags_and_not_compares_own() {
@@ -418,6 +490,9 @@ mod tests {
             "--torch",
             "py",
             "--rounds=2",
+            "--agree",
+            "1e-5",
+            "--agree=1e-6",
         ];
         let kept = training_flags(args.iter().map(Into::into));
         assert_eq!(kept, ["--steps", "4", "--batch", "8"]);

@@ -19,8 +19,10 @@ pub struct Summary {
     /// What ran: `pool-mimalloc`, `glibc`, `mimalloc`, `pytorch` or `pytorch-compiled`.
     pub allocator: String,
     /// Loss of the first step.
+    #[serde(deserialize_with = "nan_for_null")]
     pub first_loss: f32,
     /// Loss of the last step.
+    #[serde(deserialize_with = "nan_for_null")]
     pub last_loss: f32,
     /// Steady-state steps per second.
     pub steps_per_s: f64,
@@ -69,7 +71,7 @@ pub struct Summary {
     #[serde(default)]
     pub outside_reserve_bytes: Option<u64>,
     /// The losses of the first steps, at most [`KEPT_LOSSES`].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nans_for_nulls")]
     pub losses: Vec<f32>,
     /// A digest of the parameters' bits after the last step (`None`: not reported, as by
     /// PyTorch): two runs that trained the same bits report the same digest.
@@ -89,6 +91,18 @@ pub struct Summary {
     /// Seconds `torch.compile` took (a compiled PyTorch run only).
     #[serde(default)]
     pub compile_s: Option<f64>,
+}
+
+/// A loss that JSON holds as `null` where it was not finite (JSON has no NaN: `serde_json`
+/// writes one as `null`, and `scripts/torch_gpt.py` does the same): NaN.
+fn nan_for_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+    Ok(Option::<f32>::deserialize(d)?.unwrap_or(f32::NAN))
+}
+
+/// [`nan_for_null`] for each loss of a list.
+fn nans_for_nulls<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+    let losses = Vec::<Option<f32>>::deserialize(d)?;
+    Ok(losses.into_iter().map(|l| l.unwrap_or(f32::NAN)).collect())
 }
 
 impl Summary {

@@ -35,3 +35,24 @@ pub fn table<T: Into<comfy_table::Cell>>(
         .set_header(header);
     table
 }
+
+/// `text` fit for a terminal: control characters but line breaks and tabs escaped
+/// (`\u{0}`, `\u{1b}`), so that a model's early samples (a byte-level one draws any byte) neither
+/// move the cursor nor make `grep` call the output binary. (Bytes that were not UTF-8 were
+/// decoded as U+FFFD already.)
+///
+/// ```
+/// assert_eq!(
+///     train_replay::show::printable("a\0b\x1b[2J\nc\td"),
+///     "a\\u{0}b\\u{1b}[2J\nc\td"
+/// );
+/// ```
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' | '\t' => c.to_string(),
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
+}

@@ -307,8 +307,19 @@ fn row(points: &[Runs], r: &Runs, name: String, budget: String) -> Vec<String> {
             (Some(l), Some(r)) => format!("{:.2}x", r / l),
             _ => "-".into(),
         },
-        // Every row's process, the same quantity for each: what a machine must hold.
+        // Every row's process, the same quantity for each: what a machine must hold; then
+        // its RSS before the first step (for PyTorch mostly its interpreter) and the peak
+        // above it.
         cell(r.median(|s| s.peak_rss as f64), &mib),
+        cell(figure(|s| s.baseline_rss), &mib),
+        cell(
+            r.median(|s| match s.baseline_rss {
+                Some(b) => s.peak_rss.saturating_sub(b) as f64,
+                None => f64::NAN,
+            })
+            .filter(|v| !v.is_nan()),
+            &mib,
+        ),
         cell(steps, &|v| format!("{v:.2}")),
         match r.point {
             Point::Fitted(_) => cell(r.median(|s| s.recompute_share.unwrap_or(0.0)), &|v| {
@@ -331,6 +342,8 @@ fn print_table(points: &[Runs], reference: &Summary, runs: usize) {
         "peak reserved",
         "reserved / live",
         "peak RSS",
+        "RSS at the first step",
+        "peak RSS above it",
         "steps/s",
         "recomputing",
         "best fixed k under the budget",

@@ -192,6 +192,7 @@ impl Progress {
                 if let Some(bar) = bar {
                     bar.finish_and_clear();
                 }
+                let text = crate::show::printable(text);
                 println!("\nsample (seeded, temperature 0.8):\n----\n{text}\n----");
             }
         }

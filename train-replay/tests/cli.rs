@@ -170,3 +170,53 @@ fn pool_only_outputs_and_unknown_allocators_are_refused() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("names no allocator"), "{stderr}");
 }
+
+/// `compare --torch` checks each PyTorch run's first losses against the job's and exits with
+/// code 1 past `--agree`: here a stand-in for PyTorch that reports losses of its own (a
+/// planted difference), and one that reports a NaN. (The stand-in is any program: `compare`
+/// runs it with the script's path and the training's flags and reads its JSON line.)
+#[test]
+fn compare_fails_when_the_peer_disagrees() {
+    let dir = std::env::temp_dir().join(format!("compare-agree-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, loss) in [("off.sh", "1.0"), ("nan.sh", "NaN")] {
+        let fake = dir.join(name);
+        // `NaN` is no JSON number: serde reads `null` as NaN for f32.
+        let loss = if loss == "NaN" { "null" } else { loss };
+        let line = format!(
+            "{{\"allocator\":\"pytorch\",\"first_loss\":1.0,\"last_loss\":1.0,\
+             \"steps_per_s\":1.0,\"faults_per_step\":0.0,\"peak_rss\":1,\
+             \"losses\":[{loss},{loss}]}}"
+        );
+        std::fs::write(&fake, format!("#!/bin/sh\necho '{line}'\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = train_replay(&[
+            "compare",
+            "--context",
+            "8",
+            "--width",
+            "8",
+            "--heads",
+            "2",
+            "--layers",
+            "1",
+            "--batch",
+            "2",
+            "--steps",
+            "2",
+            "--torch",
+            fake.to_str().unwrap(),
+        ]);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(1), "{name}: {stdout}{stderr}");
+        assert!(
+            stderr.contains("disagree past --agree 1e-4") && stdout.contains("differ by at most"),
+            "{name}: {stdout}{stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -261,3 +261,179 @@ fn the_fused_layer_is_its_composition() {
         }
     }
 }
+
+/// A GPT of one block for the whole-model checks: width 16, 2 heads, 3 sequences of 6.
+fn tiny_gpt() -> (
+    train_replay::model::gpt::Shape,
+    train_replay::model::gpt::params::Params<train_replay::backend::VecBackend>,
+) {
+    use rand::SeedableRng;
+    let shape = train_replay::model::gpt::Shape {
+        vocab: 29,
+        context: 6,
+        width: 16,
+        heads: 2,
+        layers: 1,
+        batch: 3,
+    };
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(11);
+    let backend = train_replay::backend::VecBackend;
+    let mut params =
+        train_replay::model::gpt::params::Params::new(&backend, &shape, Some(&mut rng)).unwrap();
+    // Layer norms and biases off their initial ones and zeros, so that every term counts.
+    for (i, value) in params.lnf_w.get_mut().unwrap().iter_mut().enumerate() {
+        *value = 1.0 + 0.3 * ((i % 5) as f32 - 2.0) / 2.0;
+    }
+    let block = &mut params.blocks[0];
+    use train_replay::model::gpt::params::W;
+    for (which, seed) in [(W::Ln1W, 1), (W::Ln2W, 2), (W::AttnB, 3), (W::FcB, 4)] {
+        let noise = values(block[which].get().len(), seed, 0.3);
+        for (v, n) in block[which].get_mut().unwrap().iter_mut().zip(noise) {
+            *v += n;
+        }
+    }
+    (shape, params)
+}
+
+/// A whole block (layer norms, attention, projections, the MLP, both residuals) against
+/// finite differences of `L = sum(w * block(x))`: the input's gradient, and the fused
+/// layers' weights'.
+#[test]
+fn a_whole_blocks_gradients_match_finite_differences() {
+    use train_replay::backend::{Backend, VecBackend};
+    use train_replay::model::gpt::block::{Keeping, Layer};
+    use train_replay::model::gpt::ops::Ops;
+    use train_replay::model::gpt::params::W;
+    let (shape, mut params) = tiny_gpt();
+    let heads = Heads {
+        batch: shape.batch,
+        seq: shape.context,
+        heads: shape.heads,
+        size: shape.width / shape.heads,
+    };
+    let n = heads.rows() * shape.width;
+    let ops = Ops {
+        backend: &VecBackend,
+        threads: 1,
+        dry: false,
+    };
+    let (x, w) = (values(n, 21, 1.0), values(n, 22, 1.0));
+    let forward = |params: &train_replay::model::gpt::params::Params<VecBackend>, x: &[f32]| {
+        let layer = Layer {
+            ops: &ops,
+            params: &params.blocks[0],
+            heads,
+            keep_scores: false,
+        };
+        let x = VecBackend.save(x.to_vec()).unwrap();
+        let (values, out) = layer.forward(x, Keeping::Plain, true).unwrap();
+        (values, out.unwrap())
+    };
+    let (dx, grads) = {
+        let (values, _) = forward(&params, &x);
+        let layer = Layer {
+            ops: &ops,
+            params: &params.blocks[0],
+            heads,
+            keep_scores: false,
+        };
+        layer.backward(&values, w.clone()).unwrap()
+    };
+    let loss_at = |params: &train_replay::model::gpt::params::Params<VecBackend>, x: &[f32]| {
+        weighted(&w, &forward(params, x).1)
+    };
+    check("block dx", &x, &dx, 1e-2, 2e-2, |x| loss_at(&params, x));
+    for which in [W::AttnW, W::ProjW, W::FcW, W::OutW, W::Ln1W, W::Ln2B] {
+        let start = params.blocks[0][which].get().to_vec();
+        let analytic = grads[which as usize].clone();
+        let name = format!("block {which:?}");
+        let cell = std::cell::RefCell::new(&mut params);
+        check(&name, &start, &analytic, 1e-2, 2e-2, |moved| {
+            let mut params = cell.borrow_mut();
+            params.blocks[0][which]
+                .get_mut()
+                .unwrap()
+                .copy_from_slice(moved);
+            loss_at(&params, &x)
+        });
+        cell.into_inner().blocks[0][which]
+            .get_mut()
+            .unwrap()
+            .copy_from_slice(&start);
+    }
+}
+
+/// The head (the final layer norm, the projection tied to the token embedding, the mean
+/// cross-entropy) against finite differences of its loss, whole and in chunks of 5 rows: the
+/// input's gradient, the embedding's and the layer norm's weight's.
+#[test]
+fn the_heads_gradients_match_finite_differences() {
+    use train_replay::backend::{Backend, VecBackend};
+    use train_replay::model::gpt::head::head;
+    use train_replay::model::gpt::ops::Ops;
+    let (shape, mut params) = tiny_gpt();
+    let heads = Heads {
+        batch: shape.batch,
+        seq: shape.context,
+        heads: shape.heads,
+        size: shape.width / shape.heads,
+    };
+    let rows = heads.rows();
+    let ops = Ops {
+        backend: &VecBackend,
+        threads: 1,
+        dry: false,
+    };
+    let x = values(rows * shape.width, 31, 1.5);
+    let targets: Vec<u32> = (0..rows as u32)
+        .map(|r| (r * 7) % shape.vocab as u32)
+        .collect();
+    for chunk in [0, 5] {
+        let loss = |params: &train_replay::model::gpt::params::Params<VecBackend>, x: &[f32]| {
+            let x = VecBackend.save(x.to_vec()).unwrap();
+            head(&ops, params, &x, heads, &targets, false, chunk)
+                .unwrap()
+                .0 as f64
+        };
+        let saved = VecBackend.save(x.clone()).unwrap();
+        let (_, grads) = head(&ops, &params, &saved, heads, &targets, true, chunk).unwrap();
+        let grads = grads.unwrap();
+        check(
+            &format!("head dx ({chunk})"),
+            &x,
+            &grads.dx,
+            1e-2,
+            2e-2,
+            |x| loss(&params, x),
+        );
+        let tables = [("wte", grads.dwte.clone()), ("ln_f", grads.lnf[0].clone())];
+        for (name, analytic) in tables {
+            let start = match name {
+                "wte" => params.wte.get().to_vec(),
+                _ => params.lnf_w.get().to_vec(),
+            };
+            let cell = std::cell::RefCell::new(&mut params);
+            let set = |params: &mut train_replay::model::gpt::params::Params<VecBackend>,
+                       values: &[f32]| {
+                let param = match name {
+                    "wte" => &mut params.wte,
+                    _ => &mut params.lnf_w,
+                };
+                param.get_mut().unwrap().copy_from_slice(values);
+            };
+            check(
+                &format!("head {name} ({chunk})"),
+                &start,
+                &analytic,
+                1e-2,
+                2e-2,
+                |moved| {
+                    let mut params = cell.borrow_mut();
+                    set(&mut params, moved);
+                    loss(&params, &x)
+                },
+            );
+            set(cell.into_inner(), &start);
+        }
+    }
+}

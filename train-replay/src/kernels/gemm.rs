@@ -85,15 +85,13 @@ impl<'a> Mat<'a> {
     }
 }
 
-/// `c[m x n] = a[m x k] * b[k x n]` (or `c += a * b` if `accumulate`), `c` row-major, on
-/// `threads` threads of the current rayon pool (1: this thread), the same bits on any number
-/// (see the module's documentation). `c` is written whole either way; when `accumulate` is
-/// false its old contents are not read, so it may be uninitialised.
+/// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major, on `threads` threads of the current
+/// rayon pool (1: this thread), the same bits on any number (see the module's
+/// documentation). `c` is written whole and never read, so it may be uninitialised.
 ///
 /// # Panics
 ///
 /// If an operand is too short for its shape.
-#[allow(clippy::too_many_arguments)] // a GEMM's shape, operands, mode and threads
 pub fn gemm(
     m: usize,
     k: usize,
@@ -101,14 +99,36 @@ pub fn gemm(
     a: Mat<'_>,
     b: Mat<'_>,
     c: &mut [MaybeUninit<f32>],
-    accumulate: bool,
     threads: usize,
 ) {
     let elements = m.checked_mul(n).expect("m * n overflows");
     assert!(c.len() >= elements, "output too short for its shape");
     // SAFETY: `c` holds the `m x n` row-major output (checked above), is exclusively ours and
-    // does not overlap `a` or `b` (a `&mut` next to shared slices).
-    unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr().cast(), n, accumulate, threads) }
+    // does not overlap `a` or `b` (a `&mut` next to shared slices); without accumulating,
+    // the kernel writes it without reading it.
+    unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr().cast(), n, false, threads) }
+}
+
+/// `c[m x n] += a[m x k] * b[k x n]`, `c` row-major and initialised, as [`gemm()`] computes
+/// the product.
+///
+/// # Panics
+///
+/// If an operand is too short for its shape.
+pub fn gemm_add(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [f32],
+    threads: usize,
+) {
+    let elements = m.checked_mul(n).expect("m * n overflows");
+    assert!(c.len() >= elements, "output too short for its shape");
+    // SAFETY: `c` holds the `m x n` row-major output (checked above), initialised (a
+    // `&mut [f32]`), exclusively ours and apart from `a` and `b`.
+    unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr(), n, true, threads) }
 }
 
 /// [`gemm()`] into a row-major output of row stride `c_rs` at `c` (the columns of one head in
@@ -293,10 +313,13 @@ impl Linear<'_> {
                     to.write(start.map_or(b, |s| s[j] + b));
                 }
             }
+            // SAFETY: the loop above wrote every element of the block (`MaybeUninit<f32>`
+            // has `f32`'s layout).
+            let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
             let block = &input[first * k..(first + chunk) * k];
             let weight = Mat::rows(self.weight, n);
-            let product = |input: &[f32], out: &mut [MaybeUninit<f32>]| {
-                gemm(chunk, k, n, Mat::rows(input, k), weight, out, true, threads);
+            let product = |input: &[f32], out: &mut [f32]| {
+                gemm_add(chunk, k, n, Mat::rows(input, k), weight, out, threads);
             };
             match self.prologue {
                 Prologue::Identity => product(block, out),
@@ -317,8 +340,6 @@ impl Linear<'_> {
                 }),
             }
             if self.relu {
-                // SAFETY: the loop above initialised every element and the GEMM kept them so.
-                let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
                 out.iter_mut().for_each(|v| *v = v.max(0.0));
             }
         });
@@ -351,7 +372,7 @@ pub fn product(
     if elements == 0 {
         return;
     }
-    gemm(m, k, n, a, b, c, false, threads);
+    gemm(m, k, n, a, b, c, threads);
 }
 
 /// A layer's weight gradient `out[k x n] = input^T * grad` over `rows` batch rows (`input`
@@ -373,7 +394,7 @@ pub fn weight_grad(
     threads: usize,
 ) {
     let (input, grad) = (Mat::transposed(input, k), Mat::rows(grad, n));
-    gemm(k, rows, n, input, grad, out, false, threads);
+    gemm(k, rows, n, input, grad, out, threads);
 }
 
 /// [`product`] into an output that holds values already (overwritten, not read): a block
@@ -420,17 +441,8 @@ pub fn weight_grad_add(
     out: &mut [f32],
     threads: usize,
 ) {
-    let elements = k.checked_mul(n).expect("k * n overflows");
-    assert!(out.len() >= elements, "output too short for its shape");
     let (input, grad) = (Mat::transposed(input, k), Mat::rows(grad, n));
-    assert!(
-        input.reaches(k, rows) && grad.reaches(rows, n),
-        "operands too short for their shapes"
-    );
-    // SAFETY: `out` holds the `k x n` row-major output (checked above), initialised (a
-    // `&mut [f32]`, which the GEMM reads and adds to), exclusively ours and apart from the
-    // operands.
-    unsafe { gemm_into(k, rows, n, input, grad, out.as_mut_ptr(), n, true, threads) }
+    gemm_add(k, rows, n, input, grad, out, threads);
 }
 
 /// `out[n] = ` the sum of the `rows` rows of `grad` (row-major, `n` columns): a layer's bias
@@ -550,7 +562,7 @@ mod tests {
             (Mat::transposed(&a, m), Mat::transposed(&b, k)),
         ] {
             let mut c = vec![MaybeUninit::new(f32::NAN); m * n];
-            gemm(m, k, n, a, b, &mut c, false, 1);
+            gemm(m, k, n, a, b, &mut c, 1);
             // SAFETY: the elements started initialised, and the GEMM writes only floats.
             let c: Vec<f32> = c.iter().map(|v| unsafe { v.assume_init() }).collect();
             assert_eq!(c, naive(m, k, n, a, b));

@@ -272,7 +272,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             teacher,
             rng,
             step: 0,
-            lr: args.lr,
+            lr: args.lr as f32,
             batch: args.batch,
             labels,
             workers,

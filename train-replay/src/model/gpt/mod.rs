@@ -234,9 +234,9 @@ impl<'a, B: Backend> Gpt<'a, B> {
                 text,
                 opt: AdamW {
                     lr: args.lr,
-                    beta1: 0.9,
-                    beta2: 0.95,
-                    eps: 1e-8,
+                    beta1: args.beta1,
+                    beta2: args.beta2,
+                    eps: args.eps,
                     weight_decay: args.weight_decay,
                 },
                 seed: args.seed,

@@ -10,7 +10,7 @@
 //! `safetensors.torch.save_model` keeps of the pair); a file with both must hold the same
 //! tensor twice.
 
-use std::ops::Index;
+use std::ops::{Index, IndexMut};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -107,6 +107,14 @@ impl<B: Backend> Param<B> {
     /// The elements.
     pub fn get(&self) -> &[f32] {
         B::slice(&self.value)
+    }
+
+    /// The elements, for writing; an error if a kernel still holds the parameter.
+    pub fn get_mut(&mut self) -> anyhow::Result<&mut [f32]> {
+        let name = &self.name;
+        Arc::get_mut(&mut self.value)
+            .map(B::slice_mut)
+            .ok_or_else(|| anyhow!("{name} is still shared"))
     }
 
     /// Rows as kept here.
@@ -274,6 +282,12 @@ impl<B: Backend> Index<W> for Block<B> {
     type Output = Param<B>;
     fn index(&self, which: W) -> &Param<B> {
         &self.params[which as usize]
+    }
+}
+
+impl<B: Backend> IndexMut<W> for Block<B> {
+    fn index_mut(&mut self, which: W) -> &mut Param<B> {
+        &mut self.params[which as usize]
     }
 }
 
