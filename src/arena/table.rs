@@ -326,12 +326,7 @@ impl<T> ArenaInner<T> {
             // may release the page before that compare-exchange succeeds, and the claim then
             // allocates it again after it (below), at a cost this figure leaves out: growth
             // past `allowance` is bounded by a page per such race.
-            let (page, _) = self.slots.locate(frontier as u32);
-            let cost = if self.slots.has_page(page) {
-                chunk
-            } else {
-                self.slots.page_len(page) as u64
-            };
+            let (page, cost) = self.claim_cost(frontier, chunk);
             if cost > allowance {
                 return Ok(None);
             }
@@ -382,6 +377,18 @@ impl<T> ArenaInner<T> {
             link.store(next, Ordering::Relaxed);
         }
         Ok(Some((start, cost)))
+    }
+
+    /// The page a claim of a `chunk` of slots from `frontier` falls in, and what it costs: the
+    /// chunk, or the whole page when the chunk starts a page not allocated yet.
+    fn claim_cost(&self, frontier: u64, chunk: u64) -> (usize, u64) {
+        let (page, _) = self.slots.locate(frontier as u32);
+        let cost = if self.slots.has_page(page) {
+            chunk
+        } else {
+            self.slots.page_len(page) as u64
+        };
+        (page, cost)
     }
 
     /// Once the frontier has reached `max_slots`: a chain from any shard's free list (this

@@ -271,21 +271,9 @@ impl<T: Send + 'static> Drop for SlotArena<T> {
 }
 
 impl<T> ArenaInner<T> {
-    /// Releases trailing pages whose used slots are all vacant; `dispose` receives each
-    /// released page once no new reference into it can be made. Returns the slots released.
-    pub(super) fn release_vacant_pages(&self, mut dispose: impl FnMut(Page<Slot<T>>)) -> u64 {
-        let frontier = self.frontier.load(Acquire);
-        if frontier & FROZEN != 0 {
-            return 0; // another trim is running, or an insert at the cap is looking
-        }
-        if self
-            .frontier
-            .compare_exchange(frontier, frontier | FROZEN, AcqRel, Relaxed)
-            .is_err()
-        {
-            return 0; // a claim or another trim moved it: try again later
-        }
-        // Every vacant slot, taken off its shard's list, grouped by page.
+    /// Every vacant slot, taken off its shard's list (a shard's slots in order of their
+    /// chains), and the count of them in each page. Only with the frontier frozen.
+    fn take_vacant(&self) -> (Vec<Vec<u32>>, Vec<u64>) {
         let mut taken: Vec<Vec<u32>> = Vec::with_capacity(self.shards.len());
         let mut vacant_in_page = vec![0u64; self.slots.page_count()];
         for shard in self.shards.iter() {
@@ -302,6 +290,24 @@ impl<T> ArenaInner<T> {
             }
             taken.push(of_shard);
         }
+        (taken, vacant_in_page)
+    }
+
+    /// Releases trailing pages whose used slots are all vacant; `dispose` receives each
+    /// released page once no new reference into it can be made. Returns the slots released.
+    pub(super) fn release_vacant_pages(&self, mut dispose: impl FnMut(Page<Slot<T>>)) -> u64 {
+        let frontier = self.frontier.load(Acquire);
+        if frontier & FROZEN != 0 {
+            return 0; // another trim is running, or an insert at the cap is looking
+        }
+        if self
+            .frontier
+            .compare_exchange(frontier, frontier | FROZEN, AcqRel, Relaxed)
+            .is_err()
+        {
+            return 0; // a claim or another trim moved it: try again later
+        }
+        let (taken, vacant_in_page) = self.take_vacant();
         // Unlink trailing pages whose used slots we hold all of. The last chunk claimed may
         // reach past `max_slots`; it stopped there.
         let claimed = frontier.min(self.shape.max_slots);

@@ -15,9 +15,9 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use train_replay::backend::{Backend, PoolBackend};
 use train_replay::kernels::attention::Heads;
 use train_replay::model::gpt::head::{chunk_rows, head, HeadGrads};
-use train_replay::model::gpt::ops::Ops;
 use train_replay::model::gpt::params::Params;
 use train_replay::model::gpt::Shape;
+use train_replay::model::ops::Ops;
 
 const THREADS: usize = 2;
 const ROUNDS: usize = 5;

@@ -22,16 +22,16 @@ interpreter and its libraries, the weights and the optimizer's state).
 """
 
 import argparse
-import json
 import math
 import os
-import resource
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from peer import peak_rss, report, run_steps, training_arguments
 
 MASK = (1 << 64) - 1
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "shakespeare.txt")
@@ -50,10 +50,6 @@ def offsets(seed, stream, index, rows, span):
     validation), each below `span`."""
     base = mix(mix(mix(seed) ^ stream) ^ index)
     return [mix(base ^ row) % span for row in range(rows)]
-
-
-def minor_faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 class Block(nn.Module):
@@ -164,21 +160,15 @@ def load(model, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=16)
+    training_arguments(parser, steps=300, batch=16, layers=4, every=0, lr=1e-3)
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--checkpoint-every", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--beta1", type=float, default=0.9)
     parser.add_argument("--beta2", type=float, default=0.95)
     parser.add_argument("--eps", type=float, default=1e-8)
-    parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--data", default=DATA)
     parser.add_argument("--tokens", help="the text's token ids, little-endian int32 (not --data)")
     parser.add_argument("--load")
@@ -219,7 +209,7 @@ def main():
     )
     # The interpreter, its libraries, the weights and the optimizer, before any step (or
     # compilation) runs.
-    baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    baseline_rss = peak_rss()
     span = len(train) - args.context
     windows = torch.arange(args.context + 1)
 
@@ -254,34 +244,9 @@ def main():
         optimizer.step()
         return loss.item()
 
-    warmup = min(args.steps // 2, args.steps - 1)
-    losses = []
-    for i in range(args.steps):
-        if i == warmup:
-            faults, started = minor_faults(), time.perf_counter()
-        losses.append(step(i))
-    measured = args.steps - warmup
-    elapsed = time.perf_counter() - started
-
-    def finite(x):
-        """A loss for JSON, which has no NaN: `null` where it is not finite."""
-        return x if math.isfinite(x) else None
-
-    print(
-        json.dumps(
-            {
-                "allocator": "pytorch-compiled" if args.compile else "pytorch",
-                "first_loss": finite(losses[0]),
-                "last_loss": finite(losses[-1]),
-                "steps_per_s": measured / elapsed,
-                "faults_per_step": (minor_faults() - faults) / measured,
-                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                "baseline_rss": baseline_rss,
-                "losses": [finite(x) for x in losses[: args.losses]],
-                "compile_s": compile_s,
-            }
-        )
-    )
+    losses, steady = run_steps(step, args.steps)
+    name = "pytorch-compiled" if args.compile else "pytorch"
+    report(name, losses, steady, baseline_rss, kept=args.losses, compile_s=compile_s)
 
 
 if __name__ == "__main__":

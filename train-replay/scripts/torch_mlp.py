@@ -10,21 +10,15 @@ timed. Prints one JSON line with the same fields as `train-replay train --json`.
 """
 
 import argparse
-import json
-import math
-import resource
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from peer import peak_rss, report, run_steps, training_arguments
+
 INPUT, CLASSES = 128, 10
-
-
-def minor_faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 class Segment(nn.Module):
@@ -46,14 +40,8 @@ class Segment(nn.Module):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["mlp"], default="mlp", help="the MLP (the only model here)")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch", type=int, default=512)
+    training_arguments(parser, steps=60, batch=512, layers=6, every=2, lr=2e-3)
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--checkpoint-every", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     if min(args.steps, args.batch, args.hidden, args.layers, args.checkpoint_every, args.threads) < 1:
         parser.error("every count must be at least 1")
@@ -73,7 +61,7 @@ def main():
     teacher = torch.randn(INPUT, CLASSES)
     optimizer = torch.optim.Adam(segments.parameters(), lr=args.lr)
     # The interpreter, its libraries, the weights and the optimizer, before any step.
-    baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    baseline_rss = peak_rss()
 
     def step():
         x = torch.randn(args.batch, INPUT)
@@ -88,35 +76,8 @@ def main():
         optimizer.step()
         return loss.item()
 
-    warmup = min(args.steps // 2, args.steps - 1)
-    first = last = None
-    for i in range(args.steps):
-        if i == warmup:
-            faults, started = minor_faults(), time.perf_counter()
-        last = step()
-        if first is None:
-            first = last
-    measured = args.steps - warmup
-    elapsed = time.perf_counter() - started
-
-    def finite(x):
-        """A loss for JSON, which has no NaN: `null` where it is not finite."""
-        return x if math.isfinite(x) else None
-
-    print(
-        json.dumps(
-            {
-                "allocator": "pytorch",
-                "first_loss": finite(first),
-                "last_loss": finite(last),
-                "steps_per_s": measured / elapsed,
-                "faults_per_step": (minor_faults() - faults) / measured,
-                "allocs_per_step": None,
-                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                "baseline_rss": baseline_rss,
-            }
-        )
-    )
+    losses, steady = run_steps(lambda _: step(), args.steps)
+    report("pytorch", losses, steady, baseline_rss, allocs_per_step=None)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ use clap::{Parser, Subcommand};
 
 use crate::data::Tokenizer;
 use crate::error::BadInput;
+use crate::kernels::optim::AdamW;
+pub use crate::model::Keep;
+use crate::model::{gpt::Shape, Config, GptConfig, MlpConfig};
 
 /// Train a GPT (or an MLP) on the CPU with activation checkpointing, every tensor in
 /// ferropool.
@@ -261,18 +264,6 @@ impl Preset {
     }
 }
 
-/// What the forward pass keeps for the backward pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Keep {
-    /// The input of every n-th layer or block, as `--checkpoint-every` says (or by default);
-    /// the rest is recomputed from them. 0: every tensor the backward pass reads.
-    Every(usize),
-    /// Every tensor the backward pass reads, as a value the pool may evict: what fits under
-    /// the budget stays, and the pool evicts the rest, which the backward pass recomputes
-    /// when it reads it.
-    Fitted,
-}
-
 impl Cli {
     /// The command line `matches` holds, with `--preset` applied: each of its values where
     /// the command line gives none.
@@ -396,6 +387,62 @@ impl Args {
             out.extend(["--head-rows".into(), rows.to_string()]);
         }
         out
+    }
+
+    /// The model these flags describe, for [`model::build`](crate::model::build): an error
+    /// naming the flags if they ask what no model can be ([`check`](Self::check)), or a
+    /// GPT whose step would be more than this machine can address.
+    pub fn config(&self) -> Result<Config, BadInput> {
+        self.check()?;
+        Ok(match self.model {
+            ModelKind::Mlp => Config::Mlp(MlpConfig {
+                layers: self.layers,
+                hidden: self.hidden,
+                batch: self.batch,
+                lr: self.lr as f32,
+                seed: self.seed,
+                keep: self.keep(),
+            }),
+            ModelKind::Gpt => Config::Gpt(self.gpt_config()?),
+        })
+    }
+
+    /// The GPT these flags describe (see [`config`](Self::config)).
+    pub fn gpt_config(&self) -> Result<GptConfig, BadInput> {
+        self.check()?;
+        let shape = Shape {
+            vocab: self.vocab(),
+            context: self.context,
+            width: self.width,
+            heads: self.heads,
+            layers: self.layers,
+            batch: self.batch,
+        };
+        if shape.bytes().is_none_or(|bytes| bytes > isize::MAX as u64) {
+            return Err(BadInput(format!(
+                "--batch {} x --context {} with --width {}, --vocab {} and --layers {} is more \
+                 than this machine can address: lower one of them",
+                shape.batch, shape.context, shape.width, shape.vocab, shape.layers
+            )));
+        }
+        Ok(GptConfig {
+            shape,
+            tokenizer: self.tokenizer,
+            data: self.data.clone(),
+            keep: self.keep(),
+            keep_scores: self.keep_scores,
+            head_rows: self.head_rows,
+            opt: AdamW {
+                lr: self.lr,
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+            },
+            seed: self.seed,
+            load: self.load.clone(),
+            save_init: self.save_init.clone(),
+        })
     }
 
     /// [`check`](Self::check), and for the GPT that the text can be read and split (what

@@ -67,7 +67,7 @@ impl RunFiles {
             std::env::temp_dir().join(format!("train-replay-{what}-{id}.{ext}"))
         };
         let init = files.init.insert(name("safetensors"));
-        crate::model::gpt::save_init(train, init)?;
+        crate::model::gpt::save_init(&train.gpt_config()?, init)?;
         if train.tokenizer != Tokenizer::Bytes {
             let text = Text::load(
                 train.data.as_deref(),
@@ -282,24 +282,13 @@ pub(crate) fn torch_command(
     command
 }
 
-/// Runs one child and reads its JSON line.
+/// Runs one child and reads its JSON line; a command line it refused is this one's: the
+/// same exit code and message.
 fn run_child(name: &str, command: &mut Command) -> anyhow::Result<Summary> {
-    let output = command
-        .output()
-        .map_err(|e| anyhow!("starting the {name} run: {e}"))?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let why = stderr.trim().trim_start_matches("error: ");
-    match Summary::parse(&text) {
-        Some(summary) if output.status.success() => Ok(summary),
-        // A command line the child refused is this one's: the same exit code and message.
-        _ if output.status.code() == Some(2) => Err(BadInput(why.to_owned()).into()),
-        _ if why.is_empty() => Err(anyhow!(
-            "the {name} run failed ({}) and said nothing",
-            output.status
-        )),
-        _ => Err(anyhow!("the {name} run failed: {why}")),
-    }
+    crate::child::run(command).map_err(|failed| match failed.refused {
+        true => BadInput(failed.message).into(),
+        false => anyhow!("the {name} run failed: {}", failed.message),
+    })
 }
 
 /// A figure of one run.
@@ -401,6 +390,36 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
         &rss,
         true,
     ));
+    rss_rows(&mut figures, &columns);
+    if runs.iter().any(|r| r[0].compile_s.is_some()) {
+        let mut cells = vec!["compile time, s (apart)".to_owned()];
+        cells.extend(runs.iter().map(|r| match r[0].compile_s {
+            Some(_) => columns.cell(r, &|s| s.compile_s.unwrap_or(0.0), &one),
+            None => "-".into(),
+        }));
+        cells.push(String::new());
+        figures.add_row(cells);
+    }
+    let mut losses = vec!["loss, first -> last".to_owned()];
+    let loss = |r: &Vec<Summary>| format!("{:.3} -> {:.3}", r[0].first_loss, r[0].last_loss);
+    losses.extend(runs.iter().map(loss));
+    losses.push(String::new());
+    figures.add_row(losses);
+    println!();
+    println!("{figures}");
+    println!();
+    println!(
+        "(steady state: the second half of the steps; {rounds} round(s), medians (min-max). \
+         Calls: those that reach glibc or mimalloc; ferropool's front end sends requests \
+         under 4 KiB to mimalloc. PyTorch's calls are not counted.)"
+    );
+}
+
+/// The rows of each process's RSS before its first step (the program and its libraries, the
+/// weights; PyTorch's interpreter and libraries are some 0.8 GiB of it) and its peak above
+/// that, and the pool's whole peak against PyTorch's above its start.
+fn rss_rows(figures: &mut comfy_table::Table, columns: &Columns<'_>) {
+    let (names, runs) = (columns.names, columns.runs);
     // Each process's RSS before its first step (the program and its libraries, the weights;
     // PyTorch's interpreter and libraries are some 0.8 GiB of it) and its peak above that.
     let baseline = |s: &Summary| s.baseline_rss.map_or(f64::NAN, |b| b as f64);
@@ -431,28 +450,6 @@ fn print_table(names: &[&str], runs: &[Vec<Summary>], rounds: usize) {
         cells.push(against.join(", "));
         figures.add_row(cells);
     }
-    if runs.iter().any(|r| r[0].compile_s.is_some()) {
-        let mut cells = vec!["compile time, s (apart)".to_owned()];
-        cells.extend(runs.iter().map(|r| match r[0].compile_s {
-            Some(_) => columns.cell(r, &|s| s.compile_s.unwrap_or(0.0), &one),
-            None => "-".into(),
-        }));
-        cells.push(String::new());
-        figures.add_row(cells);
-    }
-    let mut losses = vec!["loss, first -> last".to_owned()];
-    let loss = |r: &Vec<Summary>| format!("{:.3} -> {:.3}", r[0].first_loss, r[0].last_loss);
-    losses.extend(runs.iter().map(loss));
-    losses.push(String::new());
-    figures.add_row(losses);
-    println!();
-    println!("{figures}");
-    println!();
-    println!(
-        "(steady state: the second half of the steps; {rounds} round(s), medians (min-max). \
-         Calls: those that reach glibc or mimalloc; ferropool's front end sends requests \
-         under 4 KiB to mimalloc. PyTorch's calls are not counted.)"
-    );
 }
 
 #[cfg(test)]

@@ -66,6 +66,10 @@ const LEAST_STEP: u64 = 1 << 20;
 /// try neither clears nor touches the memory it reserves (a search takes about a tenth of a
 /// second and a few tens of MiB, at any budget). `backend`'s pool lends its configuration.
 fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Result<u64> {
+    let config = args.config()?;
+    // The run's own threads (a dry step runs no kernel, but takes its buffers as a run on
+    // them would).
+    let workers = crate::train::workers(args.threads())?;
     // Whether `TRY_STEPS` steps of a fresh run complete under `budget`: each try on a pool of
     // its own, as a run starts, since where blocks lie (which the eviction's window reads)
     // follows what the pool held before.
@@ -76,10 +80,8 @@ fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Res
                 ..backend.pool.config().clone()
             })?,
         };
-        let mut trial = args.clone();
-        trial.budget = Some(budget.unwrap_or(u64::MAX));
         // The parameters and the optimiser's state come from the budget too.
-        let outcome = crate::model::build(&trial_backend, &trial, true)
+        let outcome = crate::model::build(&trial_backend, &workers, &config, true)
             .and_then(|mut model| (0..TRY_STEPS).try_for_each(|_| model.step().map(drop)));
         let peak = trial_backend.pool.stats().peak_reserved_bytes;
         match outcome {

@@ -14,6 +14,7 @@
 pub mod allocator;
 pub mod args;
 pub mod backend;
+pub mod child;
 pub mod compare;
 pub mod data;
 pub mod error;

@@ -1,4 +1,5 @@
-//! What one run measured, and the training loop that measures it.
+//! What one run measured ([`Summary`]), and the gauges the training loop reads it from:
+//! the process's counters, its allocators' and its pools'.
 
 use std::time::Instant;
 
@@ -7,8 +8,6 @@ use serde::{Deserialize, Serialize};
 use ferropool::{BufferPool, PoolAllocator};
 
 use crate::allocator;
-use crate::args::Args;
-use crate::backend::Backend;
 
 pub use ferropool_figures::{minor_faults, peak_rss};
 
@@ -119,30 +118,9 @@ impl Summary {
     }
 }
 
-/// What the training loop tells its caller as it goes.
-#[derive(Debug, Clone, Copy)]
-pub enum Event<'a> {
-    /// Step `step` (from 0) ended with `loss`.
-    Step {
-        /// The step, from 0.
-        step: usize,
-        /// Its mean loss.
-        loss: f32,
-    },
-    /// After `step` steps, the validation loss.
-    Validation {
-        /// Steps done.
-        step: usize,
-        /// The mean loss over the held-out batches.
-        loss: f32,
-    },
-    /// The text the model generated at the end.
-    Sample(&'a str),
-}
-
 /// The counters a step is measured by.
 #[derive(Debug, Clone, Copy, Default)]
-struct Counters {
+pub(crate) struct Counters {
     ns: u128,
     faults: u64,
     glibc: u64,
@@ -190,14 +168,14 @@ pub const KEPT_LOSSES: usize = 20;
 
 /// Where a run's counters come from: the process, its allocators, and the backend's pool and
 /// the front end's (if the training has a pool of its own beside it).
-struct Gauges<'p> {
+pub(crate) struct Gauges<'p> {
     pool: Option<&'p BufferPool>,
     front: Option<&'static BufferPool>,
     started: Instant,
 }
 
 impl<'p> Gauges<'p> {
-    fn new(pool: Option<&'p BufferPool>) -> Self {
+    pub(crate) fn new(pool: Option<&'p BufferPool>) -> Self {
         let front = pool
             .filter(|_| allocator::choice().is_pool())
             .map(|_| BufferPool::global())
@@ -210,7 +188,7 @@ impl<'p> Gauges<'p> {
     }
 
     /// Every counter a step is measured by, now.
-    fn now(&self) -> Counters {
+    pub(crate) fn now(&self) -> Counters {
         let s = self.pool.map(BufferPool::stats);
         let of = |f: fn(&ferropool::PoolStats) -> u64| s.as_ref().map_or(0, f);
         Counters {
@@ -231,7 +209,7 @@ impl<'p> Gauges<'p> {
     }
 
     /// Completes `summary` from the counters of the `measured` steps in `window`.
-    fn finish(&self, summary: &mut Summary, window: &Counters, measured: f64) {
+    pub(crate) fn finish(&self, summary: &mut Summary, window: &Counters, measured: f64) {
         let seconds = window.ns as f64 / 1e9;
         let per_step = |count: u64| count as f64 / measured;
         summary.steps_per_s = measured / seconds.max(1e-9);
@@ -258,74 +236,4 @@ impl<'p> Gauges<'p> {
         summary.outside_peak_bytes = self.front.map(|front| front.stats().peak_in_use_bytes);
         summary.peak_rss = peak_rss();
     }
-}
-
-/// Runs the training; `on_event` sees each step's loss, the validation losses (every
-/// `--eval-every` steps and after the last, without `--json`; none with `--eval-every 0`) and
-/// the sample. A loss that is not finite ends the run with an error. `pool` is the
-/// backend's pool, if it has one: its statistics give the calls made to the system, the peaks
-/// and the evictions. Steady state is the second half of the steps, each measured alone:
-/// the evaluations between them are not counted.
-pub fn train<B: Backend>(
-    backend: &B,
-    args: &Args,
-    pool: Option<&BufferPool>,
-    mut on_event: impl FnMut(Event<'_>),
-) -> anyhow::Result<Summary> {
-    let gauges = Gauges::new(pool);
-    let mut model = crate::model::build(backend, args, false)?;
-    let baseline_rss = peak_rss();
-    let warmup = (args.steps / 2).min(args.steps.saturating_sub(1));
-    let mut summary = Summary {
-        allocator: allocator::choice().name().into(),
-        baseline_rss: Some(baseline_rss),
-        ..Summary::default()
-    };
-    let evaluate = !args.json && args.eval_every > 0;
-    let mut window = Counters::default();
-    for step in 0..args.steps {
-        let before = gauges.now();
-        let loss = model.step()?;
-        if !loss.is_finite() {
-            return Err(anyhow::anyhow!(
-                "the loss of step {} is {loss}: the training diverged (lower --lr)",
-                step + 1
-            ));
-        }
-        if step >= warmup {
-            window += gauges.now() - before;
-        }
-        summary.first_loss = summary.losses.first().copied().unwrap_or(loss);
-        summary.last_loss = loss;
-        if summary.losses.len() < KEPT_LOSSES {
-            summary.losses.push(loss);
-        }
-        on_event(Event::Step { step, loss });
-        if evaluate && (step + 1) % args.eval_every == 0 && step + 1 < args.steps {
-            if let Some(loss) = model.validate()? {
-                on_event(Event::Validation {
-                    step: step + 1,
-                    loss,
-                });
-            }
-        }
-    }
-    gauges.finish(&mut summary, &window, (args.steps - warmup).max(1) as f64);
-    summary.params_digest = Some(model.digest());
-    summary.val_loss = match args.eval_every {
-        0 => None,
-        _ => model.validate()?,
-    };
-    if let Some(loss) = summary.val_loss.filter(|_| evaluate) {
-        on_event(Event::Validation {
-            step: args.steps,
-            loss,
-        });
-    }
-    if !args.json && args.sample > 0 {
-        if let Some(text) = model.sample(args.sample)? {
-            on_event(Event::Sample(&text));
-        }
-    }
-    Ok(summary)
 }

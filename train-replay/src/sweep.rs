@@ -5,7 +5,7 @@
 //! frontier as SVG.
 
 use anyhow::{anyhow, Context};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use ferropool_figures::spread;
@@ -14,6 +14,7 @@ use crate::allocator::{Choice, VARIABLE};
 use crate::args::{Args, ModelKind, SweepArgs};
 use crate::compare::{torch_command, RunFiles};
 use crate::measure::Summary;
+use crate::plot::Series;
 use crate::show::{bytes, table};
 
 /// The default budgets, as fractions of the peak live bytes of the run that keeps
@@ -138,7 +139,7 @@ impl Sweep<'_> {
         let reference = reference_of(&points, self.reference)?;
         print_table(&points, &reference, args.runs);
         if let Some(path) = &train.plot {
-            plot(&points, path)?;
+            crate::plot::frontier(series(&points), path)?;
             println!("frontier -> {}", path.display());
         }
         Ok(())
@@ -151,9 +152,9 @@ impl Sweep<'_> {
         while i < points.len() {
             let runs = &mut points[i];
             if runs.failed.is_none() {
-                match run(&mut self.command(runs.point)) {
+                match crate::child::run(&mut self.command(runs.point)) {
                     Ok(summary) => runs.summaries.push(summary),
-                    Err(why) => runs.failed = Some(why),
+                    Err(failed) => runs.failed = Some(failed.message),
                 }
             }
             let reference = runs.point == Point::Every(self.reference);
@@ -219,21 +220,6 @@ fn reference_of(points: &[Runs], every: usize) -> anyhow::Result<Summary> {
             "the run that keeps everything failed: {}",
             why.as_deref().unwrap_or("no summary")
         )),
-    }
-}
-
-/// Runs one child and reads its JSON line; its error message if it failed.
-fn run(command: &mut Command) -> Result<Summary, String> {
-    let output = command
-        .output()
-        .map_err(|e| format!("did not start: {e}"))?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    match Summary::parse(&text) {
-        Some(summary) if output.status.success() => Ok(summary),
-        _ => Err(String::from_utf8_lossy(&output.stderr)
-            .trim()
-            .trim_start_matches("error: ")
-            .to_owned()),
     }
 }
 
@@ -389,15 +375,6 @@ fn print_table(points: &[Runs], reference: &Summary, runs: usize) {
     );
 }
 
-/// A plotted series: its label, its colour, whether its points are joined, and its points
-/// (MiB, steps/s, the label of a fixed k).
-struct Series {
-    label: &'static str,
-    color: plotters::style::RGBColor,
-    line: bool,
-    points: Vec<(f64, f64, Option<String>)>,
-}
-
 /// The plotted series of `points`: steps/s against each process's peak RSS (the same
 /// quantity for every series), the fitted runs as a line, the fixed ones as points labelled
 /// by their k.
@@ -446,66 +423,4 @@ fn series(points: &[Runs]) -> Vec<Series> {
     series[0].points.sort_by(|a, b| a.0.total_cmp(&b.0));
     series.retain(|s| !s.points.is_empty());
     series
-}
-
-/// Draws the frontier on a logarithmic memory axis (the pool's runs and PyTorch's lie an
-/// order of magnitude apart), each fixed point labelled by its k.
-fn plot(points: &[Runs], path: &Path) -> anyhow::Result<()> {
-    use plotters::prelude::*;
-    let error = |e: &dyn std::fmt::Display| anyhow!("drawing the frontier: {e}");
-    let series = series(points);
-    let all = series.iter().flat_map(|s| s.points.iter());
-    let left = all.clone().map(|p| p.0).fold(f64::MAX, f64::min).min(1e6) * 0.8;
-    let right = all.clone().map(|p| p.0).fold(1.0, f64::max) * 1.25;
-    let top = all.map(|p| p.1).fold(0.1, f64::max) * 1.15;
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| error(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "memory against speed (train-replay sweep)",
-            ("sans-serif", 22),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d((left.max(1.0)..right).log_scale(), 0.0..top)
-        .map_err(|e| error(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("peak resident memory of the process (MiB, log scale)")
-        .y_desc("steps/s")
-        .draw()
-        .map_err(|e| error(&e))?;
-    for s in series {
-        let color = s.color;
-        let xy: Vec<(f64, f64)> = s.points.iter().map(|p| (p.0, p.1)).collect();
-        if s.line {
-            chart
-                .draw_series(LineSeries::new(xy.clone(), color.stroke_width(2)))
-                .map_err(|e| error(&e))?;
-        }
-        chart
-            .draw_series(xy.iter().map(|&p| Circle::new(p, 5, color.filled())))
-            .map_err(|e| error(&e))?
-            .label(s.label)
-            .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
-        let labels = s.points.iter().filter_map(|(x, y, label)| {
-            let text = label.clone()?;
-            Some(Text::new(
-                text,
-                (*x, *y),
-                ("sans-serif", 13).into_font().color(&color),
-            ))
-        });
-        chart.draw_series(labels).map_err(|e| error(&e))?;
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|e| error(&e))?;
-    root.present().map_err(|e| error(&e))?;
-    Ok(())
 }

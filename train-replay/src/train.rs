@@ -1,6 +1,6 @@
-//! `train`: a run on the pool, as a user sees it: a progress bar, the falling loss (and the
-//! GPT's validation loss and sample), the pool's statistics, and on request the trace and
-//! the memory timeline.
+//! `train`: the training loop ([`train()`]), and a run on the pool as a user sees it: a
+//! progress bar, the falling loss (and the GPT's validation loss and sample), the pool's
+//! statistics, and on request the trace and the memory timeline.
 
 use anyhow::anyhow;
 use std::io::IsTerminal;
@@ -10,10 +10,11 @@ use ferropool::{BufferPool, PoolConfig, PoolEvent};
 
 use crate::allocator;
 use crate::args::{Args, Keep, ModelKind};
+use crate::backend::Backend;
 use crate::backend::{OverBudget, PoolBackend, VecBackend};
 use crate::error::BadInput;
 use crate::least::below_least;
-use crate::measure::{train, Event, Summary};
+use crate::measure::{peak_rss, Counters, Gauges, Summary, KEPT_LOSSES};
 use crate::model::mlp::{CLASSES, INPUT};
 use crate::outside;
 use crate::plot::plot;
@@ -418,4 +419,110 @@ fn trace_capacity(args: &Args) -> usize {
         .saturating_mul(per_step)
         .saturating_add(4096)
         .min(PoolConfig::MAX_TRACE_EVENTS)
+}
+
+/// What the training loop tells its caller as it goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Event<'a> {
+    /// Step `step` (from 0) ended with `loss`.
+    Step {
+        /// The step, from 0.
+        step: usize,
+        /// Its mean loss.
+        loss: f32,
+    },
+    /// After `step` steps, the validation loss.
+    Validation {
+        /// Steps done.
+        step: usize,
+        /// The mean loss over the held-out batches.
+        loss: f32,
+    },
+    /// The text the model generated at the end.
+    Sample(&'a str),
+}
+
+/// Runs the training; `on_event` sees each step's loss, the validation losses (every
+/// `--eval-every` steps and after the last, without `--json`; none with `--eval-every 0`) and
+/// the sample. A loss that is not finite ends the run with an error. `pool` is the
+/// backend's pool, if it has one: its statistics give the calls made to the system, the peaks
+/// and the evictions. Steady state is the second half of the steps, each measured alone:
+/// the evaluations between them are not counted.
+pub fn train<B: Backend>(
+    backend: &B,
+    args: &Args,
+    pool: Option<&BufferPool>,
+    mut on_event: impl FnMut(Event<'_>),
+) -> anyhow::Result<Summary> {
+    let gauges = Gauges::new(pool);
+    let config = args.config()?;
+    let workers = workers(args.threads())?;
+    let mut model = crate::model::build(backend, &workers, &config, false)?;
+    // A weights file read or written whole came from outside the training's pool: the
+    // process-wide pool gives that memory back rather than keep it for the run.
+    allocator::give_back_cached();
+    let baseline_rss = peak_rss();
+    let warmup = (args.steps / 2).min(args.steps.saturating_sub(1));
+    let mut summary = Summary {
+        allocator: allocator::choice().name().into(),
+        baseline_rss: Some(baseline_rss),
+        ..Summary::default()
+    };
+    let evaluate = !args.json && args.eval_every > 0;
+    let mut window = Counters::default();
+    for step in 0..args.steps {
+        let before = gauges.now();
+        let loss = model.step()?;
+        if !loss.is_finite() {
+            return Err(anyhow::anyhow!(
+                "the loss of step {} is {loss}: the training diverged (lower --lr)",
+                step + 1
+            ));
+        }
+        if step >= warmup {
+            window += gauges.now() - before;
+        }
+        summary.first_loss = summary.losses.first().copied().unwrap_or(loss);
+        summary.last_loss = loss;
+        if summary.losses.len() < KEPT_LOSSES {
+            summary.losses.push(loss);
+        }
+        on_event(Event::Step { step, loss });
+        if evaluate && (step + 1) % args.eval_every == 0 && step + 1 < args.steps {
+            if let Some(loss) = model.validate()? {
+                on_event(Event::Validation {
+                    step: step + 1,
+                    loss,
+                });
+            }
+        }
+    }
+    gauges.finish(&mut summary, &window, (args.steps - warmup).max(1) as f64);
+    summary.params_digest = Some(model.digest());
+    summary.val_loss = match args.eval_every {
+        0 => None,
+        _ => model.validate()?,
+    };
+    if let Some(loss) = summary.val_loss.filter(|_| evaluate) {
+        on_event(Event::Validation {
+            step: args.steps,
+            loss,
+        });
+    }
+    if !args.json && args.sample > 0 {
+        if let Some(text) = model.sample(args.sample)? {
+            on_event(Event::Sample(&text));
+        }
+    }
+    Ok(summary)
+}
+
+/// The threads a run's kernels share, for the whole run (as a training runtime keeps its
+/// threads), named for the trace's tracks.
+pub fn workers(threads: usize) -> anyhow::Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("worker {i}"))
+        .build()
+        .map_err(|e| anyhow!("starting {threads} worker thread(s): {e}"))
 }

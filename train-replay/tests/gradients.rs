@@ -302,8 +302,8 @@ fn tiny_gpt() -> (
 fn a_whole_blocks_gradients_match_finite_differences() {
     use train_replay::backend::{Backend, VecBackend};
     use train_replay::model::gpt::block::{Keeping, Layer};
-    use train_replay::model::gpt::ops::Ops;
     use train_replay::model::gpt::params::W;
+    use train_replay::model::ops::Ops;
     let (shape, mut params) = tiny_gpt();
     let heads = Heads {
         batch: shape.batch,
@@ -370,7 +370,7 @@ fn a_whole_blocks_gradients_match_finite_differences() {
 fn the_heads_gradients_match_finite_differences() {
     use train_replay::backend::{Backend, VecBackend};
     use train_replay::model::gpt::head::head;
-    use train_replay::model::gpt::ops::Ops;
+    use train_replay::model::ops::Ops;
     let (shape, mut params) = tiny_gpt();
     let heads = Heads {
         batch: shape.batch,

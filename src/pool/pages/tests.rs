@@ -35,31 +35,7 @@ impl PageLayer {
             )
             .collect();
         pieces.sort_unstable();
-        // What `free_beside` must say of each held block: the free piece that ends where it
-        // starts and the one that starts where it ends, in its segment.
-        let mut expected = Vec::new();
-        for (k, &(p, len, is_free)) in pieces.iter().enumerate() {
-            if is_free {
-                continue;
-            }
-            let segment = segments[segment_of(&state.segments, p)].bounds();
-            let free_at = |i: Option<usize>, adjoins: &dyn Fn(usize, usize) -> bool| {
-                i.and_then(|i| pieces.get(i))
-                    .filter(|&&(q, n, f)| {
-                        f && q >= segment.0 && q + n <= segment.1 && adjoins(q, n)
-                    })
-                    .map_or(0, |&(_, n, _)| n)
-            };
-            let before = free_at(k.checked_sub(1), &|q, n| q + n == p);
-            let after = free_at(Some(k + 1), &|q, _| q == p + len);
-            expected.push(super::Beside {
-                start: p,
-                len,
-                before,
-                after,
-                segment: segment.0,
-            });
-        }
+        let expected = expected_beside(&pieces, &state.segments);
         let mut at = 0;
         for segment in segments {
             let (start, end) = segment.bounds();
@@ -100,6 +76,37 @@ impl PageLayer {
         self.free_beside(&mut asked);
         assert_eq!(asked, expected, "the free bytes beside the held blocks");
     }
+}
+
+/// What `free_beside` must say of each held block of `pieces` (the free ranges and the held
+/// blocks, sorted by address): the free piece that ends where it starts and the one that
+/// starts where it ends, in its segment.
+fn expected_beside(
+    pieces: &[(usize, usize, bool)],
+    segments: &super::SysVec<super::Segment>,
+) -> Vec<super::Beside> {
+    let mut expected = Vec::new();
+    for (k, &(p, len, is_free)) in pieces.iter().enumerate() {
+        if is_free {
+            continue;
+        }
+        let segment = segments.as_slice()[segment_of(segments, p)].bounds();
+        let free_at = |i: Option<usize>, adjoins: &dyn Fn(usize, usize) -> bool| {
+            i.and_then(|i| pieces.get(i))
+                .filter(|&&(q, n, f)| f && q >= segment.0 && q + n <= segment.1 && adjoins(q, n))
+                .map_or(0, |&(_, n, _)| n)
+        };
+        let before = free_at(k.checked_sub(1), &|q, n| q + n == p);
+        let after = free_at(Some(k + 1), &|q, _| q == p + len);
+        expected.push(super::Beside {
+            start: p,
+            len,
+            before,
+            after,
+            segment: segment.0,
+        });
+    }
+    expected
 }
 
 fn room(budget: u64) -> impl FnOnce() -> Room {

@@ -1,5 +1,6 @@
 //! The numeric kernels of both models, each in a file of its own: matrix products and the
-//! fused linear layer ([`gemm`]), element-wise pieces and the optimisers ([`elementwise`]),
+//! fused linear layer ([`gemm`]), element-wise pieces ([`elementwise`]), the optimisers
+//! ([`optim`]),
 //! layer norm ([`layernorm`]), causal attention ([`attention`]), the embeddings
 //! ([`embedding`]), softmax cross-entropy ([`loss`]); the vector dispatch and exact sums they
 //! share ([`simd`]) and their per-thread scratch ([`scratch`]).
@@ -15,5 +16,6 @@ pub mod embedding;
 pub mod gemm;
 pub mod layernorm;
 pub mod loss;
+pub mod optim;
 pub mod scratch;
 pub mod simd;

@@ -20,8 +20,8 @@ use crate::kernels::elementwise::{gelu_backward, gelu_uninit};
 use crate::kernels::gemm::{Linear, Mat, Prologue};
 use crate::kernels::layernorm;
 
-use super::ops::Ops;
 use super::params::{Block, BLOCK_PARAMS, W};
+use crate::model::ops::Ops;
 
 /// How the forward pass keeps a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,8 +11,8 @@ use crate::kernels::layernorm;
 use crate::kernels::loss::{cross_entropy, cross_entropy_rows, mean};
 
 use super::block::Keeping;
-use super::ops::Ops;
 use super::params::Params;
+use crate::model::ops::Ops;
 
 /// The embedding of `tokens` (`heads.rows()` of them, `heads.seq` per sequence): each token's
 /// row of `wte` plus its position's row of `wpe`, kept as `keeping` says (evictable: the

@@ -21,26 +21,25 @@
 
 pub mod block;
 pub mod head;
-pub mod ops;
 pub mod params;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::anyhow;
 use rand::{Rng as _, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
+use rayon::ThreadPool;
 
-use crate::args::{Args, Keep};
 use crate::backend::Backend;
-use crate::data::{Part, Text};
-use crate::error::BadInput;
+use crate::data::{Part, Text, Tokenizer};
 use crate::kernels::attention::Heads;
-use crate::kernels::elementwise::AdamW;
+use crate::kernels::optim::AdamW;
 
 use self::block::{Keeping, Layer, Values};
-use self::ops::Ops;
 use self::params::Params;
-use super::Model;
+use super::ops::Ops;
+use super::{Keep, Model, Runtime};
 
 /// The weights' and the samples' random numbers.
 type Rng = Xoshiro256PlusPlus;
@@ -72,28 +71,6 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// The shape `args` asks for; an error naming the flags if the width is not a multiple of
-    /// the heads or a step's largest tensor would overflow.
-    pub fn of(args: &Args) -> Result<Self, BadInput> {
-        args.check()?;
-        let shape = Self {
-            vocab: args.vocab(),
-            context: args.context,
-            width: args.width,
-            heads: args.heads,
-            layers: args.layers,
-            batch: args.batch,
-        };
-        if shape.bytes().is_none_or(|bytes| bytes > isize::MAX as u64) {
-            return Err(BadInput(format!(
-                "--batch {} x --context {} with --width {}, --vocab {} and --layers {} is more \
-                 than this machine can address: lower one of them",
-                shape.batch, shape.context, shape.width, shape.vocab, shape.layers
-            )));
-        }
-        Ok(shape)
-    }
-
     /// An upper bound of the bytes a step of this shape touches: the parameters and their
     /// two moments, every tensor every block keeps, and the largest temporaries (the kept
     /// attention weights, the logits); `None` if it overflows.
@@ -133,6 +110,32 @@ impl Shape {
     }
 }
 
+/// Everything a GPT's training is made of but the threads and the memory: what the
+/// command line describes (`args.rs` builds it), the model knowing nothing of the command line.
+#[derive(Debug, Clone)]
+pub struct GptConfig {
+    /// The model's and a batch's dimensions.
+    pub shape: Shape,
+    /// How the text becomes tokens.
+    pub tokenizer: Tokenizer,
+    /// The text (`None`: the shipped one).
+    pub data: Option<PathBuf>,
+    /// What the forward pass keeps.
+    pub keep: Keep,
+    /// The attention keeps its softmax weights for the backward pass.
+    pub keep_scores: bool,
+    /// Rows of logits the head computes at once (`None`: [`head::chunk_rows`]; 0: all).
+    pub head_rows: Option<usize>,
+    /// The optimiser.
+    pub opt: AdamW,
+    /// The seed of the weights, the batches and the sample.
+    pub seed: u64,
+    /// Weights to start from (safetensors).
+    pub load: Option<PathBuf>,
+    /// Where to write the initial weights (safetensors).
+    pub save_init: Option<PathBuf>,
+}
+
 /// The kinds of tensors a block keeps on the step's checkpoint chain; a tensor's key is
 /// `block x KINDS + kind`.
 const KINDS: usize = 5;
@@ -142,19 +145,19 @@ fn key(block: usize, kind: usize) -> usize {
     block * KINDS + kind
 }
 
-/// Writes the initial weights a run of `args` starts from (drawn from its seed) to `path`:
+/// Writes the initial weights a run of `config` starts from (drawn from its seed) to `path`:
 /// what `compare` hands to every run, PyTorch's included.
-pub fn save_init(args: &Args, path: &std::path::Path) -> anyhow::Result<()> {
-    let shape = Shape::of(args)?;
-    let mut rng = Rng::seed_from_u64(args.seed);
-    Params::new(&crate::backend::VecBackend, &shape, Some(&mut rng))?.save(path)
+pub fn save_init(config: &GptConfig, path: &std::path::Path) -> anyhow::Result<()> {
+    let mut rng = Rng::seed_from_u64(config.seed);
+    Params::new(&crate::backend::VecBackend, &config.shape, Some(&mut rng))?.save(path)
 }
 
-/// The GPT, its data and its threads.
+/// The GPT, its data, and the driver's threads it runs on.
 #[derive(Debug)]
 pub struct Gpt<'a, B: Backend> {
-    /// The step's threads, kept for the whole run (as a training runtime keeps its threads).
-    workers: rayon::ThreadPool,
+    /// The step's threads, the driver's for the whole run (as a training runtime keeps its
+    /// threads).
+    workers: &'a ThreadPool,
     state: State<'a, B>,
 }
 
@@ -178,34 +181,28 @@ struct State<'a, B: Backend> {
 }
 
 impl<'a, B: Backend> Gpt<'a, B> {
-    /// A GPT as `args` say, its parameters from `backend`: initialised from the seed, or
-    /// loaded from `--load`, and written to `--save-init` if asked. A dry one (see
-    /// [`Ops::dry`]) has zeros for weights and computes nothing.
-    pub fn new(backend: &'a B, args: &Args, dry: bool) -> anyhow::Result<Self> {
-        let shape = Shape::of(args)?;
+    /// A GPT as `config` says, its parameters from `run`'s backend, its kernels on its threads:
+    /// initialised from the seed, or loaded from `config.load`, and written to
+    /// `config.save_init` if asked. A dry one (see [`Ops::dry`]) has zeros for weights and
+    /// computes nothing.
+    pub fn new(run: Runtime<'a, B>, config: &GptConfig) -> anyhow::Result<Self> {
+        let Runtime { ops, workers } = run;
+        let (backend, dry, shape) = (ops.backend, ops.dry, config.shape);
         let text = Text::load(
-            args.data.as_deref(),
+            config.data.as_deref(),
             shape.context,
             shape.vocab,
-            args.tokenizer,
+            config.tokenizer,
         )?;
-        let mut rng = Rng::seed_from_u64(args.seed);
+        let mut rng = Rng::seed_from_u64(config.seed);
         let mut params = Params::new(backend, &shape, (!dry).then_some(&mut rng))?;
-        if let (Some(path), false) = (&args.load, dry) {
+        if let (Some(path), false) = (&config.load, dry) {
             params.load(path)?;
         }
-        if let (Some(path), false) = (&args.save_init, dry) {
+        if let (Some(path), false) = (&config.save_init, dry) {
             params.save(path)?;
         }
-        // The file was read (or written) whole, outside the training's pool.
-        crate::allocator::give_back_cached();
-        let threads = args.threads();
-        let workers = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("worker {i}")) // the trace's track names
-            .build()
-            .map_err(|e| anyhow!("starting {threads} worker thread(s): {e}"))?;
-        let keep = match args.keep() {
+        let keep = match config.keep {
             // Past the block count it keeps the first block's input alone, as the count does.
             Keep::Every(every) => Keep::Every(every.min(shape.layers)),
             Keep::Fitted => Keep::Fitted,
@@ -219,27 +216,17 @@ impl<'a, B: Backend> Gpt<'a, B> {
         Ok(Self {
             workers,
             state: State {
-                ops: Ops {
-                    backend,
-                    threads,
-                    dry,
-                },
+                ops,
                 shape,
                 params,
                 keep,
-                keep_scores: args.keep_scores,
-                head_rows: args
+                keep_scores: config.keep_scores,
+                head_rows: config
                     .head_rows
                     .unwrap_or_else(|| head::chunk_rows(shape.vocab)),
                 text,
-                opt: AdamW {
-                    lr: args.lr,
-                    beta1: args.beta1,
-                    beta2: args.beta2,
-                    eps: args.eps,
-                    weight_decay: args.weight_decay,
-                },
-                seed: args.seed,
+                opt: config.opt,
+                seed: config.seed,
                 step: 0,
                 inputs,
                 targets,

@@ -21,7 +21,7 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use crate::backend::Backend;
 use crate::error::BadInput;
-use crate::kernels::elementwise::AdamW;
+use crate::kernels::optim::AdamW;
 
 use super::Shape;
 

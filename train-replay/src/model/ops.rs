@@ -1,6 +1,6 @@
-//! What a GPT step does with its tensors, in one place: every buffer it takes from the backend
-//! and every kernel that writes one ([`Ops`]). A dry run ([`Ops::dry`]) takes the same buffers,
-//! of the same sizes, in the same order, and runs no kernel.
+//! What a step of either model does with its tensors, in one place: every buffer it takes
+//! from the backend and every kernel that writes one ([`Ops`]). A dry run ([`Ops::dry`])
+//! takes the same buffers, of the same sizes, in the same order, and runs no kernel.
 
 use std::mem::MaybeUninit;
 
