@@ -10,8 +10,8 @@
 //!
 //! Both compute the same numbers in the same order: their losses are bit-identical.
 //!
-//! The threads share each kernel over the whole batch (see [`kernels`]): every GEMM is one
-//! call whose output they split, each summing its elements over every row in the order the
+//! The threads share each kernel over the whole batch (see [`kernels`](crate::kernels)):
+//! every GEMM is one call whose output they split, each summing its elements over every row in the order the
 //! shapes fix. So the losses are bit-identical at any thread count, and what a step holds
 //! does not grow with the threads: no per-thread copies of the gradients to sum. Each
 //! layer's Adam step runs as soon as the backward pass has its gradients, so a step holds
