@@ -6,12 +6,14 @@ use anyhow::anyhow;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
+use std::time::Instant;
 
 use ferropool::{
     BufferPool, CheckpointNode, DType, Error, OutOfMemory, PoolError, Recompute, RetainedInputMap,
     RetainedValue, SpanGuard, Tensor, TensorError, TensorValue,
 };
 
+use crate::recomputes::{self, Kind};
 use crate::show::bytes;
 
 /// A kernel as a recompute runs it: writes every element of its output from its inputs'
@@ -87,12 +89,14 @@ pub trait Backend: Sync + 'static {
     /// Keeps a buffer for the backward pass.
     fn save(&self, buf: Self::Buf) -> anyhow::Result<Self::Saved>;
     /// Keeps a kernel's output for the backward pass as a value the memory layer may evict
-    /// under its budget and recompute from `inputs` with `kernel`, which costs `cost`. A
-    /// backend without a memory layer keeps it as [`save`](Self::save) does.
+    /// under its budget and recompute from `inputs` with `kernel`, which costs `cost`; each
+    /// recompute is counted under `kind` ([`recomputes`]). A backend
+    /// without a memory layer keeps it as [`save`](Self::save) does.
     fn save_recomputable(
         &self,
         buf: Self::Buf,
         inputs: &[&Self::Saved],
+        kind: Kind,
         cost: u64,
         kernel: Kernel,
     ) -> anyhow::Result<Self::Saved>;
@@ -193,6 +197,7 @@ impl Backend for PoolBackend {
         &self,
         buf: Tensor,
         inputs: &[&Arc<RetainedValue>],
+        kind: Kind,
         cost: u64,
         kernel: Kernel,
     ) -> anyhow::Result<Arc<RetainedValue>> {
@@ -208,8 +213,11 @@ impl Backend for PoolBackend {
                 // A dry run: zeros that the pool may have already, untouched.
                 return Ok(Tensor::zeros_in(&pool, DType::F32, &shape)?);
             }
+            let started = Instant::now();
             let mut out = Tensor::uninit_in::<f32>(&pool, &shape)?;
             kernel.run(&inputs, out.as_uninit_mut());
+            let ns = started.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
+            recomputes::count(kind, std::mem::size_of_val(out.as_uninit_mut()) as u64, ns);
             // SAFETY: a layer's kernel writes every element of its output.
             Ok(unsafe { out.assume_init() })
         })
@@ -376,6 +384,7 @@ impl Backend for VecBackend {
         &self,
         buf: Vec<f32>,
         _inputs: &[&Arc<Vec<f32>>],
+        _kind: Kind,
         _cost: u64,
         _kernel: Kernel,
     ) -> anyhow::Result<Arc<Vec<f32>>> {

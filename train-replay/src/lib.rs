@@ -24,6 +24,7 @@ pub mod measure;
 pub mod model;
 pub mod outside;
 pub mod plot;
+pub mod recomputes;
 pub mod show;
 pub mod sweep;
 pub mod train;

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use ferropool::{BufferPool, PoolAllocator};
 
 use crate::allocator;
+use crate::recomputes::{self, KindFigures, Tallies};
 
 pub use ferropool_figures::{minor_faults, peak_rss};
 
@@ -58,6 +59,10 @@ pub struct Summary {
     /// pool).
     #[serde(default)]
     pub recompute_share: Option<f64>,
+    /// What was recomputed per steady-state step, by the kind of tensor (only the kinds
+    /// recomputed; the bytes add up to `recomputed_bytes_per_step`).
+    #[serde(default)]
+    pub recomputed_by_kind: Vec<KindFigures>,
     /// The peak bytes in use of the process-wide pool that the global allocator's front end
     /// serves (GEMM packing buffers, the scratch arena): what stays outside the training's
     /// pool and its budget. An upper bound: the training's pool takes its blocks under 32
@@ -130,6 +135,7 @@ pub(crate) struct Counters {
     window_evictions: u64,
     recomputed: u64,
     recompute_ns: u64,
+    by_kind: Tallies,
 }
 
 impl std::ops::Sub for Counters {
@@ -145,6 +151,7 @@ impl std::ops::Sub for Counters {
             window_evictions: self.window_evictions - o.window_evictions,
             recomputed: self.recomputed - o.recomputed,
             recompute_ns: self.recompute_ns - o.recompute_ns,
+            by_kind: std::array::from_fn(|i| self.by_kind[i] - o.by_kind[i]),
         }
     }
 }
@@ -160,6 +167,9 @@ impl std::ops::AddAssign for Counters {
         self.window_evictions += o.window_evictions;
         self.recomputed += o.recomputed;
         self.recompute_ns += o.recompute_ns;
+        for (mine, theirs) in self.by_kind.iter_mut().zip(o.by_kind) {
+            *mine += theirs;
+        }
     }
 }
 
@@ -205,6 +215,7 @@ impl<'p> Gauges<'p> {
             window_evictions: of(|s| s.window_evictions),
             recomputed: of(|s| s.recomputed_bytes),
             recompute_ns: of(|s| s.recompute_ns),
+            by_kind: recomputes::now(),
         }
     }
 
@@ -227,6 +238,7 @@ impl<'p> Gauges<'p> {
             summary.window_evictions_per_step = Some(per_step(window.window_evictions));
             summary.recomputed_bytes_per_step = Some(per_step(window.recomputed));
             summary.recompute_share = Some(window.recompute_ns as f64 / 1e9 / seconds.max(1e-9));
+            summary.recomputed_by_kind = recomputes::figures(&window.by_kind, measured);
             let classes = pool.class_stats();
             let evicted = classes.iter().filter(|c| c.evicted_blocks > 0);
             summary.evictions_by_size = evicted

@@ -376,7 +376,28 @@ fn eviction_rows(summary: &Summary) -> Vec<(&'static str, String)> {
             "time recomputing",
             format!("{:.1}%", summary.recompute_share.unwrap_or(0.0) * 100.0),
         ),
+        ("recomputed per step, by kind", by_kind(summary)),
     ]
+}
+
+/// What a step recomputed, kind by kind: `qkv 12.0 MiB in 31 ms, ...`.
+fn by_kind(summary: &Summary) -> String {
+    let kinds: Vec<String> = summary
+        .recomputed_by_kind
+        .iter()
+        .map(|k| {
+            let ms = k.seconds_per_step * 1e3;
+            format!(
+                "{} {} in {ms:.0} ms",
+                k.kind,
+                bytes(k.bytes_per_step as u64)
+            )
+        })
+        .collect();
+    match kinds.is_empty() {
+        true => "none".to_owned(),
+        false => kinds.join(", "),
+    }
 }
 
 /// Writes the trace (`--trace`) and the memory timeline (`--plot`) of the run whose step

@@ -156,6 +156,13 @@ fn a_fitted_run_evicts_recomputes_and_keeps_the_losses() {
         "{fitted:?}"
     );
     assert!(fitted.recompute_share.unwrap() > 0.0, "{fitted:?}");
+    let layers = &fitted.recomputed_by_kind;
+    assert_eq!(layers.len(), 1, "{fitted:?}");
+    assert_eq!(layers[0].kind, "layer");
+    assert_eq!(
+        Some(layers[0].bytes_per_step),
+        fitted.recomputed_bytes_per_step
+    );
     let (live, reserved) = (
         fitted.peak_live_bytes.unwrap(),
         fitted.peak_reserved_bytes.unwrap(),

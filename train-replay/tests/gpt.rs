@@ -68,6 +68,17 @@ fn the_losses_are_the_same_bits_at_any_thread_count_and_any_keeping() {
         fitted.recomputed_bytes_per_step.unwrap() > 0.0,
         "{fitted:?}"
     );
+    // Every recompute is counted under its kind, and the kinds hold what the pool counted.
+    let by_kind: f64 = fitted
+        .recomputed_by_kind
+        .iter()
+        .map(|k| k.bytes_per_step)
+        .sum();
+    assert_eq!(
+        Some(by_kind),
+        fitted.recomputed_bytes_per_step,
+        "{fitted:?}"
+    );
     assert_eq!(bits(&fitted), bits(&reference));
 }
 

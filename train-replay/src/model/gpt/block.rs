@@ -19,6 +19,7 @@ use crate::kernels::attention::{self, Heads};
 use crate::kernels::elementwise::{gelu_backward, gelu_uninit};
 use crate::kernels::gemm::{Linear, Mat, Prologue};
 use crate::kernels::layernorm;
+use crate::recomputes::Kind;
 
 use super::params::{Block, BLOCK_PARAMS, W};
 use crate::model::ops::Ops;
@@ -45,6 +46,19 @@ pub enum Op {
     Fc,
     /// `out` from `fch` and `res2`.
     Out,
+}
+
+impl Op {
+    /// The kind its output is counted under when recomputed.
+    fn kind(self) -> Kind {
+        match self {
+            Op::Qkv => Kind::Qkv,
+            Op::Attention => Kind::Attention,
+            Op::Proj => Kind::Residual,
+            Op::Fc => Kind::Hidden,
+            Op::Out => Kind::BlockOutput,
+        }
+    }
 }
 
 /// The tensors a block's forward pass keeps for its backward pass.
@@ -195,10 +209,10 @@ impl<B: Backend> Layer<'_, '_, B> {
         match keeping {
             Keeping::Plain => self.ops.backend.save(out),
             Keeping::Evictable => {
-                let cost = self.cost(op);
+                let (kind, cost) = (op.kind(), self.cost(op));
                 self.ops
                     .backend
-                    .save_recomputable(out, inputs, cost, kernel)
+                    .save_recomputable(out, inputs, kind, cost, kernel)
             }
         }
     }

@@ -9,6 +9,7 @@ use crate::kernels::embedding;
 use crate::kernels::gemm::{product_over, weight_grad_add, Mat};
 use crate::kernels::layernorm;
 use crate::kernels::loss::{cross_entropy, cross_entropy_rows, mean};
+use crate::recomputes::Kind;
 
 use super::block::Keeping;
 use super::params::Params;
@@ -44,7 +45,8 @@ pub fn embed<B: Backend>(
         Keeping::Plain => ops.backend.save(x),
         Keeping::Evictable => {
             let cost = (n * c) as u64;
-            ops.backend.save_recomputable(x, &[], cost, kernel)
+            ops.backend
+                .save_recomputable(x, &[], Kind::Embedding, cost, kernel)
         }
     }
 }

@@ -11,6 +11,7 @@ use super::Trainer;
 use crate::backend::{Backend, Kernel};
 use crate::kernels::elementwise::relu_mask;
 use crate::kernels::gemm::Mat;
+use crate::recomputes::Kind;
 
 /// Runs `f` with this thread's scratch arena, reset first (a new step: the last step's
 /// lists are gone); with a fresh arena if this thread's is in use (a re-entered replay).
@@ -238,6 +239,7 @@ impl<B: Backend> Trainer<'_, B> {
             current = self.ops.backend.save_recomputable(
                 out,
                 &[&current],
+                Kind::Layer,
                 cost,
                 self.kernel(l, batch)?,
             )?;
