@@ -69,7 +69,7 @@ fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Res
     let config = args.config()?;
     // The run's own threads (a dry step runs no kernel, but takes its buffers as a run on
     // them would).
-    let workers = crate::train::workers(args.threads())?;
+    let workers = crate::model::workers(args.threads())?;
     // Whether `TRY_STEPS` steps of a fresh run complete under `budget`: each try on a pool of
     // its own, as a run starts, since where blocks lie (which the eviction's window reads)
     // follows what the pool held before.

@@ -477,7 +477,7 @@ pub fn train<B: Backend>(
 ) -> anyhow::Result<Summary> {
     let gauges = Gauges::new(pool);
     let config = args.config()?;
-    let workers = workers(args.threads())?;
+    let workers = crate::model::workers(args.threads())?;
     let mut model = crate::model::build(backend, &workers, &config, false)?;
     // A weights file read or written whole came from outside the training's pool: the
     // process-wide pool gives that memory back rather than keep it for the run.
@@ -536,14 +536,4 @@ pub fn train<B: Backend>(
         }
     }
     Ok(summary)
-}
-
-/// The threads a run's kernels share, for the whole run (as a training runtime keeps its
-/// threads), named for the trace's tracks.
-pub fn workers(threads: usize) -> anyhow::Result<rayon::ThreadPool> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("worker {i}"))
-        .build()
-        .map_err(|e| anyhow!("starting {threads} worker thread(s): {e}"))
 }

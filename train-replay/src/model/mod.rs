@@ -95,3 +95,13 @@ pub fn build<'a, B: Backend>(
         Config::Mlp(config) => Box::new(mlp::Trainer::new(run, config)?),
     })
 }
+
+/// The threads a run's kernels share, for the whole run (as a training runtime keeps its
+/// threads), named for the trace's tracks.
+pub fn workers(threads: usize) -> anyhow::Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("worker {i}"))
+        .build()
+        .map_err(|e| anyhow::anyhow!("starting {threads} worker thread(s): {e}"))
+}
