@@ -60,7 +60,9 @@ pub struct Summary {
     #[serde(default)]
     pub recompute_share: Option<f64>,
     /// What was recomputed per steady-state step, by the kind of tensor (only the kinds
-    /// recomputed; the bytes add up to `recomputed_bytes_per_step`).
+    /// recomputed). The bytes are the tensors' own sizes; `recomputed_bytes_per_step` counts
+    /// the blocks they sit in, rounded up to a size class, so the kinds' sum is at most that
+    /// (equal where every recomputed tensor fills its block).
     #[serde(default)]
     pub recomputed_by_kind: Vec<KindFigures>,
     /// The peak bytes in use of the process-wide pool that the global allocator's front end

@@ -21,7 +21,8 @@ pub enum Kind {
     Attention,
     /// The residual after the attention (its projection added to the block's input).
     Residual,
-    /// The MLP's hidden layer, before GELU (layer norm, then a matrix product).
+    /// The hidden layer of a block's MLP (nanoGPT's `c_fc`), before GELU (layer norm, then
+    /// a matrix product).
     Hidden,
     /// A block's output (GELU, a matrix product, the residual added).
     BlockOutput,
@@ -48,7 +49,7 @@ impl Kind {
             Kind::Qkv => "qkv",
             Kind::Attention => "attention",
             Kind::Residual => "residual",
-            Kind::Hidden => "mlp hidden",
+            Kind::Hidden => "fc",
             Kind::BlockOutput => "block output",
             Kind::Layer => "layer",
         }
@@ -59,12 +60,14 @@ impl Kind {
     }
 }
 
-/// Recomputes of one kind: how many, their output bytes and the nanoseconds they took.
+/// Recomputes of one kind: how many, their outputs' bytes (the tensors' own sizes: the pool's
+/// `recomputed_bytes` counts the blocks they sit in, rounded up to a size class) and the
+/// nanoseconds they took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tally {
     /// Recomputes.
     pub count: u64,
-    /// Bytes recomputed (the outputs' sizes).
+    /// Bytes recomputed (the output tensors' sizes).
     pub bytes: u64,
     /// Nanoseconds spent recomputing (the output's allocation and the kernel).
     pub ns: u64,

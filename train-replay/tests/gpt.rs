@@ -68,7 +68,8 @@ fn the_losses_are_the_same_bits_at_any_thread_count_and_any_keeping() {
         fitted.recomputed_bytes_per_step.unwrap() > 0.0,
         "{fitted:?}"
     );
-    // Every recompute is counted under its kind, and the kinds hold what the pool counted.
+    // Every recompute is counted under its kind, and the kinds hold what the pool counted
+    // (the pool counts blocks, the kinds tensors: every tensor of this shape fills its block).
     let by_kind: f64 = fitted
         .recomputed_by_kind
         .iter()
