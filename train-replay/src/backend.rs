@@ -216,10 +216,12 @@ impl Backend for PoolBackend {
             let started = Instant::now();
             let mut out = Tensor::uninit_in::<f32>(&pool, &shape)?;
             kernel.run(&inputs, out.as_uninit_mut());
-            let ns = started.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
-            recomputes::count(kind, std::mem::size_of_val(out.as_uninit_mut()) as u64, ns);
             // SAFETY: a layer's kernel writes every element of its output.
-            Ok(unsafe { out.assume_init() })
+            let out = unsafe { out.assume_init() };
+            let ns = started.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
+            let bytes = out.numel() * std::mem::size_of::<f32>();
+            recomputes::count(kind, bytes as u64, ns);
+            Ok(out)
         })
         .with_cost(cost);
         RetainedValue::evictable(&self.pool, buf, recompute)
