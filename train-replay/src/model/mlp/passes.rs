@@ -180,6 +180,16 @@ impl<B: Backend> Trainer<'_, B> {
         Ok(next)
     }
 
+    /// A chain whose first node holds the data, `x`, kept: the chain and what it keeps.
+    fn start_chain(&self, x: B::Buf) -> anyhow::Result<(B::Saved, B::Chain)> {
+        let mut chain = B::Chain::default();
+        let kept = self.ops.backend.save(x)?;
+        self.ops
+            .backend
+            .push_checkpoint(&mut chain, 0, [(0, kept.clone())]);
+        Ok((kept, chain))
+    }
+
     /// The forward pass of [`Keep::Every`]: returns the logits and the chain of checkpoints.
     pub(super) fn forward(
         &self,
@@ -188,11 +198,7 @@ impl<B: Backend> Trainer<'_, B> {
         every: usize,
     ) -> anyhow::Result<(B::Buf, B::Chain)> {
         let count = self.layers.len();
-        let mut chain = B::Chain::default();
-        let mut current = self.ops.backend.save(x)?;
-        self.ops
-            .backend
-            .push_checkpoint(&mut chain, 0, [(0, current.clone())]);
+        let (mut current, mut chain) = self.start_chain(x)?;
         let mut live: Option<B::Buf> = None;
         for l in 0..count {
             let out = match &live {
@@ -222,11 +228,7 @@ impl<B: Backend> Trainer<'_, B> {
         batch: usize,
     ) -> anyhow::Result<(B::Buf, B::Chain)> {
         let count = self.layers.len();
-        let mut chain = B::Chain::default();
-        let mut current = self.ops.backend.save(x)?;
-        self.ops
-            .backend
-            .push_checkpoint(&mut chain, 0, [(0, current.clone())]);
+        let (mut current, mut chain) = self.start_chain(x)?;
         for l in 0..count {
             let out = B::with_saved(&current, |input| self.linear(l, input, batch))?;
             if l + 1 == count {
