@@ -154,6 +154,8 @@ pub fn worst_difference(ours: &[f32], theirs: &[f32]) -> f64 {
     ours.iter()
         .zip(theirs)
         .map(|(&a, &b)| match (a.is_finite(), b.is_finite()) {
+            // Equal (zero included, where the quotient would be NaN and the fold drop it).
+            (true, true) if a == b => 0.0,
             (true, true) => ((a as f64 - b as f64) / b as f64).abs(),
             _ => f64::INFINITY,
         })
@@ -471,6 +473,9 @@ mod tests {
             f64::INFINITY
         );
         assert_eq!(worst_difference(&[2.0, 4.0], &[2.0]), f64::INFINITY);
+        // A loss of zero: equal agrees, anything else against it is the worst.
+        assert_eq!(worst_difference(&[0.0, 4.0], &[0.0, 4.0]), 0.0);
+        assert_eq!(worst_difference(&[0.5], &[0.0]), f64::INFINITY);
     }
 
     #[test]
