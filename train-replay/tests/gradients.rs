@@ -263,6 +263,25 @@ fn the_fused_layer_is_its_composition() {
 }
 
 /// A GPT of one block for the whole-model checks: width 16, 2 heads, 3 sequences of 6.
+/// The attention's shape of a GPT of `shape`.
+fn heads_of(shape: &train_replay::model::gpt::Shape) -> Heads {
+    Heads {
+        batch: shape.batch,
+        seq: shape.context,
+        heads: shape.heads,
+        size: shape.width / shape.heads,
+    }
+}
+
+/// Kernels on `Vec<f32>`, on the calling thread.
+fn one_thread() -> train_replay::model::ops::Ops<'static, train_replay::backend::VecBackend> {
+    train_replay::model::ops::Ops {
+        backend: &train_replay::backend::VecBackend,
+        threads: 1,
+        dry: false,
+    }
+}
+
 fn tiny_gpt() -> (
     train_replay::model::gpt::Shape,
     train_replay::model::gpt::params::Params<train_replay::backend::VecBackend>,
@@ -303,20 +322,10 @@ fn a_whole_blocks_gradients_match_finite_differences() {
     use train_replay::backend::{Backend, VecBackend};
     use train_replay::model::gpt::block::{Keeping, Layer};
     use train_replay::model::gpt::params::W;
-    use train_replay::model::ops::Ops;
     let (shape, mut params) = tiny_gpt();
-    let heads = Heads {
-        batch: shape.batch,
-        seq: shape.context,
-        heads: shape.heads,
-        size: shape.width / shape.heads,
-    };
+    let heads = heads_of(&shape);
     let n = heads.rows() * shape.width;
-    let ops = Ops {
-        backend: &VecBackend,
-        threads: 1,
-        dry: false,
-    };
+    let ops = one_thread();
     let (x, w) = (values(n, 21, 1.0), values(n, 22, 1.0));
     let forward = |params: &train_replay::model::gpt::params::Params<VecBackend>, x: &[f32]| {
         let layer = Layer {
@@ -370,20 +379,10 @@ fn a_whole_blocks_gradients_match_finite_differences() {
 fn the_heads_gradients_match_finite_differences() {
     use train_replay::backend::{Backend, VecBackend};
     use train_replay::model::gpt::head::head;
-    use train_replay::model::ops::Ops;
     let (shape, mut params) = tiny_gpt();
-    let heads = Heads {
-        batch: shape.batch,
-        seq: shape.context,
-        heads: shape.heads,
-        size: shape.width / shape.heads,
-    };
+    let heads = heads_of(&shape);
     let rows = heads.rows();
-    let ops = Ops {
-        backend: &VecBackend,
-        threads: 1,
-        dry: false,
-    };
+    let ops = one_thread();
     let x = values(rows * shape.width, 31, 1.5);
     let targets: Vec<u32> = (0..rows as u32)
         .map(|r| (r * 7) % shape.vocab as u32)

@@ -113,15 +113,18 @@ vectorized! {
 mod tests {
     use super::*;
 
+    /// nanoGPT's AdamW, at a learning rate of 0.01.
+    const NANOGPT: AdamW = AdamW {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+
     #[test]
     fn adamw_follows_pytorchs_formula() {
-        let opt = AdamW {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        };
+        let opt = NANOGPT;
         let (mut p, mut m, mut v) = (vec![1.0f32, -2.0], vec![0.0f32; 2], vec![0.0f32; 2]);
         let g = [0.5f32, -0.25];
         opt.step(&mut p, &g, &mut m, &mut v, 1);
@@ -139,13 +142,7 @@ mod tests {
     /// the bias corrections, which cancel at the first step, count from the second on.
     #[test]
     fn adamw_follows_pytorch_over_several_steps() {
-        let opt = AdamW {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        };
+        let opt = NANOGPT;
         let n = 37; // past a vector of 16, with a tail
         let mut p: Vec<f32> = (0..n).map(|i| (i as f32 - 18.0) / 9.0).collect();
         let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
