@@ -124,11 +124,33 @@ pub fn gemm_add(
     c: &mut [f32],
     threads: usize,
 ) {
+    into_initialised(m, k, n, a, b, c, true, threads);
+}
+
+/// The product into an initialised row-major output `c`, added to it (`accumulate`) or
+/// over it: [`gemm_add`] and [`product_over`].
+#[allow(clippy::too_many_arguments)] // a GEMM's shape, operands and mode
+fn into_initialised(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
     let elements = m.checked_mul(n).expect("m * n overflows");
-    assert!(c.len() >= elements, "output too short for its shape");
+    assert!(
+        c.len() >= elements && a.reaches(m, k) && b.reaches(k, n),
+        "operands too short for their shapes"
+    );
+    if elements == 0 {
+        return;
+    }
     // SAFETY: `c` holds the `m x n` row-major output (checked above), initialised (a
     // `&mut [f32]`), exclusively ours and apart from `a` and `b`.
-    unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr(), n, true, threads) }
+    unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr(), n, accumulate, threads) }
 }
 
 /// [`gemm()`] into a row-major output of row stride `c_rs` at `c` (the columns of one head in
@@ -412,17 +434,7 @@ pub fn product_over(
     c: &mut [f32],
     threads: usize,
 ) {
-    let elements = m.checked_mul(n).expect("m * n overflows");
-    assert!(
-        c.len() >= elements && a.reaches(m, k) && b.reaches(k, n),
-        "operands too short for their shapes"
-    );
-    if elements == 0 {
-        return;
-    }
-    // SAFETY: `c` holds the `m x n` row-major output (checked above), initialised (a
-    // `&mut [f32]`), exclusively ours and apart from `a` and `b`.
-    unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr(), n, false, threads) }
+    into_initialised(m, k, n, a, b, c, false, threads);
 }
 
 /// [`weight_grad`] added to `out` (`k x n`, holding a gradient already): the weight
