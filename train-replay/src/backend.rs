@@ -321,7 +321,7 @@ impl OverBudget {
             0 => String::new(),
             _ => format!(
                 " ({:.2} for the training's pool after {:.2} set aside for what stays outside \
-                 it: the GEMM's packing, the kernels' scratch, small allocations)",
+                 it: the products' panel, the threads' tiles and scratch, small allocations)",
                 bytes(self.budget),
                 bytes(outside)
             ),

@@ -73,7 +73,7 @@ pub struct Summary {
     #[serde(default)]
     pub outside_peak_bytes: Option<u64>,
     /// The share of `--budget` set aside for what stays outside the training's pool (the
-    /// GEMM's packing, the kernels' scratch, small allocations; `None`: no budget).
+    /// products' panel, the threads' tiles and scratch, small allocations; `None`: no budget).
     #[serde(default)]
     pub outside_reserve_bytes: Option<u64>,
     /// The losses of the first steps, at most [`KEPT_LOSSES`].

@@ -1,89 +1,23 @@
-//! Matrix products through the `gemm` crate (AVX-512 or AVX2 kernels chosen at run time; its
-//! packing buffers are per-thread and made once), and a linear layer fused with what comes
-//! before and after its product ([`Linear`]): block by block of rows, the bias (and a
-//! residual) is the accumulator's starting value, a layer norm or a GELU prepares the block's
-//! input in this thread's scratch, and a ReLU runs while the block is still in cache.
+//! Matrix products ([`tile`](super::tile)'s blocked product under the shapes the models
+//! use) and a linear layer fused with what comes before and after its product ([`Linear`]):
+//! the bias (and a residual) is each sum's starting value, a layer norm or a GELU is applied
+//! to the input's rows as they are packed, and a ReLU runs on each output tile as it is
+//! stored. No call keeps a buffer per thread beyond a tile on its stack; the packed weight is
+//! one panel all the threads read.
 //!
-//! Every kernel gives the same bits at any thread count. Its work is cut by the shapes, never
-//! by the threads ([`ROW_BLOCK`]): a GEMM cut into calls by the thread count would sum
-//! differently, as a short call can take the `gemm` crate's path for small shapes, whose
-//! depth blocking differs. Threads share one GEMM call only through the crate's own
-//! parallelism, which leaves the sums alone: it chooses its blocking from the call's whole
-//! shape, walks the depth (the summed dimension) in order, one depth block at a time for all
-//! its threads, and splits only the output among them, so each element is summed over the
-//! same blocks in the same order whatever the split. The bias gradient's column sums do not
-//! depend on how their work is cut. The tests check all of it.
+//! Every kernel gives the same bits at any thread count: each element of a product is one
+//! chain of fused multiply-adds over the depth in order (see [`tile`](super::tile)), and the
+//! bias gradient's column sums are cut by the shapes ([`ROW_BLOCK`]), never by the threads.
+//! The tests check it.
 
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::elementwise::gelu_into;
-use super::layernorm;
 use super::scratch::with_scratch;
 use super::simd::vectorized;
-
-/// A matrix operand: its elements and its row and column strides.
-#[derive(Clone, Copy, Debug)]
-pub struct Mat<'a> {
-    /// The elements.
-    pub data: &'a [f32],
-    /// Row stride.
-    pub rs: usize,
-    /// Column stride.
-    pub cs: usize,
-}
-
-impl<'a> Mat<'a> {
-    /// A row-major `rows x cols` matrix.
-    pub fn rows(data: &'a [f32], cols: usize) -> Self {
-        Self {
-            data,
-            rs: cols,
-            cs: 1,
-        }
-    }
-
-    /// The transpose of a row-major matrix with `cols` columns (no copy).
-    pub fn transposed(data: &'a [f32], cols: usize) -> Self {
-        Self {
-            data,
-            rs: 1,
-            cs: cols,
-        }
-    }
-
-    /// A matrix with row stride `rs` and column stride `cs`.
-    pub fn strided(data: &'a [f32], rs: usize, cs: usize) -> Self {
-        Self { data, rs, cs }
-    }
-
-    /// The rows from `row` on.
-    ///
-    /// # Panics
-    ///
-    /// If `row x rs` is past the elements.
-    pub fn below(self, row: usize) -> Self {
-        Self {
-            data: &self.data[row * self.rs..],
-            ..self
-        }
-    }
-
-    /// Whether every element of a `rows x cols` operand lies inside `data`, with strides the
-    /// kernel can take as `isize`.
-    fn reaches(&self, rows: usize, cols: usize) -> bool {
-        let strides_fit = isize::try_from(self.rs).is_ok() && isize::try_from(self.cs).is_ok();
-        strides_fit
-            && (rows == 0
-                || cols == 0
-                || (rows - 1)
-                    .checked_mul(self.rs)
-                    .zip((cols - 1).checked_mul(self.cs))
-                    .and_then(|(r, c)| r.checked_add(c))
-                    .is_some_and(|last| last < self.data.len()))
-    }
-}
+pub use super::tile::{Mat, Prologue};
+use super::tile::{Product, Start};
 
 /// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major, on `threads` threads of the current
 /// rayon pool (1: this thread), the same bits on any number (see the module's
@@ -104,8 +38,8 @@ pub fn gemm(
     let elements = m.checked_mul(n).expect("m * n overflows");
     assert!(c.len() >= elements, "output too short for its shape");
     // SAFETY: `c` holds the `m x n` row-major output (checked above), is exclusively ours and
-    // does not overlap `a` or `b` (a `&mut` next to shared slices); without accumulating,
-    // the kernel writes it without reading it.
+    // does not overlap `a` or `b` (a `&mut` next to shared slices); from a zero start the
+    // product writes each element before it reads it, so it may be uninitialised.
     unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr().cast(), n, false, threads) }
 }
 
@@ -141,20 +75,14 @@ fn into_initialised(
     threads: usize,
 ) {
     let elements = m.checked_mul(n).expect("m * n overflows");
-    assert!(
-        c.len() >= elements && a.reaches(m, k) && b.reaches(k, n),
-        "operands too short for their shapes"
-    );
-    if elements == 0 {
-        return;
-    }
+    assert!(c.len() >= elements, "output too short for its shape");
     // SAFETY: `c` holds the `m x n` row-major output (checked above), initialised (a
     // `&mut [f32]`), exclusively ours and apart from `a` and `b`.
     unsafe { gemm_into(m, k, n, a, b, c.as_mut_ptr(), n, accumulate, threads) }
 }
 
 /// [`gemm()`] into a row-major output of row stride `c_rs` at `c` (the columns of one head in
-/// a wider matrix, say).
+/// a wider matrix, say), added to it if `accumulate`.
 ///
 /// # Safety
 ///
@@ -164,7 +92,7 @@ fn into_initialised(
 ///
 /// # Panics
 ///
-/// If `a` or `b` is too short for its shape, or a stride does not fit an `isize`.
+/// If `a` or `b` is too short for its shape.
 #[allow(clippy::too_many_arguments)] // a GEMM's shape, operands, mode and threads
 pub unsafe fn gemm_into(
     m: usize,
@@ -177,107 +105,32 @@ pub unsafe fn gemm_into(
     accumulate: bool,
     threads: usize,
 ) {
-    assert!(
-        a.reaches(m, k) && b.reaches(k, n),
-        "operands too short for their shapes"
-    );
-    if m == 0 || n == 0 {
-        return;
-    }
-    let c_rs = isize::try_from(c_rs).expect("a row stride that fits an isize");
-    // SAFETY: the assert keeps every index the kernel computes on `a` and `b` inside their
-    // slices (strides as given); the caller's contract covers `c`. With `read_dst` false the
-    // kernel writes every element of `c` without reading it, so it may be uninitialised; with
-    // rayon parallelism its threads write disjoint tiles of `c`. (`reaches` checked that the
-    // strides fit an `isize`.)
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c,
-            1,
-            c_rs,
-            accumulate,
-            a.data.as_ptr(),
-            a.cs as isize,
-            a.rs as isize,
-            b.data.as_ptr(),
-            b.cs as isize,
-            b.rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(threads),
-        );
-    }
+    let product = Product {
+        m,
+        k,
+        n,
+        a,
+        prologue: Prologue::Identity,
+        b,
+        start: if accumulate {
+            Start::Output
+        } else {
+            Start::Zero
+        },
+        relu: false,
+    };
+    // SAFETY: the caller's contract is the product's (initialised when its start reads it).
+    unsafe { product.run(c, c_rs, threads) }
 }
 
-/// The `gemm` crate's threads for a GEMM on `threads` threads of the current rayon pool (the
-/// same sums on any number: see the module's documentation).
-fn parallelism(threads: usize) -> gemm::Parallelism {
-    if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    }
-}
-
-/// Rows per block of the row-split kernels ([`Linear`], [`product`]): their rows are cut
-/// into blocks of this many (the last may be shorter) whatever the thread count, each block
-/// one GEMM call, so each element is summed by a call of the same shape at any thread count.
-/// The blocks run on the threads at once, and threads to spare share each block's GEMM. Each
-/// block packs the whole weight operand again: at 256 rows that costs the same as the old
-/// split of a 512-row batch over 2 threads, and 128 rows cost 6% of the main job's speed.
+/// Rows per block of the bias gradient's column sums ([`column_sums`]): the rows are cut into
+/// blocks of this many (the last may be shorter) whatever the thread count.
 pub const ROW_BLOCK: usize = 256;
 
-/// Runs `run(index, block, threads)` on each block of `out` (blocks of [`ROW_BLOCK`] rows
-/// of `cols` elements, the last may be shorter), over the current rayon pool's `threads`
-/// threads if there are more than one: the blocks at once, and each with its share of the
-/// threads for its GEMM.
-fn for_row_blocks<T: Send>(
-    out: &mut [T],
-    cols: usize,
-    threads: usize,
-    run: impl Fn(usize, &mut [T], usize) + Sync + Send,
-) {
-    // Saturating: a block longer than `out` is the whole of it.
-    let block = ROW_BLOCK.saturating_mul(cols.max(1));
-    let blocks = out.len().div_ceil(block).max(1);
-    let each = (threads / blocks).max(1);
-    if threads > 1 && blocks > 1 {
-        out.par_chunks_mut(block)
-            .enumerate()
-            .for_each(|(i, out)| run(i, out, each));
-    } else {
-        out.chunks_mut(block)
-            .enumerate()
-            .for_each(|(i, out)| run(i, out, each));
-    }
-}
-
-/// What a fused [`Linear`] does to each block of its input rows before the product.
-#[derive(Clone, Copy, Debug)]
-pub enum Prologue<'a> {
-    /// The rows as they are.
-    Identity,
-    /// A layer norm with this weight and bias (see [`layernorm`]).
-    LayerNorm {
-        /// Its weight (gain), one per column.
-        weight: &'a [f32],
-        /// Its bias, one per column.
-        bias: &'a [f32],
-    },
-    /// The GELU, tanh form (see [`gelu_into`]).
-    Gelu,
-}
-
-/// A linear layer `out = relu?(prologue(input) * weight + bias + residual?)`, fused block by
-/// block of [`ROW_BLOCK`] rows: the bias (and the residual's rows) is the GEMM's starting
-/// accumulator, the prologue writes the block's input into this thread's scratch, and the
-/// ReLU runs while the block is in cache. The blocks run on the threads at once.
+/// A linear layer `out = relu?(prologue(input) * weight + bias + residual?)`, fused: the bias
+/// (and the residual's element) is each sum's starting value, the prologue is applied to the
+/// input's rows as the product packs them, and the ReLU as it stores each tile. No
+/// intermediate is kept: each thread holds a sliver of the prepared rows on its stack.
 #[derive(Clone, Copy, Debug)]
 pub struct Linear<'a> {
     /// Input columns.
@@ -312,59 +165,29 @@ impl Linear<'_> {
                 && fits(input.len(), k)
                 && fits(out.len(), n)
                 && k.checked_mul(n)
-                    .is_some_and(|need| self.weight.len() >= need)
-                && self.residual.is_none_or(|r| fits(r.len(), n)),
+                    .is_some_and(|need| self.weight.len() >= need),
             "operands too short for their shapes"
         );
-        if let Prologue::LayerNorm { weight, bias } = self.prologue {
-            assert!(
-                weight.len() == k && bias.len() == k,
-                "a layer norm of another width"
-            );
-        }
-        if rows == 0 || n == 0 {
-            return; // nothing to write
-        }
-        let input = &input[..rows * k];
-        for_row_blocks(&mut out[..rows * n], n, threads, |i, out, threads| {
-            let chunk = out.len() / n;
-            let first = i * ROW_BLOCK;
-            for (r, row) in out.chunks_exact_mut(n).enumerate() {
-                let start = self.residual.map(|res| &res[(first + r) * n..][..n]);
-                for (j, (to, &b)) in row.iter_mut().zip(self.bias).enumerate() {
-                    to.write(start.map_or(b, |s| s[j] + b));
-                }
-            }
-            // SAFETY: the loop above wrote every element of the block (`MaybeUninit<f32>`
-            // has `f32`'s layout).
-            let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
-            let block = &input[first * k..(first + chunk) * k];
-            let weight = Mat::rows(self.weight, n);
-            let product = |input: &[f32], out: &mut [f32]| {
-                gemm_add(chunk, k, n, Mat::rows(input, k), weight, out, threads);
-            };
-            match self.prologue {
-                Prologue::Identity => product(block, out),
-                Prologue::LayerNorm { weight, bias } => {
-                    with_scratch(chunk * k, 0, |prepared, _| {
-                        // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and the layer norm writes
-                        // only initialised values (every element).
-                        let raw = unsafe {
-                            &mut *(&mut *prepared as *mut [f32] as *mut [MaybeUninit<f32>])
-                        };
-                        layernorm::normalize_rows(k, block, weight, bias, raw, None);
-                        product(prepared, out);
-                    })
-                }
-                Prologue::Gelu => with_scratch(chunk * k, 0, |prepared, _| {
-                    gelu_into(block, prepared);
-                    product(prepared, out);
-                }),
-            }
-            if self.relu {
-                out.iter_mut().for_each(|v| *v = v.max(0.0));
-            }
-        });
+        let product = Product {
+            m: rows,
+            k,
+            n,
+            a: Mat::rows(input, k),
+            prologue: self.prologue,
+            b: Mat::rows(self.weight, n),
+            start: match self.residual {
+                Some(residual) => Start::Residual {
+                    bias: self.bias,
+                    residual,
+                },
+                None => Start::Bias(self.bias),
+            },
+            relu: self.relu,
+        };
+        // SAFETY: `out` holds the `rows x n` row-major output (checked above), is ours alone
+        // (a `&mut` beside shared operands); the product writes each element's start value
+        // before it reads it.
+        unsafe { product.run(out.as_mut_ptr().cast(), n, threads) }
     }
 }
 
@@ -400,7 +223,7 @@ pub fn product(
 /// A layer's weight gradient `out[k x n] = input^T * grad` over `rows` batch rows (`input`
 /// `rows x k`, `grad` `rows x n`, both row-major), as one GEMM whose output the `threads`
 /// threads of the current rayon pool share, each summing its elements over every batch row:
-/// the extra memory is the GEMM's packing buffers, not a copy of the gradient per thread.
+/// the extra memory is the product's shared panel, not a copy of the gradient per thread.
 /// The same bits at every thread count.
 ///
 /// # Panics

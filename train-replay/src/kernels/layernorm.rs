@@ -42,10 +42,20 @@ vectorized! {
     }
 }
 
+vectorized! {
+    /// Part of a row normalised as [`normalize_rows`] does it, given the row's `mean` and
+    /// `rstd` ([`moments`]) and the part's weight and bias: the same bits, element by element.
+    pub fn normalize_part(x: &[f32], weight: &[f32], bias: &[f32], mean: f32, rstd: f32, out: &mut [f32]) {
+        for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(weight).zip(bias) {
+            *o = (v - mean) * rstd * w + b;
+        }
+    }
+}
+
 /// A row's mean and `1 / sqrt(var + eps)` (two passes: the mean, then the squared
 /// deviations from it).
 #[inline(always)]
-fn moments(row: &[f32]) -> (f32, f32) {
+pub fn moments(row: &[f32]) -> (f32, f32) {
     let c = row.len().max(1) as f32;
     let mean = Lanes::sum_of(row, |v| v) / c;
     let var = Lanes::sum_of(row, |v| (v - mean) * (v - mean)) / c;

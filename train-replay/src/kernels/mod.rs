@@ -19,3 +19,4 @@ pub mod loss;
 pub mod optim;
 pub mod scratch;
 pub mod simd;
+pub mod tile;

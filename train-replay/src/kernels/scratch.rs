@@ -1,7 +1,7 @@
-//! Per-thread scratch for the fused kernels: a block of rows normalised or activated on its
-//! way into a GEMM, an attention block's scores. It lives as long as its thread and grows to
+//! Per-thread scratch for the attention kernel (a (sequence, head) pair's operands and a
+//! block's scores) and the bias gradients' partial sums. It lives as long as its thread and grows to
 //! the largest block the thread has seen, so after the first step it costs no allocation.
-//! Like the `gemm` crate's packing buffers, it comes from the process's global allocator,
+//! Like the products' shared panel, it comes from the process's global allocator,
 //! not from the training's pool: what a step asks of the pool does not depend on which
 //! thread runs which block, so a budget holds the same tensors at any thread count.
 

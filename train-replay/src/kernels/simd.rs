@@ -1,6 +1,6 @@
 //! Vector code for the element-wise kernels without a nightly compiler: `vectorized!`
 //! compiles a kernel's body three times (for AVX-512, for AVX2 with FMA, and for the
-//! baseline) and picks one when it runs, as the `gemm` crate does for its own kernels; the
+//! baseline) and picks one when it runs, as the products' kernels are chosen; the
 //! body is plain scalar Rust that the compiler vectorises. The helpers here ([`exp`],
 //! [`Lanes`]) are written so that it can: no branch, no call, a fixed order of operations.
 //!
