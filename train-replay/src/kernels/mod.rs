@@ -1,6 +1,6 @@
 //! The numeric kernels of both models, each in a file of its own: matrix products and the
-//! fused linear layer ([`gemm`]), element-wise pieces ([`elementwise`]), the optimisers
-//! ([`optim`]),
+//! fused linear layer ([`gemm`], over the blocked product of [`tile`]), element-wise pieces
+//! ([`elementwise`]), the optimisers ([`optim`]),
 //! layer norm ([`layernorm`]), causal attention ([`attention`]), the embeddings
 //! ([`embedding`]), softmax cross-entropy ([`loss`]); the vector dispatch and exact sums they
 //! share ([`simd`]) and their per-thread scratch ([`scratch`]).
