@@ -82,8 +82,12 @@ fn least_budget(backend: &PoolBackend, args: &Args, refused: u64) -> anyhow::Res
             })?,
         };
         // The parameters and the optimiser's state come from the budget too.
-        let outcome = crate::model::build(&trial_backend, &workers, &config, true)
-            .and_then(|mut model| (0..TRY_STEPS).try_for_each(|_| model.step().map(drop)));
+        // Driven from one worker, as a run is (`train`): where the pool places a step's
+        // blocks then does not follow the scheduling.
+        let outcome = workers.install(|| {
+            crate::model::build(&trial_backend, &workers, &config, true)
+                .and_then(|mut model| (0..TRY_STEPS).try_for_each(|_| model.step().map(drop)))
+        });
         let peak = trial_backend.pool.stats().peak_reserved_bytes;
         match outcome {
             Ok(()) => Ok((true, peak)),

@@ -473,67 +473,72 @@ pub fn train<B: Backend>(
     backend: &B,
     args: &Args,
     pool: Option<&BufferPool>,
-    mut on_event: impl FnMut(Event<'_>),
+    mut on_event: impl FnMut(Event<'_>) + Send,
 ) -> anyhow::Result<Summary> {
-    let gauges = Gauges::new(pool);
     let config = args.config()?;
     let workers = crate::model::workers(args.threads())?;
-    let mut model = crate::model::build(backend, &workers, &config, false)?;
-    // A weights file read or written whole came from outside the training's pool: the
-    // process-wide pool gives that memory back rather than keep it for the run.
-    allocator::give_back_cached();
-    let baseline_rss = peak_rss();
-    let warmup = (args.steps / 2).min(args.steps.saturating_sub(1));
-    let mut summary = Summary {
-        allocator: allocator::choice().name().into(),
-        baseline_rss: Some(baseline_rss),
-        ..Summary::default()
-    };
-    let evaluate = !args.json && args.eval_every > 0;
-    let mut window = Counters::default();
-    for step in 0..args.steps {
-        let before = gauges.now();
-        let loss = model.step()?;
-        if !loss.is_finite() {
-            return Err(anyhow::anyhow!(
-                "the loss of step {} is {loss}: the training diverged (lower --lr)",
-                step + 1
-            ));
-        }
-        if step >= warmup {
-            window += gauges.now() - before;
-        }
-        summary.first_loss = summary.losses.first().copied().unwrap_or(loss);
-        summary.last_loss = loss;
-        if summary.losses.len() < KEPT_LOSSES {
-            summary.losses.push(loss);
-        }
-        on_event(Event::Step { step, loss });
-        if evaluate && (step + 1) % args.eval_every == 0 && step + 1 < args.steps {
-            if let Some(loss) = model.validate()? {
-                on_event(Event::Validation {
-                    step: step + 1,
-                    loss,
-                });
+    // The whole run is driven from one worker: each step's tensors are then taken and given
+    // back on the same thread, so where the pool places them (which a budget's evictions
+    // read) is the same in every run and in the least's search, at any thread count.
+    workers.install(|| {
+        let gauges = Gauges::new(pool);
+        let mut model = crate::model::build(backend, &workers, &config, false)?;
+        // A weights file read or written whole came from outside the training's pool: the
+        // process-wide pool gives that memory back rather than keep it for the run.
+        allocator::give_back_cached();
+        let baseline_rss = peak_rss();
+        let warmup = (args.steps / 2).min(args.steps.saturating_sub(1));
+        let mut summary = Summary {
+            allocator: allocator::choice().name().into(),
+            baseline_rss: Some(baseline_rss),
+            ..Summary::default()
+        };
+        let evaluate = !args.json && args.eval_every > 0;
+        let mut window = Counters::default();
+        for step in 0..args.steps {
+            let before = gauges.now();
+            let loss = model.step()?;
+            if !loss.is_finite() {
+                return Err(anyhow::anyhow!(
+                    "the loss of step {} is {loss}: the training diverged (lower --lr)",
+                    step + 1
+                ));
+            }
+            if step >= warmup {
+                window += gauges.now() - before;
+            }
+            summary.first_loss = summary.losses.first().copied().unwrap_or(loss);
+            summary.last_loss = loss;
+            if summary.losses.len() < KEPT_LOSSES {
+                summary.losses.push(loss);
+            }
+            on_event(Event::Step { step, loss });
+            if evaluate && (step + 1) % args.eval_every == 0 && step + 1 < args.steps {
+                if let Some(loss) = model.validate()? {
+                    on_event(Event::Validation {
+                        step: step + 1,
+                        loss,
+                    });
+                }
             }
         }
-    }
-    gauges.finish(&mut summary, &window, (args.steps - warmup).max(1) as f64);
-    summary.params_digest = Some(model.digest());
-    summary.val_loss = match args.eval_every {
-        0 => None,
-        _ => model.validate()?,
-    };
-    if let Some(loss) = summary.val_loss.filter(|_| evaluate) {
-        on_event(Event::Validation {
-            step: args.steps,
-            loss,
-        });
-    }
-    if !args.json && args.sample > 0 {
-        if let Some(text) = model.sample(args.sample)? {
-            on_event(Event::Sample(&text));
+        gauges.finish(&mut summary, &window, (args.steps - warmup).max(1) as f64);
+        summary.params_digest = Some(model.digest());
+        summary.val_loss = match args.eval_every {
+            0 => None,
+            _ => model.validate()?,
+        };
+        if let Some(loss) = summary.val_loss.filter(|_| evaluate) {
+            on_event(Event::Validation {
+                step: args.steps,
+                loss,
+            });
         }
-    }
-    Ok(summary)
+        if !args.json && args.sample > 0 {
+            if let Some(text) = model.sample(args.sample)? {
+                on_event(Event::Sample(&text));
+            }
+        }
+        Ok(summary)
+    })
 }

@@ -62,16 +62,23 @@ fn trains_on_the_pool_and_writes_the_trace_and_the_plot() {
     );
     let ends = events.iter().filter(|e| e["ph"] == "E").count();
     assert_eq!(ends, 4 * 6 + 3 * 6 + 5 * 6, "every span ended");
-    let step = events
+    // The run is driven from one worker: every step on the same track, named.
+    let steps: Vec<_> = events
         .iter()
-        .find(|e| e["ph"] == "B" && e["name"] == "step")
-        .unwrap();
+        .filter(|e| e["ph"] == "B" && e["name"] == "step")
+        .collect();
+    assert!(
+        steps.iter().all(|s| s["tid"] == steps[0]["tid"]),
+        "the steps run on one thread"
+    );
     assert!(
         events.iter().any(|e| e["ph"] == "M"
             && e["name"] == "thread_name"
-            && e["tid"] == step["tid"]
-            && e["args"]["name"] == "main"),
-        "the steps run on the main thread, named"
+            && e["tid"] == steps[0]["tid"]
+            && e["args"]["name"]
+                .as_str()
+                .is_some_and(|name| name.starts_with("worker"))),
+        "the steps run on a worker, named"
     );
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.contains("<svg"));
