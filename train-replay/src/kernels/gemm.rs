@@ -86,9 +86,10 @@ fn into_initialised(
 ///
 /// # Safety
 ///
-/// `c` is valid for writes (and for reads if `accumulate`) of every element `i * c_rs + j`,
-/// `i < m`, `j < n`, those elements are initialised if `accumulate`, and no other reference
-/// reaches them or overlaps `a` and `b` while the call runs.
+/// `c` is non-null, aligned for `f32` and valid for writes (and for reads if `accumulate`)
+/// of every element `i * c_rs + j`, `i < m`, `j < n`, those elements are initialised if
+/// `accumulate`, and no other reference reaches them or overlaps `a` and `b` while the call
+/// runs. (A row stride below `n` with more than one row panics: rows would overlap.)
 ///
 /// # Panics
 ///
@@ -402,6 +403,17 @@ mod tests {
             let c: Vec<f32> = c.iter().map(|v| unsafe { v.assume_init() }).collect();
             assert_eq!(c, naive(m, k, n, a, b));
         }
+    }
+
+    /// No batch rows: the weight gradient is zeros, every element written.
+    #[test]
+    fn a_weight_gradient_over_no_rows_is_zeros() {
+        let (k, n) = (13, 40);
+        let mut out = vec![MaybeUninit::new(f32::NAN); k * n];
+        weight_grad(0, k, n, &[], &[], &mut out, 2);
+        // SAFETY: every element started initialised, and the kernel writes only floats.
+        let out: Vec<f32> = out.iter().map(|v| unsafe { v.assume_init() }).collect();
+        assert!(out.iter().all(|&v| v == 0.0));
     }
 
     /// `threads` worker threads, as the trainer's pool has.

@@ -4,17 +4,20 @@
 //! - **Shared panel.** `b` is packed a panel at a time (at most [`KP`] of its depth by [`NC`]
 //!   of its columns, in strips of [`NR`] columns) into one buffer that every thread reads:
 //!   the call packs it once, whatever the thread count, and it is the call's only buffer on
-//!   the heap ([`panel_bytes`]).
+//!   the heap ([`panel_bytes`]); products that run at once (from two threads, or one
+//!   inside another's task) each pack into a buffer of their own.
 //! - **A tile per thread.** A task is a sliver of [`MR`] rows of `a`: it packs [`KC`] of
-//!   their depth at a time into a buffer on its own stack (24 KiB), applying the prologue
-//!   (a layer norm, a GELU) while it packs, and multiplies it by each strip of the panel in
-//!   registers ([`MR`] x [`NR`] accumulators). The output tile is loaded, summed into and
-//!   stored; nothing else is kept per thread.
+//!   their depth at a time into a buffer on its own stack (24 KiB, and as much again for
+//!   the rows a prologue prepares), applying the prologue (a layer norm, a GELU) while it
+//!   packs, and multiplies it by each strip of the panel in registers ([`MR`] x [`NR`]
+//!   accumulators). The output tile is loaded, summed into and stored; nothing else is kept
+//!   per thread.
 //! - **The same bits everywhere.** Every element of `c` is one chain of fused multiply-adds
 //!   over the depth in order, starting from its start value (zero, the output's value, the
 //!   bias, the bias plus a residual): the blocking, the split among threads and the kernel
 //!   chosen (AVX-512, AVX2, or the portable one) change which element is summed where, never
-//!   how. So the results are the same bits at any thread count, and on any processor.
+//!   how. So the results are the same bits at any thread count, and on any processor (a NaN's
+//!   payload aside).
 
 use std::sync::Mutex;
 
@@ -83,8 +86,9 @@ impl<'a> Mat<'a> {
     ///
     /// If `row x rs` is past the elements.
     pub fn below(self, row: usize) -> Self {
+        let start = row.checked_mul(self.rs).expect("row * rs overflows");
         Self {
-            data: &self.data[row * self.rs..],
+            data: &self.data[start..],
             ..self
         }
     }
@@ -197,8 +201,9 @@ struct Init {
 ///
 /// `a` holds `kc * MR` elements, `b` `kc * NR`; `c` is valid for writes of the `MR x NR`
 /// tile and no other reference reaches it; `init`'s pointers are null or valid for reads of
-/// an `MR x NR` tile of row stride `rs` (one row for `bias`), initialised; the processor has
-/// the kernel's features.
+/// an `MR x NR` tile of row stride `rs` (one row for `bias`), initialised (`from` may be `c`
+/// itself: every kernel reads all its starts before it writes); the processor has the
+/// kernel's features.
 type Kernel = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, Init, bool);
 
 /// Writes `kc` elements of each of `MR` rows side by side into a sliver: element `p` of row
@@ -244,14 +249,17 @@ impl Product<'_> {
         }
     }
 
-    /// Runs the product into `c` (row stride `c_rs`) on `threads` threads of the current
-    /// rayon pool (1: this thread): the same bits at any number.
+    /// Runs the product into `c` (row stride `c_rs`): with `threads` above 1, the current
+    /// rayon pool's threads share it; with 1, this thread runs it alone. The same bits either
+    /// way, and at any pool size.
     ///
     /// # Safety
     ///
-    /// `c` is valid for writes of every element `i * c_rs + j` (`i < m`, `j < n`), and for
-    /// reads of them if the start is [`Start::Output`] (they are then initialised); no other
-    /// reference reaches them, or overlaps the operands, while the call runs.
+    /// `c` is non-null, aligned for `f32` and valid for writes of every element `i * c_rs +
+    /// j` (`i < m`, `j < n`), and for reads of them if the start is [`Start::Output`] (they
+    /// are then initialised); no other reference reaches them, or overlaps the operands,
+    /// while the call runs. (Rows that overlap, `c_rs < n`, are refused with a panic: the
+    /// threads write rows at once.)
     ///
     /// # Panics
     ///
@@ -269,6 +277,10 @@ impl Product<'_> {
     /// As [`Product::run`]'s, and the processor has the kernels' features.
     unsafe fn run_with(&self, c: *mut f32, c_rs: usize, threads: usize, kernel: Kernels) {
         self.check();
+        assert!(
+            self.m <= 1 || self.n == 0 || c_rs >= self.n,
+            "output rows that overlap (row stride below the columns)"
+        );
         let (m, k, n) = (self.m, self.k, self.n);
         if m == 0 || n == 0 {
             return;
@@ -484,22 +496,28 @@ impl Product<'_> {
         j: usize,
         nr: usize,
     ) {
-        let row = |i: usize| {
-            // SAFETY: row `i < mr` of the tile lies in the output and is the caller's alone;
-            // it is written whole before anything reads it.
-            unsafe { std::slice::from_raw_parts_mut(c.add(i * c_rs), nr) }
+        // The output may be uninitialised (a `MaybeUninit` one): it is only written here,
+        // through the pointer, never made a reference.
+        let write = |i: usize, values: &mut dyn Iterator<Item = f32>| {
+            // SAFETY: row `i < mr` of the tile lies in the output, is the caller's alone and
+            // valid for writes of its `nr` elements (the caller's contract).
+            let row = unsafe { c.add(i * c_rs) };
+            for (x, value) in values.take(nr).enumerate() {
+                // SAFETY: as above, element `x < nr` of the row.
+                unsafe { row.add(x).write(value) };
+            }
         };
         match self.start {
             Start::Output => {}
-            Start::Zero => (0..mr).for_each(|i| row(i).fill(0.0)),
-            Start::Bias(bias) => (0..mr).for_each(|i| copy(&bias[j..j + nr], row(i))),
+            Start::Zero => (0..mr).for_each(|i| write(i, &mut std::iter::repeat(0.0))),
+            Start::Bias(bias) => {
+                (0..mr).for_each(|i| write(i, &mut bias[j..j + nr].iter().copied()))
+            }
             Start::Residual { bias, residual } => {
                 let bias = &bias[j..j + nr];
                 for i in 0..mr {
                     let res = &residual[(i0 + i) * self.n + j..][..nr];
-                    for ((to, &r), &b) in row(i).iter_mut().zip(res).zip(bias) {
-                        *to = r + b;
-                    }
+                    write(i, &mut res.iter().zip(bias).map(|(&r, &b)| r + b));
                 }
             }
         }
@@ -1136,11 +1154,14 @@ mod tests {
         ];
         for (m, k, n) in shapes {
             let (a, b) = (values(m * k, 1), values(k * n, 2));
+            // Rows of `a` 5 longer than the depth (a wider matrix's first columns).
+            let padded = values(m * (k + 5), 8);
             let (bias, residual, before) = (values(n, 3), values(m * n, 4), values(m * n, 5));
             let (weight, shift) = (values(k, 6), values(k, 7));
             let row_major = (Mat::rows(&a, k), Mat::rows(&b, n));
             let transposed = (Mat::transposed(&a, m), Mat::transposed(&b, k));
             let strided = (Mat::strided(&a, 1, m), Mat::strided(&b, n, 1));
+            let wider = (Mat::strided(&padded, k + 5, 1), Mat::rows(&b, n));
             let starts = [
                 Start::Zero,
                 Start::Output,
@@ -1160,7 +1181,7 @@ mod tests {
             ];
             for (index, start) in starts.into_iter().enumerate() {
                 let prologue = prologues[index % 3];
-                for (a, b) in [row_major, transposed, strided] {
+                for (a, b) in [row_major, transposed, strided, wider] {
                     if a.cs != 1 && !matches!(prologue, Prologue::Identity) {
                         continue; // a prologue takes rows
                     }
@@ -1218,6 +1239,27 @@ mod tests {
             assert_eq!(&c[i * wide..][..n], &want[i * n..][..n]);
             assert!(c[i * wide + n..][..wide - n].iter().all(|&v| v == 7.0));
         }
+    }
+
+    /// Rows that would overlap (a row stride below the columns) are refused: the threads
+    /// write rows at once.
+    #[test]
+    #[should_panic(expected = "overlap")]
+    fn overlapping_output_rows_are_refused() {
+        let (a, b) = (values(24, 1), values(32, 2));
+        let mut c = vec![0.0f32; 32];
+        let product = Product {
+            m: 24,
+            k: 1,
+            n: 32,
+            a: Mat::rows(&a, 1),
+            prologue: Prologue::Identity,
+            b: Mat::rows(&b, 32),
+            start: Start::Zero,
+            relu: false,
+        };
+        // SAFETY: refused before anything is written.
+        unsafe { product.run(c.as_mut_ptr(), 0, 2) };
     }
 
     #[test]
