@@ -346,6 +346,7 @@ vectorized! {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tile::tests::values;
     use super::*;
 
     /// A plain (ReLU or not) layer on row-major operands.
@@ -422,16 +423,6 @@ mod tests {
             .num_threads(threads)
             .build()
             .expect("a thread pool")
-    }
-
-    /// Elements whose low bits vary, so that a sum in another order rounds differently.
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        (0..len as u32)
-            .map(|i| {
-                let x = i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 9;
-                x as f32 / (1 << 23) as f32 - 0.5
-            })
-            .collect()
     }
 
     /// Runs `kernel` into a fresh output of `len` elements.

@@ -1047,11 +1047,11 @@ unsafe fn avx2(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Elements whose low bits vary, so that a sum in another order rounds differently.
-    fn values(len: usize, seed: u32) -> Vec<f32> {
+    pub(in crate::kernels) fn values(len: usize, seed: u32) -> Vec<f32> {
         (0..len as u32)
             .map(|i| {
                 let x = i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 9;
