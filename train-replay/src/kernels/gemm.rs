@@ -192,35 +192,6 @@ impl Linear<'_> {
     }
 }
 
-/// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major (written whole, never read), as one GEMM
-/// call whose output the `threads` threads of the current rayon pool share: the same bits at
-/// every thread count. (One call packs `b` once; cut into blocks of rows, each block packed
-/// it again, which cost a third of the time when `b` is a transposed weight: an input
-/// gradient `g W^T`.)
-///
-/// # Panics
-///
-/// If an operand is too short for its shape.
-pub fn product(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: Mat<'_>,
-    b: Mat<'_>,
-    c: &mut [MaybeUninit<f32>],
-    threads: usize,
-) {
-    let elements = m.checked_mul(n).expect("m * n overflows");
-    assert!(
-        c.len() >= elements && a.reaches(m, k) && b.reaches(k, n),
-        "operands too short for their shapes"
-    );
-    if elements == 0 {
-        return;
-    }
-    gemm(m, k, n, a, b, c, threads);
-}
-
 /// A layer's weight gradient `out[k x n] = input^T * grad` over `rows` batch rows (`input`
 /// `rows x k`, `grad` `rows x n`, both row-major), as one GEMM whose output the `threads`
 /// threads of the current rayon pool share, each summing its elements over every batch row:
@@ -243,7 +214,7 @@ pub fn weight_grad(
     gemm(k, rows, n, input, grad, out, threads);
 }
 
-/// [`product`] into an output that holds values already (overwritten, not read): a block
+/// [`gemm()`] into an output that holds values already (overwritten, not read): a block
 /// of rows of a larger matrix, say.
 ///
 /// # Panics
@@ -473,8 +444,7 @@ mod tests {
                     });
                     let bias_grad = written(n, |out| column_sums(rows, n, &grad, out, threads));
                     let (g, w) = (Mat::rows(&grad, n), Mat::transposed(&weight, n));
-                    let input_grad =
-                        written(rows * k, |out| product(rows, n, k, g, w, out, threads));
+                    let input_grad = written(rows * k, |out| gemm(rows, n, k, g, w, out, threads));
                     [forward, weight_grad, bias_grad, input_grad]
                 })
             };

@@ -167,7 +167,8 @@ pub struct Product<'a> {
     pub relu: bool,
 }
 
-/// The output, shared by the tasks, each writing its own rows.
+/// An output the tasks share, each writing its own elements: a product's rows (one sliver a
+/// task), or a panel's depth steps (one block of them a task, `pack_panel`).
 #[derive(Clone, Copy)]
 struct Out(*mut f32);
 
@@ -178,8 +179,10 @@ impl Out {
     }
 }
 
-// SAFETY: the tasks that share it write disjoint rows, and `Product::run`'s caller keeps the
-// output valid and unaliased until it returns (after every task).
+// SAFETY: the tasks that share it write disjoint elements (rows of a product, depth steps of
+// a panel), and the buffer it points into outlives them: `Product::run`'s caller keeps the
+// output valid and unaliased until it returns, and `pack_panel` borrows the panel mutably
+// until every task has returned.
 unsafe impl Send for Out {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Out {}
@@ -802,14 +805,11 @@ fn pack_panel(
             }
         }
     };
-    if threads > 1 && kp > STEPS {
-        (0..kp)
-            .step_by(STEPS)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(block);
+    let blocks = kp.div_ceil(STEPS);
+    if threads > 1 && blocks > 1 {
+        (0..blocks).into_par_iter().for_each(|b| block(b * STEPS));
     } else {
-        (0..kp).step_by(STEPS).for_each(block);
+        (0..blocks).for_each(|b| block(b * STEPS));
     }
 }
 

@@ -5,7 +5,7 @@
 use std::mem::MaybeUninit;
 
 use crate::backend::Backend;
-use crate::kernels::gemm::{column_sums, product, weight_grad, Mat};
+use crate::kernels::gemm::{column_sums, gemm, weight_grad, Mat};
 use crate::kernels::layernorm;
 
 /// The backend, the threads and whether the step is dry.
@@ -61,7 +61,7 @@ impl<B: Backend> Ops<'_, B> {
     ) -> anyhow::Result<B::Buf> {
         let threads = self.threads;
         // SAFETY: `product` writes every element of its output.
-        unsafe { self.written(m, n, |out| product(m, k, n, a, b, out, threads)) }
+        unsafe { self.written(m, n, |out| gemm(m, k, n, a, b, out, threads)) }
     }
 
     /// `input^T * grad` over `rows` rows (`input` has `k` columns, `grad` `n`): a layer's
