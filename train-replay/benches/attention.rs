@@ -25,17 +25,23 @@ fn main() {
         .map(|i| ((i * 104_729) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
     let mut out = vec![MaybeUninit::<f32>::uninit(); n];
+    let mut stats = vec![MaybeUninit::<f32>::uninit(); shape.stats_len().unwrap()];
     let mut dqkv = vec![MaybeUninit::<f32>::uninit(); 3 * n];
     pool.install(|| {
         let (mut fwd, mut bwd) = (f64::MAX, f64::MAX);
         for _ in 0..12 {
             let t = Instant::now();
-            forward(shape, &qkv, &mut out, None);
+            forward(shape, &qkv, &mut out, Some(&mut stats), None);
             fwd = fwd.min(t.elapsed().as_secs_f64());
             // SAFETY: `forward` wrote every element.
-            let out: &[f32] = unsafe { &*(std::ptr::from_ref(&out[..]) as *const [f32]) };
+            let (out, stats): (&[f32], &[f32]) = unsafe {
+                (
+                    &*(std::ptr::from_ref(&out[..]) as *const [f32]),
+                    &*(std::ptr::from_ref(&stats[..]) as *const [f32]),
+                )
+            };
             let t = Instant::now();
-            backward(shape, &qkv, out, &dout, None, &mut dqkv);
+            backward(shape, &qkv, (out, stats), &dout, None, &mut dqkv);
             bwd = bwd.min(t.elapsed().as_secs_f64());
         }
         // SAFETY: written by the kernels.

@@ -25,8 +25,7 @@ const TILE: u64 = ((2 * MR * KC + MR * NR) * 4) as u64;
 
 /// The bytes a run of `args` sets aside for what stays outside the training's pool, in whole
 /// MiB. Per thread: the products' tile on its stack (49.5 KiB) and, for the GPT,
-/// the attention's scratch (one (sequence, head) pair's operands, a function of the context
-/// and the head's size). For the process, once: the products' packed panel (at most `KP x
+/// the attention's scratch (a block of each operand, a function of the head's size alone). For the process, once: the products' packed panel (at most `KP x
 /// NC` of the right operand, 2 MiB, whatever the threads: one product runs at a time and
 /// its threads share its panel), the bias gradients' partial sums (a row of the widest
 /// layer per block of [`ROW_BLOCK`] rows), and 4 MiB.
@@ -92,9 +91,18 @@ mod tests {
         assert!(many - one <= 2 * MIB, "{one} {many}");
         // GPT-2's head (147 MiB) is packed a panel at a time, shared by the threads: at GPT-2
         // small's shape one thread sets aside the panel, its tile and its attention scratch
-        // (a pair of context 1024 and head 64, 2.8 MiB), the sums and the process's 4 MiB.
+        // (a block of each operand at a head of 64, 160.5 KiB), the sums and the process's
+        // 4 MiB; 32 threads, 31 more tiles and scratches (6.3 MiB).
         let small = "--vocab 50257 --width 768 --heads 12 --context 1024 --batch 4";
         let one = reserve(&args(&format!("--threads 1 {small}")));
-        assert!(one <= 12 * MIB, "{one}");
+        assert!(one <= 8 * MIB, "{one}");
+        let many = reserve(&args(&format!("--threads 32 {small}")));
+        assert!(many <= 14 * MIB, "{many}");
+        // The attention's scratch is the same at any context and batch.
+        let (short, long) = (
+            reserve(&args("--threads 32 --context 64 --batch 1")),
+            reserve(&args("--threads 32 --context 1024 --batch 1")),
+        );
+        assert!(long - short <= MIB, "{short} {long}");
     }
 }

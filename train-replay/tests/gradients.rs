@@ -98,10 +98,16 @@ fn layer_norm_gradients_match_finite_differences() {
 
 #[test]
 fn attention_gradients_match_finite_differences_and_kept_weights_give_the_same_bits() {
-    // Two sequences of 70 positions: more than one block of queries, the last one short; a
-    // sequence shorter than a tile of rows with heads past two vectors (33: tiles of 32 and
-    // 16); two blocks of queries, the second of two rows, with a head of 17 (one tile of 32).
-    for (batch, seq, heads, size) in [(2, 70, 3, 4), (1, 3, 2, 33), (1, 66, 1, 17)] {
+    // Two sequences of 70 positions: more than one block of queries and keys, the last one
+    // short; a sequence shorter than a tile of rows with heads past two vectors (33: tiles
+    // of 32 and 16); two blocks, the second of two rows, with a head of 17 (one tile of 32);
+    // three blocks and a part, so that a query block meets key blocks before its own.
+    for (batch, seq, heads, size) in [
+        (2, 70, 3, 4),
+        (1, 3, 2, 33),
+        (1, 66, 1, 17),
+        (1, 200, 2, 16),
+    ] {
         attention_check(Heads {
             batch,
             seq,
@@ -111,17 +117,28 @@ fn attention_gradients_match_finite_differences_and_kept_weights_give_the_same_b
     }
 }
 
+/// The attention's output and rows' log-sum-exps for `qkv`.
+fn attention_forward(heads: Heads, qkv: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (n, c) = (heads.rows(), heads.width());
+    let mut both = written(n * c + heads.stats_len().unwrap(), |buf| {
+        let (out, stats) = buf.split_at_mut(n * c);
+        attention::forward(heads, qkv, out, Some(stats), None)
+    });
+    let stats = both.split_off(n * c);
+    (both, stats)
+}
+
 fn attention_check(heads: Heads) {
     let (n, c) = (heads.rows(), heads.width());
     let qkv = values(n * 3 * c, 5, 1.5);
     let w = values(n * c, 6, 1.0);
-    let forward = |qkv: &[f32]| written(n * c, |out| attention::forward(heads, qkv, out, None));
-    let out = forward(&qkv);
+    let (out, stats) = attention_forward(heads, &qkv);
+    reference_check(heads, &qkv, &out, &stats);
     let dqkv = written(n * 3 * c, |d| {
-        attention::backward(heads, &qkv, &out, &w, None, d)
+        attention::backward(heads, &qkv, (&out, &stats), &w, None, d)
     });
     check("attention dqkv", &qkv, &dqkv, 1e-2, 3e-2, |qkv| {
-        weighted(&w, &forward(qkv))
+        weighted(&w, &attention_forward(heads, qkv).0)
     });
     // Causal: the first position's output is its own value, whatever the rest.
     for d in 0..heads.size {
@@ -129,16 +146,67 @@ fn attention_check(heads: Heads) {
     }
     // With the weights kept, the same output and the same gradient, to the bit.
     let mut probs = vec![0.0; heads.probs_len().unwrap()];
+    let mut kept_stats = vec![0.0; heads.stats_len().unwrap()];
     let kept = written(n * c, |o| {
         // SAFETY: `MaybeUninit<f32>` has `f32`'s layout; the kernel writes only floats.
-        let raw = unsafe { &mut *(probs.as_mut_slice() as *mut [f32] as *mut [MaybeUninit<f32>]) };
-        attention::forward(heads, &qkv, o, Some(raw))
+        let (raw, stats) = unsafe {
+            (
+                &mut *(probs.as_mut_slice() as *mut [f32] as *mut [MaybeUninit<f32>]),
+                &mut *(kept_stats.as_mut_slice() as *mut [f32] as *mut [MaybeUninit<f32>]),
+            )
+        };
+        attention::forward(heads, &qkv, o, Some(stats), Some(raw))
     });
     assert_eq!(bits(&kept), bits(&out));
+    assert_eq!(bits(&kept_stats), bits(&stats));
     let again = written(n * 3 * c, |d| {
-        attention::backward(heads, &qkv, &out, &w, Some(&probs), d)
+        attention::backward(heads, &qkv, (&out, &stats), &w, Some(&probs), d)
     });
     assert_eq!(bits(&again), bits(&dqkv));
+}
+
+/// The output and the log-sum-exps against a plain causal softmax attention in `f64`.
+fn reference_check(heads: Heads, qkv: &[f32], out: &[f32], stats: &[f32]) {
+    let (c, t, size) = (heads.width(), heads.seq, heads.size);
+    let scale = 1.0 / (size as f64).sqrt();
+    let at = |row: usize, part: usize, h: usize, i: usize| {
+        qkv[row * 3 * c + part * c + h * size + i] as f64
+    };
+    for b in 0..heads.batch {
+        for h in 0..heads.heads {
+            for i in 0..t {
+                let row = b * t + i;
+                let scores: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        (0..size)
+                            .map(|e| at(row, 0, h, e) * at(b * t + j, 1, h, e))
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::MIN, f64::max);
+                let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                let lse = max + sum.ln();
+                let got = stats[(b * heads.heads + h) * t + i] as f64;
+                assert!(
+                    (got - lse).abs() < 1e-4 * (1.0 + lse.abs()),
+                    "lse {got} {lse}"
+                );
+                for e in 0..size {
+                    let want: f64 = scores
+                        .iter()
+                        .enumerate()
+                        .map(|(j, s)| (s - lse).exp() * at(b * t + j, 2, h, e))
+                        .sum();
+                    let got = out[row * c + h * size + e] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-5 * (1.0 + want.abs()),
+                        "out {got} {want}"
+                    );
+                }
+            }
+        }
+    }
 }
 
 fn bits(values: &[f32]) -> Vec<u32> {

@@ -1,15 +1,20 @@
-//! Causal multi-head self-attention, fused as a CPU flash attention is. Each (sequence, head)
-//! pair is one task: its queries, keys and values are gathered into this thread's scratch
-//! (zero-padded to whole vectors), then the queries are taken a block of [`QUERY_BLOCK`] rows
-//! at a time. A block's scores are computed only up to each group of rows' own position (the
-//! masked half is never computed), turned into softmax weights in place and multiplied by the
-//! values at once. No score matrix is kept: the backward pass computes each block's weights
-//! again with the same operations in the same order, so they are the same bits (or, with
-//! [`forward`]'s `probs`, reads them back).
+//! Causal multi-head self-attention, fused as a CPU flash attention is, in a fixed tile of
+//! scratch per thread. Each (sequence, head) pair is one task. Its queries are taken a block
+//! of [`BLOCK`] rows at a time, and for each such block its keys and values a block of
+//! [`BLOCK`] at a time, up to the block's own positions (the masked half is never computed):
+//! only those blocks are gathered into this thread's scratch (zero-padded to whole vectors),
+//! so what a thread holds depends on the head's size alone, not on the context.
 //!
-//! The products are register-tiled loops of fused multiply-adds over the padded scratch
+//! The softmax runs online: for each row a running maximum and sum, the earlier blocks'
+//! output rescaled when the maximum grows, and the row divided by its sum once its last block
+//! is in. No score matrix is kept: the forward pass keeps each row's log-sum-exp (one number
+//! a row), from which the backward pass computes each block's weights again; with
+//! [`forward`]'s `probs` the weights are written out and read back instead (the same bits).
+//! The key and value gradients are summed block by block into the output itself.
+//!
+//! The products are register-tiled loops of fused multiply-adds over the padded blocks
 //! (compiled for AVX-512, AVX2 and the baseline by [`vectorized!`](super::simd)): at a head
-//! size of 32 the pair's operands are a few KiB, and a general GEMM call per block spent more
+//! size of 32 a block's operands are a few KiB, and a general GEMM call per block spent more
 //! time packing and starting than multiplying.
 //!
 //! The input is the `q | k | v` projection of a GPT block, `batch x seq` rows of `3 x width`
@@ -24,8 +29,8 @@ use rayon::prelude::*;
 use super::scratch::with_scratch;
 use super::simd::{exp, prefetch, vectorized, Lanes};
 
-/// Query rows per block.
-pub const QUERY_BLOCK: usize = 64;
+/// Query rows, and keys, per block.
+pub const BLOCK: usize = 64;
 
 /// Rows of a tile of the output products (queries) and of the key and value gradients (keys).
 const ROWS: usize = 8;
@@ -33,8 +38,15 @@ const ROWS: usize = 8;
 const SCORE_ROWS: usize = 4;
 /// Elements of a vector (AVX-512's `f32` lanes): the padding of the head and the keys.
 const LANES: usize = 16;
-/// Vectors of keys per tile of the score products.
-const KEY_VECTORS: usize = 4;
+/// Vectors of keys in a block: a tile of the score products spans up to all of them.
+const KEY_VECTORS: usize = BLOCK / LANES;
+const _: () = assert!(
+    BLOCK.is_multiple_of(LANES)
+        && BLOCK.is_multiple_of(ROWS)
+        && BLOCK.is_multiple_of(SCORE_ROWS)
+        && KEY_VECTORS >= 1
+        && KEY_VECTORS <= 4
+);
 
 /// An attention's shape: `batch` sequences of `seq` positions, `heads` heads of `size`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +80,11 @@ impl Heads {
             .checked_mul(self.seq)
     }
 
+    /// Elements of the rows' statistics ([`forward`]'s `stats`): `batch x heads x seq`.
+    pub fn stats_len(&self) -> Option<usize> {
+        self.batch.checked_mul(self.heads)?.checked_mul(self.seq)
+    }
+
     /// Panics unless `qkv` and an output of `out` elements fit the shape.
     fn check(&self, qkv: usize, out: usize) {
         let rows = self
@@ -79,10 +96,13 @@ impl Heads {
         assert!(ok, "operands too short for their shapes");
     }
 
-    /// Elements of scratch a thread takes for a pair, at most (the backward pass's).
+    /// Elements of scratch a thread takes for a pair, at most (the backward pass's): eight
+    /// blocks of the head (queries, output gradient, keys twice, values, and the three
+    /// gradients), two blocks of weights and two numbers a query row. A function of the
+    /// head's size alone: `8 x 64 x 32 + 2 x 64 x 64 + 2 x 64` floats (96.5 KiB) at a head
+    /// of 32, whatever the context.
     pub fn scratch_len(&self) -> usize {
-        let d = self.dims();
-        7 * d.by_rows() + 2 * d.by_keys() + 2 * d.block() + d.rows
+        Backward::len(&self.dims())
     }
 
     /// The scores' scale, `1 / sqrt(size)`.
@@ -90,63 +110,181 @@ impl Heads {
         1.0 / (self.size as f32).sqrt()
     }
 
-    /// The padded sizes of one pair's scratch.
+    /// The padded sizes of one pair's blocks.
     fn dims(&self) -> Dims {
         Dims {
             seq: self.seq,
             size: self.size,
             head: self.size.next_multiple_of(LANES),
-            rows: self.seq.next_multiple_of(ROWS),
-            keys: self.seq.next_multiple_of(LANES * KEY_VECTORS),
+            keys: BLOCK,
             scale: self.scale(),
         }
     }
 }
 
-/// One pair's sizes in its scratch: the head padded to whole vectors, the queries to whole
-/// tiles, the keys to whole tiles of the score products. Padding is zeros, which adds
-/// nothing to a sum, and padded rows and columns are never written out.
+/// One pair's sizes: the head padded to whole vectors in its blocks. Padding is zeros, which
+/// adds nothing to a sum, and padded rows and columns are never written out.
 #[derive(Clone, Copy, Debug)]
 struct Dims {
     seq: usize,
     size: usize,
     /// The head, padded.
     head: usize,
-    /// Query rows, padded.
-    rows: usize,
-    /// Keys, padded.
+    /// Keys a block holds, `BLOCK`: the row length of its weights and of its transposed keys
+    /// (a field, not the constant, in the products: the compiler vectorises a constant stride
+    /// across the wrong loop).
     keys: usize,
     scale: f32,
 }
 
 impl Dims {
-    /// Elements of a row-major `rows x head` operand (queries, gradients).
-    fn by_rows(&self) -> usize {
-        self.rows.max(self.keys) * self.head
+    /// Elements of a block of the head: `BLOCK` rows of `head` (queries, keys, values,
+    /// gradients) or its transpose (keys, values).
+    fn tile(&self) -> usize {
+        BLOCK * self.head
+    }
+}
+
+/// Where a block lies: its queries `q0 .. q0 + rows` against its keys `j0 .. j0 + keys`.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    /// First query row.
+    q0: usize,
+    /// Query rows (at most `BLOCK`).
+    rows: usize,
+    /// First key.
+    j0: usize,
+    /// Keys (at most `BLOCK`).
+    keys: usize,
+}
+
+impl Span {
+    /// The block of query block `qb` against key block `kb` (`kb <= qb`) of a pair.
+    fn of(d: &Dims, qb: usize, kb: usize) -> Self {
+        let (q0, j0) = (qb * BLOCK, kb * BLOCK);
+        Self {
+            q0,
+            rows: BLOCK.min(d.seq - q0),
+            j0,
+            keys: BLOCK.min(d.seq - j0),
+        }
     }
 
-    /// Elements of a transposed `head x keys` operand (keys, values).
-    fn by_keys(&self) -> usize {
-        self.head * self.keys
+    /// Keys of the block that query row `r` (of the block) sees: those up to its position.
+    fn seen(&self, r: usize) -> usize {
+        self.keys.min(self.q0 - self.j0 + r + 1)
     }
 
-    /// Elements of a block's scores.
-    fn block(&self) -> usize {
-        QUERY_BLOCK * self.keys
+    /// Keys that a tile of `tile` rows from row `r0` reaches: its last row's.
+    fn reach(&self, r0: usize, tile: usize) -> usize {
+        self.keys.min(self.q0 - self.j0 + r0 + tile)
     }
+
+    /// The first query row of the block that sees key `j` (of the block).
+    fn first_seeing(&self, j: usize) -> usize {
+        (self.j0 + j).saturating_sub(self.q0)
+    }
+}
+
+/// Query blocks (and key blocks) of a sequence of `seq`.
+fn blocks(seq: usize) -> usize {
+    seq.div_ceil(BLOCK)
 }
 
 /// A pointer to an output that the tasks share, each writing its own elements.
 #[derive(Clone, Copy)]
 struct Shared(*mut f32);
 
-// SAFETY: the tasks that share it write disjoint elements (each its own head's columns), and
-// the borrow it came from outlives them (`for_each` returns after every task).
+// SAFETY: the tasks that share it write disjoint elements (each its own head's columns of its
+// own sequence's rows), and the borrow it came from outlives them (`for_each` returns after
+// every task).
 unsafe impl Send for Shared {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Shared {}
 
-/// Where one (sequence, head) pair's operands start in `qkv` (and its output in `out`).
+/// A matrix of rows `stride` apart, seen from one pair's first row and first column.
+#[derive(Clone, Copy)]
+struct Source<'a> {
+    data: &'a [f32],
+    stride: usize,
+}
+
+impl Source<'_> {
+    /// Copies rows `t0 .. t0 + n` (`size` elements each) into `to`'s `BLOCK` rows of `head`:
+    /// the head's padding and the rows from `n` on are zeros.
+    #[inline(always)]
+    fn rows(&self, d: &Dims, t0: usize, n: usize, to: &mut [f32]) {
+        let from = &self.data[t0 * self.stride..];
+        for t in 0..n {
+            prefetch_row(from, (t + PREFETCH) * self.stride, d.size);
+            let (row, to) = (
+                &from[t * self.stride..][..d.size],
+                &mut to[t * d.head..][..d.head],
+            );
+            let (data, padding) = to.split_at_mut(d.size);
+            let (mut to, mut from) = (data.chunks_exact_mut(LANES), row.chunks_exact(LANES));
+            for (to, from) in (&mut to).zip(&mut from) {
+                let (to, from): (&mut [f32; LANES], &[f32; LANES]) = (
+                    to.try_into().expect("a vector"),
+                    from.try_into().expect("a vector"),
+                );
+                *to = *from;
+            }
+            for (to, &v) in to.into_remainder().iter_mut().zip(from.remainder()) {
+                *to = v;
+            }
+            padding.fill(0.0);
+        }
+        to[n * d.head..d.tile()].fill(0.0);
+    }
+
+    /// Copies rows `t0 .. t0 + n` transposed into `to`'s `head` rows of `BLOCK`: element `i`
+    /// of row `t0 + j` to `to[i x BLOCK + j]`; the head's padding and the columns from `n` on
+    /// are zeros. A square of `LANES` rows by `LANES` elements at a time: whole vectors in,
+    /// whole vectors out.
+    #[inline(always)]
+    fn transposed(&self, d: &Dims, t0: usize, n: usize, to: &mut [f32]) {
+        let from = &self.data[t0 * self.stride..];
+        to[d.size * BLOCK..d.tile()].fill(0.0);
+        for j0 in (0..n).step_by(LANES) {
+            let rows = (n - j0).min(LANES);
+            for i0 in (0..d.size).step_by(LANES) {
+                let columns = (d.size - i0).min(LANES);
+                let mut square = [[0.0f32; LANES]; LANES];
+                for (j, square) in square.iter_mut().enumerate().take(rows) {
+                    let row = &from[(j0 + j) * self.stride + i0..][..columns];
+                    if let Ok(row) = <&[f32; LANES]>::try_from(row) {
+                        *square = *row;
+                    } else {
+                        square[..columns].copy_from_slice(row);
+                    }
+                }
+                for i in 0..columns {
+                    let to: &mut [f32; LANES] = (&mut to[(i0 + i) * BLOCK + j0..][..LANES])
+                        .try_into()
+                        .expect("a vector");
+                    for (to, square) in to.iter_mut().zip(&square) {
+                        *to = square[i];
+                    }
+                }
+            }
+        }
+        let end = n.next_multiple_of(LANES);
+        if end < BLOCK {
+            for row in to[..d.size * BLOCK].chunks_exact_mut(BLOCK) {
+                row[end..].fill(0.0);
+            }
+        }
+    }
+
+    /// Row `t`'s `size` elements.
+    #[inline(always)]
+    fn row(&self, d: &Dims, t: usize) -> &[f32] {
+        &self.data[t * self.stride..][..d.size]
+    }
+}
+
+/// One (sequence, head) pair: where its operands start in `qkv` and its output in `out`.
 #[derive(Clone, Copy)]
 struct Pair {
     /// First row of the sequence.
@@ -163,92 +301,59 @@ impl Pair {
         }
     }
 
-    /// Gathers part `part` (0: queries, 1: keys, 2: values) of the pair from `qkv` into
-    /// `to`, row by row (`head` elements a row) or, if `transposed`, column by column (`keys`
-    /// elements a row). The head's padding is zeros; the rows past the sequence are left as
-    /// they are (no sum reads them).
-    fn gather(
-        &self,
-        shape: &Heads,
-        d: &Dims,
-        qkv: &[f32],
-        part: usize,
-        transposed: bool,
-        to: &mut [f32],
-    ) {
-        let rs = 3 * shape.width();
-        let from = &qkv[self.base * rs + part * shape.width() + self.column..];
-        if transposed {
-            to[d.size * d.keys..d.head * d.keys].fill(0.0);
-            for t in 0..d.seq {
-                prefetch_row(from, (t + PREFETCH) * rs, d.size);
-                for (i, &v) in from[t * rs..][..d.size].iter().enumerate() {
-                    to[i * d.keys + t] = v;
-                }
-            }
-        } else {
-            copy_rows(d, from, rs, to);
+    /// The pair's part `part` (0: queries, 1: keys, 2: values) of the input `qkv`.
+    fn part<'a>(&self, shape: &Heads, qkv: &'a [f32], part: usize) -> Source<'a> {
+        let stride = 3 * shape.width();
+        Source {
+            data: &qkv[self.base * stride + part * shape.width() + self.column..],
+            stride,
         }
     }
 
-    /// Gathers the pair's columns of a `batch x seq` by `width` matrix (an output or its
-    /// gradient), row by row, into `to` (the head's padding zeros).
-    fn gather_out(&self, shape: &Heads, d: &Dims, from: &[f32], to: &mut [f32]) {
-        let c = shape.width();
-        copy_rows(d, &from[self.base * c + self.column..], c, to);
+    /// The pair's columns of a `batch x seq` by `width` matrix (an output or its gradient).
+    fn columns<'a>(&self, shape: &Heads, from: &'a [f32]) -> Source<'a> {
+        let stride = shape.width();
+        Source {
+            data: &from[self.base * stride + self.column..],
+            stride,
+        }
     }
 
-    /// Writes the pair's rows `from` (`head` elements a row) to its columns of part `part` of
-    /// a matrix of `parts x width` columns at `to`.
+    /// Writes (or, if `add`, adds) rows `0..n` of the block `from` (rows of `head`) to the
+    /// pair's rows `t0 .. t0 + n`, columns of part `part`, of a matrix of `parts x width`
+    /// columns at `to`.
     ///
     /// # Safety
     ///
-    /// `to` reaches the whole matrix and no other reference reaches this pair's elements.
+    /// `to` reaches the whole matrix, no other reference reaches this pair's elements, and
+    /// with `add` the elements were written before.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // a block, its rows, and where they go
     unsafe fn scatter(
         &self,
         shape: &Heads,
         d: &Dims,
         from: &[f32],
+        (t0, n): (usize, usize),
         to: Shared,
-        parts: usize,
-        part: usize,
+        (parts, part): (usize, usize),
+        add: bool,
     ) {
         let (c, rs) = (shape.width(), parts * shape.width());
-        for t in 0..d.seq {
+        for t in 0..n {
             let row = &from[t * d.head..][..d.size];
-            // SAFETY: row `base + t`, columns `part x c + column .. + size`, are this pair's
-            // (the caller's contract) and lie inside the matrix.
-            let at = unsafe { to.0.add((self.base + t) * rs + part * c + self.column) };
+            // SAFETY: row `base + t0 + t`, columns `part x c + column .. + size`, are this
+            // pair's (the caller's contract) and lie inside the matrix (`t0 + t < seq`).
+            let at = unsafe { to.0.add((self.base + t0 + t) * rs + part * c + self.column) };
             for (i, &v) in row.iter().enumerate() {
-                // SAFETY: as above, element `i < size` of that row.
-                unsafe { at.add(i).write(v) };
+                // SAFETY: as above, element `i < size` of that row; with `add` it was
+                // written before (the caller's contract), so it is initialised.
+                unsafe {
+                    let at = at.add(i);
+                    at.write(if add { at.read() + v } else { v });
+                }
             }
         }
-    }
-}
-
-/// Copies `seq` rows of `size` elements, `stride` apart in `from`, into `to`'s rows of `head`
-/// (the padding zeros), element by element (a call to `memcpy` a row cost more than the row).
-fn copy_rows(d: &Dims, from: &[f32], stride: usize, to: &mut [f32]) {
-    for t in 0..d.seq {
-        prefetch_row(from, (t + PREFETCH) * stride, d.size);
-        let (row, to) = (
-            &from[t * stride..][..d.size],
-            &mut to[t * d.head..][..d.head],
-        );
-        let (data, padding) = to.split_at_mut(d.size);
-        let (mut to, mut from) = (data.chunks_exact_mut(LANES), row.chunks_exact(LANES));
-        for (to, from) in (&mut to).zip(&mut from) {
-            let (to, from): (&mut [f32; LANES], &[f32; LANES]) = (
-                to.try_into().expect("a vector"),
-                from.try_into().expect("a vector"),
-            );
-            *to = *from;
-        }
-        for (to, &v) in to.into_remainder().iter_mut().zip(from.remainder()) {
-            *to = v;
-        }
-        padding.fill(0.0);
     }
 }
 
@@ -265,9 +370,82 @@ fn prefetch_row(from: &[f32], at: usize, len: usize) {
     }
 }
 
+/// One pair's inputs: its queries, keys and values.
+struct Inputs<'a> {
+    q: Source<'a>,
+    k: Source<'a>,
+    v: Source<'a>,
+}
+
+impl<'a> Inputs<'a> {
+    fn of(shape: &Heads, pair: Pair, qkv: &'a [f32]) -> Self {
+        Self {
+            q: pair.part(shape, qkv, 0),
+            k: pair.part(shape, qkv, 1),
+            v: pair.part(shape, qkv, 2),
+        }
+    }
+}
+
+/// Splits `scratch` into `N` blocks of `tile` elements, `M` of `BLOCK x BLOCK` and the
+/// rest.
+#[allow(clippy::type_complexity)] // the three kinds of parts
+fn split<'a, const N: usize, const M: usize>(
+    d: &Dims,
+    scratch: &'a mut [f32],
+) -> ([&'a mut [f32]; N], [&'a mut [f32]; M], &'a mut [f32]) {
+    let (tiles, rest) = scratch.split_at_mut(N * d.tile());
+    let (squares, rest) = rest.split_at_mut(M * BLOCK * BLOCK);
+    let mut tiles = tiles.chunks_exact_mut(d.tile());
+    let mut squares = squares.chunks_exact_mut(BLOCK * BLOCK);
+    (
+        std::array::from_fn(|_| tiles.next().expect("N tiles")),
+        std::array::from_fn(|_| squares.next().expect("M squares")),
+        rest,
+    )
+}
+
+/// A thread's scratch for a pair's forward pass: a block of queries, keys (transposed),
+/// values and output rows, a block of scores, and each query row's running maximum, sum and
+/// correction.
+struct Forward<'a> {
+    q: &'a mut [f32],
+    kt: &'a mut [f32],
+    v: &'a mut [f32],
+    o: &'a mut [f32],
+    s: &'a mut [f32],
+    m: &'a mut [f32],
+    l: &'a mut [f32],
+    corr: &'a mut [f32],
+}
+
+impl<'a> Forward<'a> {
+    fn len(d: &Dims) -> usize {
+        4 * d.tile() + BLOCK * BLOCK + 3 * BLOCK
+    }
+
+    fn split(d: &Dims, scratch: &'a mut [f32]) -> Self {
+        let ([q, kt, v, o], [s], rest) = split::<4, 1>(d, scratch);
+        let (m, rest) = rest.split_at_mut(BLOCK);
+        let (l, corr) = rest.split_at_mut(BLOCK);
+        Self {
+            q,
+            kt,
+            v,
+            o,
+            s,
+            m,
+            l,
+            corr: &mut corr[..BLOCK],
+        }
+    }
+}
+
 /// The attention's output into `out` (`batch x seq` rows of `width`, every element written);
-/// with `probs` (`batch x heads x seq x seq`), each pair's softmax weights too (row `i` of a
-/// pair: the weights of keys `0..=i`, zeros after).
+/// with `stats` (`batch x heads x seq`, pair by pair), each query row's log-sum-exp of its
+/// scaled scores (what [`backward`] computes the weights from); with `probs` (`batch x heads x
+/// seq x seq`), each pair's softmax weights (row `i` of a pair: the weights of keys `0..=i`,
+/// zeros after).
 ///
 /// # Panics
 ///
@@ -276,109 +454,167 @@ pub fn forward(
     shape: Heads,
     qkv: &[f32],
     out: &mut [MaybeUninit<f32>],
+    stats: Option<&mut [MaybeUninit<f32>]>,
     probs: Option<&mut [MaybeUninit<f32>]>,
 ) {
     shape.check(qkv.len(), out.len());
     let (t, pairs) = (shape.seq, shape.batch * shape.heads);
+    // Each pair's rows of the statistics and of the kept weights, if asked for.
+    let mut tasks: Vec<Outputs<'_>> = (0..pairs).map(|_| (None, None)).collect();
+    if let Some(stats) = stats {
+        let len = shape.stats_len().expect("checked above");
+        assert!(stats.len() >= len, "the statistics' buffer is too short");
+        for (task, stats) in tasks.iter_mut().zip(stats.chunks_mut(t.max(1))) {
+            task.0 = Some(stats);
+        }
+    }
+    if let Some(probs) = probs {
+        let len = shape.probs_len().expect("checked above");
+        assert!(probs.len() >= len, "the kept weights' buffer is too short");
+        for (task, probs) in tasks.iter_mut().zip(probs.chunks_mut((t * t).max(1))) {
+            task.1 = Some(probs);
+        }
+    }
     if t == 0 || pairs == 0 || shape.size == 0 {
         return;
     }
     let out = Shared(out.as_mut_ptr().cast());
-    let run = |index: usize, probs: Option<&mut [MaybeUninit<f32>]>| {
-        let (pair, d) = (Pair::of(&shape, index), shape.dims());
-        let len = 2 * d.by_rows() + 2 * d.by_keys() + d.block();
-        with_scratch(len, 0, |scratch, _| {
-            let (q, rest) = scratch.split_at_mut(d.by_rows());
-            let (kt, rest) = rest.split_at_mut(d.by_keys());
-            let (v, rest) = rest.split_at_mut(d.by_keys());
-            let (o, scores) = rest.split_at_mut(d.by_rows());
-            pair.gather(&shape, &d, qkv, 0, false, q);
-            pair.gather(&shape, &d, qkv, 1, true, kt);
-            pair.gather(&shape, &d, qkv, 2, false, v);
-            attend(d, q, kt, v, scores, o, probs);
-            // SAFETY: each pair writes only its own head's columns of its own sequence's
-            // rows (`Shared`'s contract), inside `out` (checked by `shape.check`).
-            unsafe { pair.scatter(&shape, &d, o, out, 1, 0) };
+    tasks
+        .par_iter_mut()
+        .enumerate()
+        .for_each(|(index, (stats, probs))| {
+            let (pair, d) = (Pair::of(&shape, index), shape.dims());
+            with_scratch(Forward::len(&d), 0, |scratch, _| {
+                let (mut sc, x) = (Forward::split(&d, scratch), Inputs::of(&shape, pair, qkv));
+                for qb in 0..blocks(t) {
+                    attend(d, &x, qb, &mut sc);
+                    let rows = (qb * BLOCK, BLOCK.min(t - qb * BLOCK));
+                    // SAFETY: each pair writes only its own head's columns of its own sequence's
+                    // rows (`Shared`'s contract), inside `out` (checked by `shape.check`).
+                    unsafe { pair.scatter(&shape, &d, sc.o, rows, out, (1, 0), false) };
+                    if let Some(stats) = stats.as_deref_mut() {
+                        for (to, &lse) in stats[rows.0..][..rows.1].iter_mut().zip(&*sc.l) {
+                            to.write(lse);
+                        }
+                    }
+                    if let Some(probs) = probs.as_deref_mut() {
+                        kept_weights(d, &x, qb, &mut sc, probs);
+                    }
+                }
+            });
         });
-    };
-    match probs {
-        Some(probs) => {
-            let len = shape.probs_len().expect("checked above");
-            assert!(probs.len() >= len, "the kept weights' buffer is too short");
-            probs[..len]
-                .par_chunks_mut(t * t)
-                .enumerate()
-                .for_each(|(pair, probs)| run(pair, Some(probs)));
+}
+
+/// A pair's rows of the statistics and of the kept weights, each if asked for.
+type Outputs<'a> = (
+    Option<&'a mut [MaybeUninit<f32>]>,
+    Option<&'a mut [MaybeUninit<f32>]>,
+);
+
+vectorized! {
+    /// Query block `qb` of a pair's forward pass: its output rows into `sc.o`, each row
+    /// divided by its sum, and each row's log-sum-exp in `sc.l`; the block's queries stay in
+    /// `sc.q`.
+    fn attend(d: Dims, x: &Inputs<'_>, qb: usize, sc: &mut Forward<'_>) {
+        let rows = BLOCK.min(d.seq - qb * BLOCK);
+        x.q.rows(&d, qb * BLOCK, rows, sc.q);
+        for kb in 0..=qb {
+            let span = Span::of(&d, qb, kb);
+            x.k.transposed(&d, span.j0, span.keys, sc.kt);
+            x.v.rows(&d, span.j0, span.keys, sc.v);
+            scores(d, sc.q, sc.kt, span, sc.s);
+            let first = kb == 0;
+            fold(d, span, first, sc.s, (&mut *sc.m, &mut *sc.l, &mut *sc.corr));
+            for r0 in (0..rows).step_by(ROWS) {
+                let tile = &mut sc.o[r0 * d.head..][..ROWS * d.head];
+                if !first {
+                    // The earlier blocks' terms, against the rows' new maxima.
+                    for (row, &c) in tile.chunks_exact_mut(d.head).zip(&sc.corr[r0..]) {
+                        row.iter_mut().for_each(|o| *o *= c);
+                    }
+                }
+                let (p, reach) = (&sc.s[r0 * BLOCK..], span.reach(r0, ROWS));
+                if first {
+                    weighted_rows::<false>(d, p, sc.v, reach, tile);
+                } else {
+                    weighted_rows::<true>(d, p, sc.v, reach, tile);
+                }
+            }
         }
-        None => (0..pairs).into_par_iter().for_each(|pair| run(pair, None)),
+        for (row, &sum) in sc.o.chunks_exact_mut(d.head).zip(&sc.l[..rows]) {
+            let inverse = 1.0 / sum;
+            row.iter_mut().for_each(|o| *o *= inverse);
+        }
+        // Each row's log-sum-exp of its scaled scores: its weights are `e^(scale s - lse)`.
+        for (l, &m) in sc.l[..rows].iter_mut().zip(&sc.m[..rows]) {
+            *l = m * d.scale + l.ln();
+        }
     }
 }
 
 vectorized! {
-    /// One pair's forward pass on its gathered operands: `q` (rows), `kt` (keys transposed),
-    /// `v` (rows) into `o` (rows); `scores` is a block's scratch.
-    fn attend(
+    /// Query block `qb`'s rows of the pair's kept weights `probs` (`seq x seq`), after
+    /// [`attend`] left the block's queries and its rows' log-sum-exps in `sc`.
+    fn kept_weights(
         d: Dims,
-        q: &[f32],
-        kt: &[f32],
-        v: &[f32],
-        scores: &mut [f32],
-        o: &mut [f32],
-        probs: Option<&mut [MaybeUninit<f32>]>,
+        x: &Inputs<'_>,
+        qb: usize,
+        sc: &mut Forward<'_>,
+        probs: &mut [MaybeUninit<f32>],
     ) {
-        let mut probs = probs;
-        for q0 in (0..d.seq).step_by(QUERY_BLOCK) {
-            let rows = QUERY_BLOCK.min(d.seq - q0);
-            let weights = &mut scores[..QUERY_BLOCK * d.keys];
-            // Kept weights are read whole; the products read up to the block's last row.
-            let zeros_to = if probs.is_some() { d.seq } else { (q0 + QUERY_BLOCK).min(d.keys) };
-            block_weights(d, (q, kt), q0, rows, weights, zeros_to);
-            if let Some(probs) = probs.as_deref_mut() {
-                for r in 0..rows {
-                    let to = &mut probs[(q0 + r) * d.seq..][..d.seq];
-                    for (to, &w) in to.iter_mut().zip(&weights[r * d.keys..]) {
-                        to.write(w);
-                    }
+        for kb in 0..=qb {
+            let span = Span::of(&d, qb, kb);
+            x.k.transposed(&d, span.j0, span.keys, sc.kt);
+            weights(d, sc.q, sc.kt, span, sc.l, sc.s);
+            for r in 0..span.rows {
+                let to = &mut probs[(span.q0 + r) * d.seq + span.j0..][..span.keys];
+                for (to, &w) in to.iter_mut().zip(&sc.s[r * BLOCK..]) {
+                    to.write(w);
                 }
             }
-            for r0 in (0..rows).step_by(ROWS) {
-                // The tile's last row reaches key q0 + r0 + ROWS - 1; the weights after it
-                // are zeros.
-                let reach = (q0 + r0 + ROWS).min(d.seq);
-                let tile = &mut o[(q0 + r0) * d.head..][..ROWS * d.head];
-                weighted_rows(d, &weights[r0 * d.keys..], v, reach, tile, false);
-            }
+        }
+        // The keys after the block's: no row of it sees them.
+        let (q0, end) = (qb * BLOCK, ((qb + 1) * BLOCK).min(d.seq));
+        for r in q0..end {
+            probs[r * d.seq + end..(r + 1) * d.seq].iter_mut().for_each(|w| {
+                w.write(0.0);
+            });
         }
     }
 }
 
-/// The softmax weights of query rows `q0..q0 + rows` into `weights` (`QUERY_BLOCK` rows of
-/// `keys`): their scores against the keys up to each tile's last row, by tiles of fused
-/// multiply-adds, then each row's softmax over the keys up to its own position, zeros after
-/// up to key `zeros_to` (as far as the block's readers read: the whole sequence for kept
-/// weights, else the block's last position rounded up to a slab of keys, at most `keys`).
+/// Folds a block's scores `s` (rows of `BLOCK`) into each query row's running maximum `m`
+/// and sum `l` (started afresh if `first`): each score a row sees becomes `e^(scale (s -
+/// max))` for the row's new maximum, the keys after become zeros, and `corr` holds what
+/// the row's earlier terms are multiplied by, `e^(scale (old max - new max))`.
 #[inline(always)]
-fn block_weights(
+fn fold(
     d: Dims,
-    (q, kt): (&[f32], &[f32]),
-    q0: usize,
-    rows: usize,
-    weights: &mut [f32],
-    zeros_to: usize,
+    span: Span,
+    first: bool,
+    s: &mut [f32],
+    (m, l, corr): (&mut [f32], &mut [f32], &mut [f32]),
 ) {
-    scores(d, q, kt, q0, rows, weights);
-    for (r, row) in weights.chunks_exact_mut(d.keys).take(rows).enumerate() {
-        let (valid, masked) = row[..zeros_to].split_at_mut((q0 + r + 1).min(d.seq));
-        softmax(valid, d.scale);
+    for r in 0..span.rows {
+        let (seen, masked) = s[r * BLOCK..][..BLOCK].split_at_mut(span.seen(r));
+        let block_max = Lanes::max_of(seen);
+        let (max, c) = if first {
+            (block_max, 0.0)
+        } else {
+            let max = m[r].max(block_max);
+            (max, exp((m[r] - max) * d.scale))
+        };
+        let sum = powers(seen, max, d.scale);
+        l[r] = if first { sum } else { l[r] * c + sum };
+        m[r] = max;
+        corr[r] = c;
         masked.fill(0.0);
     }
 }
 
-/// `values` becomes its softmax of `scale x` itself: `e^(scale (v - max))` over their sum,
-/// the sum in [`Lanes`]' order, taken as the powers are written.
+/// `values` become `e^(scale (v - max))`; returns their sum, in [`Lanes`]' order.
 #[inline(always)]
-fn softmax(values: &mut [f32], scale: f32) {
-    let max = Lanes::max_of(values);
+fn powers(values: &mut [f32], max: f32, scale: f32) -> f32 {
     let mut lanes = Lanes::zero();
     let mut chunks = values.chunks_exact_mut(LANES);
     for chunk in &mut chunks {
@@ -391,46 +627,48 @@ fn softmax(values: &mut [f32], scale: f32) {
         *w = exp((*w - max) * scale);
         *lane += *w;
     }
-    let inverse = 1.0 / lanes.total();
-    values.iter_mut().for_each(|w| *w *= inverse);
+    lanes.total()
 }
 
-/// The scores of query rows `q0..q0 + rows` of `a` (rows of `head`) against the keys `kt`
-/// (transposed), into `out` (rows of `keys`): each tile of rows against the keys up to its
-/// last row only, rounded up to a vector of keys; what lies after is left as it was. The
-/// keys are taken a slab of `LANES x KEY_VECTORS` at a time, every tile of rows against one
-/// slab before the next, so the slab stays in the core's first cache while the rows sweep it
-/// (rows against every slab in turn read all the keys from the second cache once per tile).
+/// A block's softmax weights into `p` (rows of `BLOCK`) from its rows' log-sum-exps `lse`:
+/// `e^(scale s - lse)` for the keys each row sees, zeros after.
 #[inline(always)]
-fn scores(d: Dims, a: &[f32], kt: &[f32], q0: usize, rows: usize, out: &mut [f32]) {
-    const WIDE: usize = LANES * KEY_VECTORS;
-    let seen = (q0 + rows).min(d.keys); // keys the block's last row can see, at most
-                                        // A block's rows all see its first key, and a slab starts at most there, so every tile
-                                        // meets every slab up to the block's.
-    const _: () = assert!(WIDE == QUERY_BLOCK && QUERY_BLOCK.is_multiple_of(SCORE_ROWS));
-    for j0 in (0..seen).step_by(WIDE) {
-        for r0 in (0..rows).step_by(SCORE_ROWS) {
-            let a = &a[(q0 + r0) * d.head..][..SCORE_ROWS * d.head];
-            let out = &mut out[r0 * d.keys..];
-            // Keys of the slab the tile's rows can see, in whole vectors.
-            let reach = (q0 + r0 + SCORE_ROWS).min(d.keys) - j0;
-            match reach.div_ceil(LANES) {
-                1 => score_tile::<1>(d, a, kt, j0, out),
-                2 => score_tile::<2>(d, a, kt, j0, out),
-                3 => score_tile::<3>(d, a, kt, j0, out),
-                _ => score_tile::<KEY_VECTORS>(d, a, kt, j0, out),
-            }
+fn weights(d: Dims, q: &[f32], kt: &[f32], span: Span, lse: &[f32], p: &mut [f32]) {
+    scores(d, q, kt, span, p);
+    for r in 0..span.rows {
+        let (seen, masked) = p[r * BLOCK..][..BLOCK].split_at_mut(span.seen(r));
+        let lse = lse[r];
+        seen.iter_mut().for_each(|w| *w = exp(*w * d.scale - lse));
+        masked.fill(0.0);
+    }
+}
+
+/// The scores of the block's query rows `a` (rows of `head`) against its keys `kt`
+/// (transposed, rows of `BLOCK`), into `out` (rows of `BLOCK`): each tile of rows against
+/// the keys its last row sees only, rounded up to a vector of keys; what lies after is left
+/// as it was.
+#[inline(always)]
+fn scores(d: Dims, a: &[f32], kt: &[f32], span: Span, out: &mut [f32]) {
+    for r0 in (0..span.rows).step_by(SCORE_ROWS) {
+        let a = &a[r0 * d.head..][..SCORE_ROWS * d.head];
+        let out = &mut out[r0 * BLOCK..];
+        match span.reach(r0, SCORE_ROWS).div_ceil(LANES).min(KEY_VECTORS) {
+            1 => score_tile::<1>(d, a, kt, out),
+            2 => score_tile::<2>(d, a, kt, out),
+            3 => score_tile::<3>(d, a, kt, out),
+            _ => score_tile::<KEY_VECTORS>(d, a, kt, out),
         }
     }
 }
 
-/// `SCORE_ROWS` rows of scores against keys `j0..j0 + LANES x V`: `out[r][j] = sum over the
-/// head of a[r] x kt[.][j]` (row `r` of `out` at `r x keys`), each sum in the head's order.
+/// `SCORE_ROWS` rows of scores against the block's first `LANES x V` keys: `out[r][j] =
+/// sum over the head of a[r] x kt[.][j]` (row `r` of `out` at `r x BLOCK`), each sum in the
+/// head's order.
 #[inline(always)]
-fn score_tile<const V: usize>(d: Dims, a: &[f32], kt: &[f32], j0: usize, out: &mut [f32]) {
+fn score_tile<const V: usize>(d: Dims, a: &[f32], kt: &[f32], out: &mut [f32]) {
     let mut acc = [[[0.0f32; LANES]; V]; SCORE_ROWS];
     for i in 0..d.head {
-        let keys = &kt[i * d.keys + j0..][..V * LANES];
+        let keys = &kt[i * d.keys..][..V * LANES];
         for (r, acc) in acc.iter_mut().enumerate() {
             let x = a[r * d.head + i];
             for (acc, keys) in acc.iter_mut().zip(keys.chunks_exact(LANES)) {
@@ -441,7 +679,7 @@ fn score_tile<const V: usize>(d: Dims, a: &[f32], kt: &[f32], j0: usize, out: &m
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        let to = &mut out[r * d.keys + j0..][..V * LANES];
+        let to = &mut out[r * d.keys..][..V * LANES];
         for (to, acc) in to.chunks_exact_mut(LANES).zip(acc) {
             to.copy_from_slice(acc);
         }
@@ -449,28 +687,33 @@ fn score_tile<const V: usize>(d: Dims, a: &[f32], kt: &[f32], j0: usize, out: &m
 }
 
 /// `ROWS` rows of `p x b` (or `+=` if `accumulate`): `out[r] = sum over keys j < reach of
-/// p[r][j] x b[j]`, `p` rows of `keys`, `b` and `out` rows of `head`.
+/// p[r][j] x b[j]`, `p` rows of `BLOCK`, `b` and `out` rows of `head`.
 #[inline(always)]
-fn weighted_rows(d: Dims, p: &[f32], b: &[f32], reach: usize, out: &mut [f32], accumulate: bool) {
+fn weighted_rows<const ACCUMULATE: bool>(
+    d: Dims,
+    p: &[f32],
+    b: &[f32],
+    reach: usize,
+    out: &mut [f32],
+) {
     for h0 in (0..d.head).step_by(2 * LANES) {
         if d.head - h0 >= 2 * LANES {
-            weighted_tile::<{ 2 * LANES }>(d, p, b, reach, h0, out, accumulate);
+            weighted_tile::<{ 2 * LANES }, ACCUMULATE>(d, p, b, reach, h0, out);
         } else {
-            weighted_tile::<LANES>(d, p, b, reach, h0, out, accumulate);
+            weighted_tile::<LANES, ACCUMULATE>(d, p, b, reach, h0, out);
         }
     }
 }
 
 /// [`weighted_rows`] for the head's columns `h0..h0 + W`.
 #[inline(always)]
-fn weighted_tile<const W: usize>(
+fn weighted_tile<const W: usize, const ACCUMULATE: bool>(
     d: Dims,
     p: &[f32],
     b: &[f32],
     reach: usize,
     h0: usize,
     out: &mut [f32],
-    accumulate: bool,
 ) {
     let mut acc = [[0.0f32; W]; ROWS];
     for j in 0..reach {
@@ -484,7 +727,7 @@ fn weighted_tile<const W: usize>(
     }
     for (r, acc) in acc.iter().enumerate() {
         let to = &mut out[r * d.head + h0..][..W];
-        if accumulate {
+        if ACCUMULATE {
             to.iter_mut().zip(acc).for_each(|(t, a)| *t += a);
         } else {
             to.copy_from_slice(acc);
@@ -493,28 +736,33 @@ fn weighted_tile<const W: usize>(
 }
 
 /// Adds to keys `j0..j0 + ROWS` of `out` (rows of `head`) `sum over query rows r in
-/// from..rows of p[r][j] x x[r]`, `p` rows of `keys`, `x` rows of `head`.
+/// from..rows of p[r][j] x x[r]`, `p` rows of `BLOCK`, `x` rows of `head`.
 #[inline(always)]
-fn key_rows(d: Dims, p: &[f32], x: &[f32], j0: usize, from: usize, rows: usize, out: &mut [f32]) {
+fn key_rows(
+    d: Dims,
+    p: &[f32],
+    x: &[f32],
+    j0: usize,
+    (from, rows): (usize, usize),
+    out: &mut [f32],
+) {
     for h0 in (0..d.head).step_by(2 * LANES) {
         if d.head - h0 >= 2 * LANES {
-            key_tile::<{ 2 * LANES }>(d, p, x, j0, from, rows, h0, out);
+            key_tile::<{ 2 * LANES }>(d, p, x, j0, (from, rows), h0, out);
         } else {
-            key_tile::<LANES>(d, p, x, j0, from, rows, h0, out);
+            key_tile::<LANES>(d, p, x, j0, (from, rows), h0, out);
         }
     }
 }
 
 /// [`key_rows`] for the head's columns `h0..h0 + W`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // a tile's operands and bounds
 fn key_tile<const W: usize>(
     d: Dims,
     p: &[f32],
     x: &[f32],
     j0: usize,
-    from: usize,
-    rows: usize,
+    (from, rows): (usize, usize),
     h0: usize,
     out: &mut [f32],
 ) {
@@ -534,9 +782,60 @@ fn key_tile<const W: usize>(
     }
 }
 
+/// One pair's forward output and its gradient.
+struct Given<'a> {
+    o: Source<'a>,
+    g: Source<'a>,
+}
+
+/// A thread's scratch for a pair's backward pass: a block of queries, output gradient,
+/// query gradient, keys (transposed and as rows), values (transposed) and key and value
+/// gradients; a block of weights and of their gradients; and each query row's log-sum-exp
+/// and `dout . out`.
+struct Backward<'a> {
+    q: &'a mut [f32],
+    g: &'a mut [f32],
+    dq: &'a mut [f32],
+    kt: &'a mut [f32],
+    k: &'a mut [f32],
+    vt: &'a mut [f32],
+    dk: &'a mut [f32],
+    dv: &'a mut [f32],
+    p: &'a mut [f32],
+    dp: &'a mut [f32],
+    lse: &'a mut [f32],
+    dots: &'a mut [f32],
+}
+
+impl<'a> Backward<'a> {
+    fn len(d: &Dims) -> usize {
+        8 * d.tile() + 2 * BLOCK * BLOCK + 2 * BLOCK
+    }
+
+    fn split(d: &Dims, scratch: &'a mut [f32]) -> Self {
+        let ([q, g, dq, kt, k, vt, dk, dv], [p, dp], rest) = split::<8, 2>(d, scratch);
+        let (lse, dots) = rest.split_at_mut(BLOCK);
+        Self {
+            q,
+            g,
+            dq,
+            kt,
+            k,
+            vt,
+            dk,
+            dv,
+            p,
+            dp,
+            lse,
+            dots: &mut dots[..BLOCK],
+        }
+    }
+}
+
 /// The gradient of the attention's input `qkv` into `dqkv` (same shape, every element
-/// written), from the input, the output `out` and the output's gradient `dout`; with `probs`
-/// (from [`forward`]) the weights are read back instead of computed again.
+/// written), from the input, the output `out`, the rows' statistics `stats` (both from
+/// [`forward`]) and the output's gradient `dout`; with `probs` (from [`forward`] too) the
+/// weights are read back instead of computed again.
 ///
 /// # Panics
 ///
@@ -544,133 +843,139 @@ fn key_tile<const W: usize>(
 pub fn backward(
     shape: Heads,
     qkv: &[f32],
-    out: &[f32],
+    (out, stats): (&[f32], &[f32]),
     dout: &[f32],
     probs: Option<&[f32]>,
     dqkv: &mut [MaybeUninit<f32>],
 ) {
     shape.check(qkv.len(), out.len().min(dout.len()));
     shape.check(dqkv.len(), out.len());
+    let stats_len = shape.stats_len().expect("checked above");
+    assert!(stats.len() >= stats_len, "the statistics are too short");
     if let Some(probs) = probs {
         assert!(
             probs.len() >= shape.probs_len().expect("checked"),
             "kept weights too short"
         );
     }
-    let pairs = shape.batch * shape.heads;
-    if shape.seq == 0 || pairs == 0 || shape.size == 0 {
+    let (t, pairs) = (shape.seq, shape.batch * shape.heads);
+    if t == 0 || pairs == 0 || shape.size == 0 {
         return;
     }
     let dqkv = Shared(dqkv.as_mut_ptr().cast());
     (0..pairs).into_par_iter().for_each(|index| {
         let (pair, d) = (Pair::of(&shape, index), shape.dims());
-        let probs = probs.map(|p| &p[index * shape.seq * shape.seq..][..shape.seq * shape.seq]);
-        with_scratch(shape.scratch_len(), 0, |scratch, _| {
-            let (q, rest) = scratch.split_at_mut(d.by_rows());
-            let (kt, rest) = rest.split_at_mut(d.by_keys());
-            let (k, rest) = rest.split_at_mut(d.by_rows());
-            let (vt, rest) = rest.split_at_mut(d.by_keys());
-            let (o, rest) = rest.split_at_mut(d.by_rows());
-            let (g, rest) = rest.split_at_mut(d.by_rows());
-            let (dq, rest) = rest.split_at_mut(d.by_rows());
-            let (dk, rest) = rest.split_at_mut(d.by_rows());
-            let (dv, rest) = rest.split_at_mut(d.by_rows());
-            let (p, rest) = rest.split_at_mut(d.block());
-            let (dp, dots) = rest.split_at_mut(d.block());
-            pair.gather(&shape, &d, qkv, 0, false, q);
-            pair.gather(&shape, &d, qkv, 1, true, kt);
-            pair.gather(&shape, &d, qkv, 1, false, k);
-            pair.gather(&shape, &d, qkv, 2, true, vt);
-            pair.gather_out(&shape, &d, out, o);
-            pair.gather_out(&shape, &d, dout, g);
-            let operands = Operands { q, kt, k, vt, o, g };
-            dk.fill(0.0);
-            dv.fill(0.0);
-            attend_backward(d, &operands, probs, p, dp, dots, dq, dk, dv);
-            for (part, from) in [(0, &*dq), (1, &*dk), (2, &*dv)] {
-                // SAFETY: each pair writes only its own head's columns of its sequence's
-                // rows of `dqkv` (`Shared`'s contract), inside it (checked above).
-                unsafe { pair.scatter(&shape, &d, from, dqkv, 3, part) };
+        let kept = probs.map(|p| &p[index * t * t..][..t * t]);
+        let lse = &stats[index * t..][..t];
+        let x = Inputs::of(&shape, pair, qkv);
+        let y = Given {
+            o: pair.columns(&shape, out),
+            g: pair.columns(&shape, dout),
+        };
+        with_scratch(Backward::len(&d), 0, |scratch, _| {
+            let mut sc = Backward::split(&d, scratch);
+            for qb in 0..blocks(t) {
+                query_block(d, &x, &y, qb, lse, &mut sc);
+                for kb in 0..=qb {
+                    let span = Span::of(&d, qb, kb);
+                    block_backward(d, &x, span, kept, &mut sc);
+                    // Key block `kb` is first met by query block `kb` (the first that sees
+                    // it): written there, added to after.
+                    let add = qb != kb;
+                    for (part, from) in [(1, &*sc.dk), (2, &*sc.dv)] {
+                        let keys = (span.j0, span.keys);
+                        // SAFETY: each pair writes only its own head's columns of its own
+                        // sequence's rows of `dqkv` (`Shared`'s contract), inside it (checked
+                        // above); with `add`, query block `kb` wrote these rows before.
+                        unsafe { pair.scatter(&shape, &d, from, keys, dqkv, (3, part), add) };
+                    }
+                }
+                let rows = (qb * BLOCK, BLOCK.min(t - qb * BLOCK));
+                // SAFETY: as above; the query rows are written once.
+                unsafe { pair.scatter(&shape, &d, sc.dq, rows, dqkv, (3, 0), false) };
             }
         });
     });
 }
 
-/// One pair's gathered operands for its backward pass (each padded: see [`Dims`]).
-struct Operands<'a> {
-    /// Queries, rows.
-    q: &'a [f32],
-    /// Keys, transposed.
-    kt: &'a [f32],
-    /// Keys, rows.
-    k: &'a [f32],
-    /// Values, transposed.
-    vt: &'a [f32],
-    /// The output, rows.
-    o: &'a [f32],
-    /// The output's gradient, rows.
-    g: &'a [f32],
+vectorized! {
+    /// Starts query block `qb` of a pair's backward pass: gathers its queries, output
+    /// gradient and rows' log-sum-exps (of the pair's `lse`), and each row's `dout . out`
+    /// (the softmax's correction).
+    fn query_block(
+        d: Dims,
+        x: &Inputs<'_>,
+        y: &Given<'_>,
+        qb: usize,
+        lse: &[f32],
+        sc: &mut Backward<'_>,
+    ) {
+        let (q0, rows) = (qb * BLOCK, BLOCK.min(d.seq - qb * BLOCK));
+        x.q.rows(&d, q0, rows, sc.q);
+        y.g.rows(&d, q0, rows, sc.g);
+        sc.lse[..rows].copy_from_slice(&lse[q0..][..rows]);
+        for (r, dot) in sc.dots[..rows].iter_mut().enumerate() {
+            *dot = Lanes::sum_of_pairs(y.g.row(&d, q0 + r), y.o.row(&d, q0 + r), |g, o| g * o);
+        }
+    }
 }
 
 vectorized! {
-    /// One pair's backward pass: the gradients of its queries, keys and values (rows; the
-    /// keys' and values' summed into `dk` and `dv`, zeroed by the caller), block by block of
-    /// queries. `p`, `dp` and `dots` are scratch.
-    #[allow(clippy::too_many_arguments)] // the pair's operands, scratch and gradients
-    fn attend_backward(
+    /// Block `span` of a pair's backward pass, after [`query_block`]: its weights (`kept`, or
+    /// from the rows' log-sum-exps) and their gradients, the block's terms of the query
+    /// gradient into `sc.dq` (afresh at the first key block) and of the key and value
+    /// gradients into `sc.dk` and `sc.dv` (afresh).
+    fn block_backward(
         d: Dims,
-        x: &Operands<'_>,
-        probs: Option<&[f32]>,
-        p: &mut [f32],
-        dp: &mut [f32],
-        dots: &mut [f32],
-        dq: &mut [f32],
-        dk: &mut [f32],
-        dv: &mut [f32],
+        x: &Inputs<'_>,
+        span: Span,
+        kept: Option<&[f32]>,
+        sc: &mut Backward<'_>,
     ) {
-        // dots[i] = dout[i] . out[i]: the softmax's correction.
-        for (i, dot) in dots.iter_mut().enumerate().take(d.seq) {
-            let at = i * d.head;
-            *dot = Lanes::sum_of_pairs(&x.g[at..][..d.head], &x.o[at..][..d.head], |g, o| g * o);
+        x.k.rows(&d, span.j0, span.keys, sc.k);
+        x.v.transposed(&d, span.j0, span.keys, sc.vt);
+        match kept {
+            Some(kept) => {
+                for r in 0..span.rows {
+                    let row = &mut sc.p[r * BLOCK..][..BLOCK];
+                    let from = &kept[(span.q0 + r) * d.seq + span.j0..][..span.keys];
+                    row[..span.keys].copy_from_slice(from);
+                    row[span.keys..].fill(0.0);
+                }
+            }
+            None => {
+                x.k.transposed(&d, span.j0, span.keys, sc.kt);
+                weights(d, sc.q, sc.kt, span, sc.lse, sc.p);
+            }
         }
-        for q0 in (0..d.seq).step_by(QUERY_BLOCK) {
-            let rows = QUERY_BLOCK.min(d.seq - q0);
-            match probs {
-                Some(kept) => {
-                    p.fill(0.0);
-                    for r in 0..rows {
-                        p[r * d.keys..][..d.seq].copy_from_slice(&kept[(q0 + r) * d.seq..][..d.seq]);
-                    }
-                }
-                None => block_weights(d, (x.q, x.kt), q0, rows, p, (q0 + QUERY_BLOCK).min(d.keys)),
+        // dp = dout v^T over the keys each tile reaches; then ds = p (dp - dot) scale over
+        // the keys each row sees, zeros after (where p is 0).
+        scores(d, sc.g, sc.vt, span, sc.dp);
+        for r in 0..span.rows {
+            let dot = sc.dots[r];
+            let (seen, after) = sc.dp[r * BLOCK..][..BLOCK].split_at_mut(span.seen(r));
+            for (g, &w) in seen.iter_mut().zip(&sc.p[r * BLOCK..]) {
+                *g = w * (*g - dot) * d.scale;
             }
-            // dp = dout vt over the keys each tile can see; then ds = p (dp - dot) scale over
-            // the keys each row sees, and zeros after (where p is 0) as far as the readers
-            // below read: the block's last position, rounded up to a tile of rows.
-            scores(d, x.g, x.vt, q0, rows, dp);
-            let seen = (q0 + QUERY_BLOCK).min(d.keys);
-            for r in 0..rows {
-                let dot = dots[q0 + r];
-                let (valid, after) = dp[r * d.keys..][..seen].split_at_mut(q0 + r + 1);
-                for (g, &w) in valid.iter_mut().zip(&p[r * d.keys..]) {
-                    *g = w * (*g - dot) * d.scale;
-                }
-                after.fill(0.0);
+            after.fill(0.0);
+        }
+        let first = span.j0 == 0;
+        for r0 in (0..span.rows).step_by(ROWS) {
+            let tile = &mut sc.dq[r0 * d.head..][..ROWS * d.head];
+            let (ds, reach) = (&sc.dp[r0 * BLOCK..], span.reach(r0, ROWS));
+            if first {
+                weighted_rows::<false>(d, ds, sc.k, reach, tile);
+            } else {
+                weighted_rows::<true>(d, ds, sc.k, reach, tile);
             }
-            let ds = &*dp;
-            for r0 in (0..rows).step_by(ROWS) {
-                let reach = (q0 + r0 + ROWS).min(d.seq);
-                let tile = &mut dq[(q0 + r0) * d.head..][..ROWS * d.head];
-                weighted_rows(d, &ds[r0 * d.keys..], x.k, reach, tile, false);
-            }
-            // The keys' and values' gradients: key j gets the rows of the block that see it.
-            let block_q = &x.q[q0 * d.head..];
-            let block_g = &x.g[q0 * d.head..];
-            for j0 in (0..(q0 + rows).next_multiple_of(ROWS)).step_by(ROWS) {
-                let from = j0.saturating_sub(q0);
-                key_rows(d, ds, block_q, j0, from, rows, dk);
-                key_rows(d, p, block_g, j0, from, rows, dv);
-            }
+        }
+        // Key j gets the block's rows that see it.
+        sc.dk.fill(0.0);
+        sc.dv.fill(0.0);
+        for j in (0..span.keys).step_by(ROWS) {
+            let rows = (span.first_seeing(j), span.rows);
+            key_rows(d, sc.dp, sc.q, j, rows, sc.dk);
+            key_rows(d, sc.p, sc.g, j, rows, sc.dv);
         }
     }
 }

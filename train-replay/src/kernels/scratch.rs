@@ -1,5 +1,5 @@
-//! Per-thread scratch for the attention kernel (a (sequence, head) pair's operands and a
-//! block's scores) and the bias gradients' partial sums. It lives as long as its thread and grows to
+//! Per-thread scratch for the attention kernel (a block of each operand and of the weights)
+//! and the bias gradients' partial sums. It lives as long as its thread and grows to
 //! the largest block the thread has seen, so after the first step it costs no allocation.
 //! Like the products' shared panel, it comes from the process's global allocator,
 //! not from the training's pool: what a step asks of the pool does not depend on which

@@ -70,6 +70,8 @@ pub struct Values<S> {
     pub qkv: S,
     /// The attention's output (and with kept scores, its softmax weights after it).
     pub att: S,
+    /// The attention's rows' log-sum-exps.
+    pub stats: S,
     /// The residual stream after the attention.
     pub res2: S,
     /// The MLP's hidden layer before its GELU.
@@ -163,9 +165,10 @@ impl<B: Backend> Layer<'_, '_, B> {
                 })
             }
             Op::Attention => Kernel::new(move |inputs, out| {
+                // A recompute: the rows' statistics, kept from the first run, are not kept.
                 let (out, probs) = out.split_at_mut(n * c);
                 let probs = keep_scores.then_some(probs);
-                attention::forward(heads, inputs[0], out, probs);
+                attention::forward(heads, inputs[0], out, None, probs);
             }),
             Op::Proj => {
                 let (w, b) = (p(W::ProjW), p(W::ProjB));
@@ -206,15 +209,63 @@ impl<B: Backend> Layer<'_, '_, B> {
             // SAFETY: every kernel of a block writes every element of its output.
             unsafe { self.ops.written(rows, cols, |out| kernel.run(slices, out)) }
         })?;
+        self.keep(op, out, inputs, keeping)
+    }
+
+    /// Keeps `op`'s output `out` (from `inputs`) as `keeping` says.
+    fn keep(
+        &self,
+        op: Op,
+        out: B::Buf,
+        inputs: &[&B::Saved],
+        keeping: Keeping,
+    ) -> anyhow::Result<B::Saved> {
         match keeping {
             Keeping::Plain => self.ops.backend.save(out),
             Keeping::Evictable => {
                 let (kind, cost) = (op.kind(), self.cost(op));
+                let kernel = self.kernel(op);
                 self.ops
                     .backend
                     .save_recomputable(out, inputs, kind, cost, kernel)
             }
         }
+    }
+
+    /// The attention on `qkv`: its output (with kept scores, its weights after it), kept as
+    /// `keeping` says, and its rows' log-sum-exps (one number a row, from which the backward
+    /// pass computes the weights), kept plainly. Two tensors, not one: the output keeps its
+    /// own size (4 MiB at the main job's shape, a whole size class), which a few KiB more
+    /// would round up to the next. A recompute of an evicted output runs
+    /// [`Op::Attention`]'s kernel, which finds the same statistics again and drops them.
+    fn attention(&self, qkv: &B::Saved, keeping: Keeping) -> anyhow::Result<(B::Saved, B::Saved)> {
+        let (heads, keep_scores) = (self.heads, self.keep_scores);
+        let (n, c) = (heads.rows(), heads.width());
+        let (rows, cols) = self.shape(Op::Attention);
+        let len = heads
+            .stats_len()
+            .ok_or_else(|| anyhow::anyhow!("the attention's statistics overflow"))?;
+        let (out, stats) = with_all::<B, _>(&[qkv], |slices| {
+            let mut out = None;
+            // SAFETY: `attention::forward` writes every element of the statistics and of its
+            // output (the kept weights too); a dry step runs neither closure.
+            let stats = unsafe {
+                self.ops.written(1, len, |stats| {
+                    out = Some(self.ops.written(rows, cols, |out| {
+                        let (out, probs) = out.split_at_mut(n * c);
+                        let probs = keep_scores.then_some(probs);
+                        attention::forward(heads, slices[0], out, Some(stats), probs);
+                    }));
+                })?
+            };
+            let out = match out {
+                Some(out) => out?,
+                None => self.ops.zeros(rows, cols)?,
+            };
+            Ok((out, stats))
+        })?;
+        let stats = self.ops.backend.save(stats)?;
+        Ok((self.keep(Op::Attention, out, &[qkv], keeping)?, stats))
     }
 
     /// The block's forward pass from its input `x`: the tensors it keeps, each as `keeping`
@@ -227,7 +278,7 @@ impl<B: Backend> Layer<'_, '_, B> {
         with_out: bool,
     ) -> anyhow::Result<Forward<B::Saved>> {
         let qkv = self.apply(Op::Qkv, &[&x], keeping)?;
-        let att = self.apply(Op::Attention, &[&qkv], keeping)?;
+        let (att, stats) = self.attention(&qkv, keeping)?;
         let res2 = self.apply(Op::Proj, &[&att, &x], keeping)?;
         let fch = self.apply(Op::Fc, &[&res2], keeping)?;
         let out = match with_out {
@@ -238,6 +289,7 @@ impl<B: Backend> Layer<'_, '_, B> {
             x,
             qkv,
             att,
+            stats,
             res2,
             fch,
         };
@@ -332,13 +384,15 @@ impl<B: Backend> Layer<'_, '_, B> {
             let w_proj = Mat::transposed(self.params[W::ProjW].get(), c);
             let d_out = ops.product(n, c, c, Mat::rows(dx, c), w_proj)?;
             B::with_saved(&values.qkv, |qkv| {
-                let d_out = B::slice(&d_out);
-                // SAFETY: `attention::backward` writes every element of its output.
-                unsafe {
-                    ops.written(n, 3 * c, |dqkv| {
-                        attention::backward(heads, qkv, out, d_out, probs, dqkv)
-                    })
-                }
+                B::with_saved(&values.stats, |stats| {
+                    let d_out = B::slice(&d_out);
+                    // SAFETY: `attention::backward` writes every element of its output.
+                    unsafe {
+                        ops.written(n, 3 * c, |dqkv| {
+                            attention::backward(heads, qkv, (out, stats), d_out, probs, dqkv)
+                        })
+                    }
+                })
             })
         })
     }

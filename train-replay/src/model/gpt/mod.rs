@@ -138,7 +138,7 @@ pub struct GptConfig {
 
 /// The kinds of tensors a block keeps on the step's checkpoint chain; a tensor's key is
 /// `block x KINDS + kind`.
-const KINDS: usize = 5;
+const KINDS: usize = 6;
 
 /// The key of kind `kind` of block `block`.
 fn key(block: usize, kind: usize) -> usize {
@@ -426,8 +426,9 @@ impl<B: Backend> State<'_, B> {
             att,
             res2,
             fch,
+            stats,
         } = values;
-        let entries = [x, qkv, att, res2, fch]
+        let entries = [x, qkv, att, res2, fch, stats]
             .into_iter()
             .enumerate()
             .map(|(kind, saved)| (key(b, kind), saved));
@@ -443,6 +444,7 @@ impl<B: Backend> State<'_, B> {
             att: at(2)?,
             res2: at(3)?,
             fch: at(4)?,
+            stats: at(5)?,
         })
     }
 
