@@ -91,8 +91,8 @@ mod tests {
         assert!(many - one <= 2 * MIB, "{one} {many}");
         // GPT-2's head (147 MiB) is packed a panel at a time, shared by the threads: at GPT-2
         // small's shape one thread sets aside the panel, its tile and its attention scratch
-        // (a block of each operand at a head of 64, 160.5 KiB), the sums and the process's
-        // 4 MiB; 32 threads, 31 more tiles and scratches (6.3 MiB).
+        // (a block of each operand at a head of 64, 176.5 KiB), the sums and the process's
+        // 4 MiB; 32 threads, 31 more tiles and scratches (6.8 MiB).
         let small = "--vocab 50257 --width 768 --heads 12 --context 1024 --batch 4";
         let one = reserve(&args(&format!("--threads 1 {small}")));
         assert!(one <= 8 * MIB, "{one}");

@@ -5,6 +5,11 @@
 //! only those blocks are gathered into this thread's scratch (zero-padded to whole vectors),
 //! so what a thread holds depends on the head's size alone, not on the context.
 //!
+//! The scores are laid out key by key (`s[key][row]`): a block of queries is transposed once,
+//! each block of keys and values is gathered as plain rows, and the softmax runs down
+//! sixteen query rows side by side (no sum across a vector), masking only the keys that some
+//! of the sixteen do not see.
+//!
 //! The softmax runs online: for each row a running maximum and sum, the earlier blocks'
 //! output rescaled when the maximum grows, and the row divided by its sum once its last block
 //! is in. No score matrix is kept: the forward pass keeps each row's log-sum-exp (one number
@@ -34,18 +39,18 @@ pub const BLOCK: usize = 64;
 
 /// Rows of a tile of the output products (queries) and of the key and value gradients (keys).
 const ROWS: usize = 8;
-/// Query rows of a tile of the score products.
-const SCORE_ROWS: usize = 4;
-/// Elements of a vector (AVX-512's `f32` lanes): the padding of the head and the keys.
+/// Keys of a tile of the score products.
+const SCORE_KEYS: usize = 4;
+/// Elements of a vector (AVX-512's `f32` lanes): the padding of the head and of the rows.
 const LANES: usize = 16;
-/// Vectors of keys in a block: a tile of the score products spans up to all of them.
-const KEY_VECTORS: usize = BLOCK / LANES;
+/// Vectors of query rows in a block: a tile of the score products spans up to all of them.
+const QUERY_VECTORS: usize = BLOCK / LANES;
 const _: () = assert!(
     BLOCK.is_multiple_of(LANES)
-        && BLOCK.is_multiple_of(ROWS)
-        && BLOCK.is_multiple_of(SCORE_ROWS)
-        && KEY_VECTORS >= 1
-        && KEY_VECTORS <= 4
+        && LANES.is_multiple_of(ROWS)
+        && BLOCK.is_multiple_of(SCORE_KEYS)
+        && QUERY_VECTORS >= 1
+        && QUERY_VECTORS <= 4
 );
 
 /// An attention's shape: `batch` sequences of `seq` positions, `heads` heads of `size`.
@@ -96,11 +101,11 @@ impl Heads {
         assert!(ok, "operands too short for their shapes");
     }
 
-    /// Elements of scratch a thread takes for a pair, at most (the backward pass's): eight
-    /// blocks of the head (queries, output gradient, keys twice, values, and the three
-    /// gradients), two blocks of weights and two numbers a query row. A function of the
-    /// head's size alone: `8 x 64 x 32 + 2 x 64 x 64 + 2 x 64` floats (96.5 KiB) at a head
-    /// of 32, whatever the context.
+    /// Elements of scratch a thread takes for a pair, at most (the backward pass's): nine
+    /// blocks of the head (queries and the output's gradient, each transposed and as rows,
+    /// keys, values, and the three gradients), two blocks of weights and two numbers a query
+    /// row. A function of the head's size alone: `9 x 64 x 32 + 2 x 64 x 64 + 2 x 64` floats
+    /// (104.5 KiB) at a head of 32, whatever the context.
     pub fn scratch_len(&self) -> usize {
         Backward::len(&self.dims())
     }
@@ -130,16 +135,16 @@ struct Dims {
     size: usize,
     /// The head, padded.
     head: usize,
-    /// Keys a block holds, `BLOCK`: the row length of its weights and of its transposed keys
-    /// (a field, not the constant, in the products: the compiler vectorises a constant stride
-    /// across the wrong loop).
+    /// `BLOCK`: the row length of a block of weights and of a transposed block (a field, not
+    /// the constant, in the products: the compiler vectorises a constant stride across the
+    /// wrong loop).
     keys: usize,
     scale: f32,
 }
 
 impl Dims {
     /// Elements of a block of the head: `BLOCK` rows of `head` (queries, keys, values,
-    /// gradients) or its transpose (keys, values).
+    /// gradients) or its transpose (queries, the output's gradient).
     fn tile(&self) -> usize {
         BLOCK * self.head
     }
@@ -170,19 +175,33 @@ impl Span {
         }
     }
 
-    /// Keys of the block that query row `r` (of the block) sees: those up to its position.
+    /// Keys of the block that query row `r` (of the block) sees: those up to its position
+    /// (none for a row past the block's).
+    #[inline(always)]
     fn seen(&self, r: usize) -> usize {
-        self.keys.min(self.q0 - self.j0 + r + 1)
+        match r < self.rows {
+            true => self.keys.min(self.q0 - self.j0 + r + 1),
+            false => 0,
+        }
     }
 
-    /// Keys that a tile of `tile` rows from row `r0` reaches: its last row's.
+    /// Keys that the query rows `r0 .. r0 + tile` reach: their last row's (within the block).
+    #[inline(always)]
     fn reach(&self, r0: usize, tile: usize) -> usize {
-        self.keys.min(self.q0 - self.j0 + r0 + tile)
+        self.seen((r0 + tile).min(self.rows) - 1)
     }
 
     /// The first query row of the block that sees key `j` (of the block).
+    #[inline(always)]
     fn first_seeing(&self, j: usize) -> usize {
         (self.j0 + j).saturating_sub(self.q0)
+    }
+
+    /// The block's keys rounded up to a tile of [`ROWS`]: as far as the key gradients' tiles
+    /// read a block of weights.
+    #[inline(always)]
+    fn key_tiles(&self) -> usize {
+        self.keys.next_multiple_of(ROWS)
     }
 }
 
@@ -252,6 +271,9 @@ impl Source<'_> {
                 let columns = (d.size - i0).min(LANES);
                 let mut square = [[0.0f32; LANES]; LANES];
                 for (j, square) in square.iter_mut().enumerate().take(rows) {
+                    if i0 == 0 {
+                        prefetch_row(from, (j0 + j + PREFETCH) * self.stride, d.size);
+                    }
                     let row = &from[(j0 + j) * self.stride + i0..][..columns];
                     if let Ok(row) = <&[f32; LANES]>::try_from(row) {
                         *square = *row;
@@ -405,12 +427,12 @@ fn split<'a, const N: usize, const M: usize>(
     )
 }
 
-/// A thread's scratch for a pair's forward pass: a block of queries, keys (transposed),
-/// values and output rows, a block of scores, and each query row's running maximum, sum and
-/// correction.
+/// A thread's scratch for a pair's forward pass: a block of queries (transposed), keys,
+/// values and output rows, a block of scores (key by key), and each query row's running
+/// maximum, sum and correction.
 struct Forward<'a> {
-    q: &'a mut [f32],
-    kt: &'a mut [f32],
+    qt: &'a mut [f32],
+    k: &'a mut [f32],
     v: &'a mut [f32],
     o: &'a mut [f32],
     s: &'a mut [f32],
@@ -425,12 +447,12 @@ impl<'a> Forward<'a> {
     }
 
     fn split(d: &Dims, scratch: &'a mut [f32]) -> Self {
-        let ([q, kt, v, o], [s], rest) = split::<4, 1>(d, scratch);
+        let ([qt, k, v, o], [s], rest) = split::<4, 1>(d, scratch);
         let (m, rest) = rest.split_at_mut(BLOCK);
         let (l, corr) = rest.split_at_mut(BLOCK);
         Self {
-            q,
-            kt,
+            qt,
+            k,
             v,
             o,
             s,
@@ -514,29 +536,27 @@ type Outputs<'a> = (
 vectorized! {
     /// Query block `qb` of a pair's forward pass: its output rows into `sc.o`, each row
     /// divided by its sum, and each row's log-sum-exp in `sc.l`; the block's queries stay in
-    /// `sc.q`.
+    /// `sc.qt`.
     fn attend(d: Dims, x: &Inputs<'_>, qb: usize, sc: &mut Forward<'_>) {
         let rows = BLOCK.min(d.seq - qb * BLOCK);
-        x.q.rows(&d, qb * BLOCK, rows, sc.q);
+        x.q.transposed(&d, qb * BLOCK, rows, sc.qt);
         for kb in 0..=qb {
             let span = Span::of(&d, qb, kb);
-            x.k.transposed(&d, span.j0, span.keys, sc.kt);
+            x.k.rows(&d, span.j0, span.keys, sc.k);
             x.v.rows(&d, span.j0, span.keys, sc.v);
-            scores(d, sc.q, sc.kt, span, sc.s);
+            scores(d, sc.k, sc.qt, span, sc.s);
             let first = kb == 0;
             fold(d, span, first, sc.s, (&mut *sc.m, &mut *sc.l, &mut *sc.corr));
             for r0 in (0..rows).step_by(ROWS) {
                 let tile = &mut sc.o[r0 * d.head..][..ROWS * d.head];
-                if !first {
+                let (p, reach) = ((&*sc.s, r0), span.reach(r0, ROWS));
+                if first {
+                    weighted_rows::<false>(d, p, sc.v, reach, tile);
+                } else {
                     // The earlier blocks' terms, against the rows' new maxima.
                     for (row, &c) in tile.chunks_exact_mut(d.head).zip(&sc.corr[r0..]) {
                         row.iter_mut().for_each(|o| *o *= c);
                     }
-                }
-                let (p, reach) = (&sc.s[r0 * BLOCK..], span.reach(r0, ROWS));
-                if first {
-                    weighted_rows::<false>(d, p, sc.v, reach, tile);
-                } else {
                     weighted_rows::<true>(d, p, sc.v, reach, tile);
                 }
             }
@@ -564,12 +584,12 @@ vectorized! {
     ) {
         for kb in 0..=qb {
             let span = Span::of(&d, qb, kb);
-            x.k.transposed(&d, span.j0, span.keys, sc.kt);
-            weights(d, sc.q, sc.kt, span, sc.l, sc.s);
+            x.k.rows(&d, span.j0, span.keys, sc.k);
+            weights(d, sc.k, sc.qt, span, sc.l, sc.s);
             for r in 0..span.rows {
                 let to = &mut probs[(span.q0 + r) * d.seq + span.j0..][..span.keys];
-                for (to, &w) in to.iter_mut().zip(&sc.s[r * BLOCK..]) {
-                    to.write(w);
+                for (j, to) in to.iter_mut().enumerate() {
+                    to.write(sc.s[j * BLOCK + r]);
                 }
             }
         }
@@ -583,10 +603,24 @@ vectorized! {
     }
 }
 
-/// Folds a block's scores `s` (rows of `BLOCK`) into each query row's running maximum `m`
-/// and sum `l` (started afresh if `first`): each score a row sees becomes `e^(scale (s -
-/// max))` for the row's new maximum, the keys after become zeros, and `corr` holds what
-/// the row's earlier terms are multiplied by, `e^(scale (old max - new max))`.
+/// Sixteen query rows from `r0` side by side: the keys each sees (`u32`, so that a mask of
+/// sixteen is one vector), the keys all of them see, and the keys any of them sees.
+#[inline(always)]
+fn lanes_seen(span: &Span, r0: usize) -> ([u32; LANES], usize, usize) {
+    let seen = std::array::from_fn(|i| span.seen(r0 + i) as u32);
+    (
+        seen,
+        span.seen(r0).min(span.reach(r0, LANES)),
+        span.reach(r0, LANES),
+    )
+}
+
+/// Folds a block's scores `s` (key by key: `s[j x BLOCK + r]`) into each query row's running
+/// maximum `m` and sum `l` (started afresh if `first`): each score a row sees becomes `e^(scale
+/// (s - max))` for the row's new maximum, the others become zeros (as far as
+/// [`Span::key_tiles`]), and `corr` holds what the row's earlier terms are multiplied by,
+/// `e^(scale (old max - new max))`. Sixteen rows side by side, each row's terms summed in
+/// key order; only the keys that some of the sixteen do not see are masked.
 #[inline(always)]
 fn fold(
     d: Dims,
@@ -595,103 +629,142 @@ fn fold(
     s: &mut [f32],
     (m, l, corr): (&mut [f32], &mut [f32], &mut [f32]),
 ) {
-    for r in 0..span.rows {
-        let (seen, masked) = s[r * BLOCK..][..BLOCK].split_at_mut(span.seen(r));
-        let block_max = Lanes::max_of(seen);
-        let (max, c) = if first {
-            (block_max, 0.0)
-        } else {
-            let max = m[r].max(block_max);
-            (max, exp((m[r] - max) * d.scale))
-        };
-        let sum = powers(seen, max, d.scale);
-        l[r] = if first { sum } else { l[r] * c + sum };
-        m[r] = max;
-        corr[r] = c;
-        masked.fill(0.0);
-    }
-}
-
-/// `values` become `e^(scale (v - max))`; returns their sum, in [`Lanes`]' order.
-#[inline(always)]
-fn powers(values: &mut [f32], max: f32, scale: f32) -> f32 {
-    let mut lanes = Lanes::zero();
-    let mut chunks = values.chunks_exact_mut(LANES);
-    for chunk in &mut chunks {
-        for (lane, w) in lanes.0.iter_mut().zip(chunk) {
-            *w = exp((*w - max) * scale);
-            *lane += *w;
+    for r0 in (0..span.rows).step_by(LANES) {
+        let (seen, all, last) = lanes_seen(&span, r0);
+        let mut max = [f32::MIN; LANES];
+        for j in 0..last {
+            let row: &[f32; LANES] = s[j * d.keys + r0..][..LANES].try_into().expect("lanes");
+            if j < all {
+                for (max, &v) in max.iter_mut().zip(row) {
+                    *max = max.max(v);
+                }
+            } else {
+                for ((max, &v), &seen) in max.iter_mut().zip(row).zip(&seen) {
+                    *max = if (j as u32) < seen { max.max(v) } else { *max };
+                }
+            }
         }
-    }
-    for (lane, w) in lanes.0.iter_mut().zip(chunks.into_remainder()) {
-        *w = exp((*w - max) * scale);
-        *lane += *w;
-    }
-    lanes.total()
-}
-
-/// A block's softmax weights into `p` (rows of `BLOCK`) from its rows' log-sum-exps `lse`:
-/// `e^(scale s - lse)` for the keys each row sees, zeros after.
-#[inline(always)]
-fn weights(d: Dims, q: &[f32], kt: &[f32], span: Span, lse: &[f32], p: &mut [f32]) {
-    scores(d, q, kt, span, p);
-    for r in 0..span.rows {
-        let (seen, masked) = p[r * BLOCK..][..BLOCK].split_at_mut(span.seen(r));
-        let lse = lse[r];
-        seen.iter_mut().for_each(|w| *w = exp(*w * d.scale - lse));
-        masked.fill(0.0);
-    }
-}
-
-/// The scores of the block's query rows `a` (rows of `head`) against its keys `kt`
-/// (transposed, rows of `BLOCK`), into `out` (rows of `BLOCK`): each tile of rows against
-/// the keys its last row sees only, rounded up to a vector of keys; what lies after is left
-/// as it was.
-#[inline(always)]
-fn scores(d: Dims, a: &[f32], kt: &[f32], span: Span, out: &mut [f32]) {
-    for r0 in (0..span.rows).step_by(SCORE_ROWS) {
-        let a = &a[r0 * d.head..][..SCORE_ROWS * d.head];
-        let out = &mut out[r0 * BLOCK..];
-        match span.reach(r0, SCORE_ROWS).div_ceil(LANES).min(KEY_VECTORS) {
-            1 => score_tile::<1>(d, a, kt, out),
-            2 => score_tile::<2>(d, a, kt, out),
-            3 => score_tile::<3>(d, a, kt, out),
-            _ => score_tile::<KEY_VECTORS>(d, a, kt, out),
+        let (m, l, corr) = (
+            &mut m[r0..][..LANES],
+            &mut l[r0..][..LANES],
+            &mut corr[r0..][..LANES],
+        );
+        for ((m, corr), &block) in m.iter_mut().zip(corr.iter_mut()).zip(&max) {
+            if first {
+                (*m, *corr) = (block, 0.0);
+            } else {
+                let new = m.max(block);
+                (*m, *corr) = (new, exp((*m - new) * d.scale));
+            }
+        }
+        let mut sums = [0.0f32; LANES];
+        for j in 0..last {
+            let row: &mut [f32; LANES] = (&mut s[j * d.keys + r0..][..LANES])
+                .try_into()
+                .expect("lanes");
+            if j < all {
+                for ((w, sum), &m) in row.iter_mut().zip(&mut sums).zip(&*m) {
+                    *w = exp((*w - m) * d.scale);
+                    *sum += *w;
+                }
+            } else {
+                for (((w, sum), &seen), &m) in row.iter_mut().zip(&mut sums).zip(&seen).zip(&*m) {
+                    let p = exp((*w - m) * d.scale);
+                    *w = if (j as u32) < seen { p } else { 0.0 };
+                    *sum += *w;
+                }
+            }
+        }
+        for j in last..span.key_tiles() {
+            s[j * d.keys + r0..][..LANES].fill(0.0);
+        }
+        for ((l, &corr), &sum) in l.iter_mut().zip(&*corr).zip(&sums) {
+            *l = if first { sum } else { *l * corr + sum };
         }
     }
 }
 
-/// `SCORE_ROWS` rows of scores against the block's first `LANES x V` keys: `out[r][j] =
-/// sum over the head of a[r] x kt[.][j]` (row `r` of `out` at `r x BLOCK`), each sum in the
-/// head's order.
+/// A block's softmax weights into `p` (key by key) from its rows' log-sum-exps `lse`:
+/// `e^(scale s - lse)` for the keys each row sees, zeros for the others (as far as
+/// [`Span::key_tiles`]).
 #[inline(always)]
-fn score_tile<const V: usize>(d: Dims, a: &[f32], kt: &[f32], out: &mut [f32]) {
-    let mut acc = [[[0.0f32; LANES]; V]; SCORE_ROWS];
+fn weights(d: Dims, k: &[f32], qt: &[f32], span: Span, lse: &[f32], p: &mut [f32]) {
+    scores(d, k, qt, span, p);
+    for r0 in (0..span.rows).step_by(LANES) {
+        let (seen, all, last) = lanes_seen(&span, r0);
+        let lse: &[f32; LANES] = lse[r0..][..LANES].try_into().expect("lanes");
+        for j in 0..last {
+            let row: &mut [f32; LANES] = (&mut p[j * d.keys + r0..][..LANES])
+                .try_into()
+                .expect("lanes");
+            if j < all {
+                for (w, &lse) in row.iter_mut().zip(lse) {
+                    *w = exp(*w * d.scale - lse);
+                }
+            } else {
+                for ((w, &seen), &lse) in row.iter_mut().zip(&seen).zip(lse) {
+                    let p = exp(*w * d.scale - lse);
+                    *w = if (j as u32) < seen { p } else { 0.0 };
+                }
+            }
+        }
+        for j in last..span.key_tiles() {
+            p[j * d.keys + r0..][..LANES].fill(0.0);
+        }
+    }
+}
+
+/// The scores of the block's keys `a` (rows of `head`: keys, or values for the weights'
+/// gradients) against its query rows `bt` (transposed: `head` rows of `BLOCK`, queries or the
+/// output's gradient), into `out` key by key (`out[j x BLOCK + r]`): each tile of keys against
+/// the vectors of rows from the one that holds the first row that sees its first key; what
+/// lies before is left as it was.
+#[inline(always)]
+fn scores(d: Dims, a: &[f32], bt: &[f32], span: Span, out: &mut [f32]) {
+    let end = span.rows.div_ceil(LANES);
+    for j0 in (0..span.keys).step_by(SCORE_KEYS) {
+        let start = span.first_seeing(j0) / LANES;
+        let (a, c0) = (&a[j0 * d.head..][..SCORE_KEYS * d.head], start * LANES);
+        let out = &mut out[j0 * d.keys..];
+        match (end - start).min(QUERY_VECTORS) {
+            1 => score_tile::<1>(d, a, bt, c0, out),
+            2 => score_tile::<2>(d, a, bt, c0, out),
+            3 => score_tile::<3>(d, a, bt, c0, out),
+            _ => score_tile::<QUERY_VECTORS>(d, a, bt, c0, out),
+        }
+    }
+}
+
+/// `SCORE_KEYS` keys' scores against the rows `c0 .. c0 + LANES x V`: `out[j][r] = sum over
+/// the head of a[j] x bt[.][r]` (key `j`'s at `j x BLOCK`), each sum in the head's order.
+#[inline(always)]
+fn score_tile<const V: usize>(d: Dims, a: &[f32], bt: &[f32], c0: usize, out: &mut [f32]) {
+    let mut acc = [[[0.0f32; LANES]; V]; SCORE_KEYS];
     for i in 0..d.head {
-        let keys = &kt[i * d.keys..][..V * LANES];
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let x = a[r * d.head + i];
-            for (acc, keys) in acc.iter_mut().zip(keys.chunks_exact(LANES)) {
-                for (acc, &k) in acc.iter_mut().zip(keys) {
-                    *acc = x.mul_add(k, *acc);
+        let rows = &bt[i * d.keys + c0..][..V * LANES];
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let x = a[j * d.head + i];
+            for (acc, rows) in acc.iter_mut().zip(rows.chunks_exact(LANES)) {
+                for (acc, &b) in acc.iter_mut().zip(rows) {
+                    *acc = x.mul_add(b, *acc);
                 }
             }
         }
     }
-    for (r, acc) in acc.iter().enumerate() {
-        let to = &mut out[r * d.keys..][..V * LANES];
+    for (j, acc) in acc.iter().enumerate() {
+        let to = &mut out[j * d.keys + c0..][..V * LANES];
         for (to, acc) in to.chunks_exact_mut(LANES).zip(acc) {
             to.copy_from_slice(acc);
         }
     }
 }
 
-/// `ROWS` rows of `p x b` (or `+=` if `accumulate`): `out[r] = sum over keys j < reach of
-/// p[r][j] x b[j]`, `p` rows of `BLOCK`, `b` and `out` rows of `head`.
+/// `ROWS` query rows from row `r0` of `p x b` (or `+=` if `ACCUMULATE`): `out[r] = sum over
+/// keys j < reach of p[j][r0 + r] x b[j]`, `p` key by key, `b` and `out` rows of `head`.
 #[inline(always)]
 fn weighted_rows<const ACCUMULATE: bool>(
     d: Dims,
-    p: &[f32],
+    p: (&[f32], usize),
     b: &[f32],
     reach: usize,
     out: &mut [f32],
@@ -709,7 +782,7 @@ fn weighted_rows<const ACCUMULATE: bool>(
 #[inline(always)]
 fn weighted_tile<const W: usize, const ACCUMULATE: bool>(
     d: Dims,
-    p: &[f32],
+    (p, r0): (&[f32], usize),
     b: &[f32],
     reach: usize,
     h0: usize,
@@ -718,8 +791,9 @@ fn weighted_tile<const W: usize, const ACCUMULATE: bool>(
     let mut acc = [[0.0f32; W]; ROWS];
     for j in 0..reach {
         let row: &[f32; W] = b[j * d.head + h0..][..W].try_into().expect("a tile");
+        let weights = &p[j * d.keys + r0..][..ROWS];
         for (r, acc) in acc.iter_mut().enumerate() {
-            let w = p[r * d.keys + j];
+            let w = weights[r];
             for (acc, &x) in acc.iter_mut().zip(row) {
                 *acc = w.mul_add(x, *acc);
             }
@@ -736,7 +810,7 @@ fn weighted_tile<const W: usize, const ACCUMULATE: bool>(
 }
 
 /// Adds to keys `j0..j0 + ROWS` of `out` (rows of `head`) `sum over query rows r in
-/// from..rows of p[r][j] x x[r]`, `p` rows of `BLOCK`, `x` rows of `head`.
+/// from..rows of p[j][r] x x[r]`, `p` key by key, `x` rows of `head`.
 #[inline(always)]
 fn key_rows(
     d: Dims,
@@ -767,10 +841,12 @@ fn key_tile<const W: usize>(
     out: &mut [f32],
 ) {
     let mut acc = [[0.0f32; W]; ROWS];
+    // Each key's weights over the rows `..rows`, so that a row's index needs no check.
+    let weights: [&[f32]; ROWS] = std::array::from_fn(|j| &p[(j0 + j) * d.keys..][..rows]);
     for r in from..rows {
         let row: &[f32; W] = x[r * d.head + h0..][..W].try_into().expect("a tile");
         for (j, acc) in acc.iter_mut().enumerate() {
-            let w = p[r * d.keys + j0 + j];
+            let w = weights[j][r];
             for (acc, &x) in acc.iter_mut().zip(row) {
                 *acc = w.mul_add(x, *acc);
             }
@@ -788,17 +864,18 @@ struct Given<'a> {
     g: Source<'a>,
 }
 
-/// A thread's scratch for a pair's backward pass: a block of queries, output gradient,
-/// query gradient, keys (transposed and as rows), values (transposed) and key and value
-/// gradients; a block of weights and of their gradients; and each query row's log-sum-exp
-/// and `dout . out`.
+/// A thread's scratch for a pair's backward pass: a block of queries and of the output's
+/// gradient (each transposed and as rows), of the query gradient, of keys and values and of
+/// their gradients; a block of weights and of their gradients (key by key); and each query
+/// row's log-sum-exp and `dout . out`.
 struct Backward<'a> {
+    qt: &'a mut [f32],
     q: &'a mut [f32],
+    gt: &'a mut [f32],
     g: &'a mut [f32],
     dq: &'a mut [f32],
-    kt: &'a mut [f32],
     k: &'a mut [f32],
-    vt: &'a mut [f32],
+    v: &'a mut [f32],
     dk: &'a mut [f32],
     dv: &'a mut [f32],
     p: &'a mut [f32],
@@ -809,19 +886,20 @@ struct Backward<'a> {
 
 impl<'a> Backward<'a> {
     fn len(d: &Dims) -> usize {
-        8 * d.tile() + 2 * BLOCK * BLOCK + 2 * BLOCK
+        9 * d.tile() + 2 * BLOCK * BLOCK + 2 * BLOCK
     }
 
     fn split(d: &Dims, scratch: &'a mut [f32]) -> Self {
-        let ([q, g, dq, kt, k, vt, dk, dv], [p, dp], rest) = split::<8, 2>(d, scratch);
+        let ([qt, q, gt, g, dq, k, v, dk, dv], [p, dp], rest) = split::<9, 2>(d, scratch);
         let (lse, dots) = rest.split_at_mut(BLOCK);
         Self {
+            qt,
             q,
+            gt,
             g,
             dq,
-            kt,
             k,
-            vt,
+            v,
             dk,
             dv,
             p,
@@ -899,9 +977,9 @@ pub fn backward(
 }
 
 vectorized! {
-    /// Starts query block `qb` of a pair's backward pass: gathers its queries, output
-    /// gradient and rows' log-sum-exps (of the pair's `lse`), and each row's `dout . out`
-    /// (the softmax's correction).
+    /// Starts query block `qb` of a pair's backward pass: gathers its queries and output
+    /// gradient (each transposed and as rows) and its rows' log-sum-exps (of the pair's
+    /// `lse`), and each row's `dout . out` (the softmax's correction).
     fn query_block(
         d: Dims,
         x: &Inputs<'_>,
@@ -911,10 +989,13 @@ vectorized! {
         sc: &mut Backward<'_>,
     ) {
         let (q0, rows) = (qb * BLOCK, BLOCK.min(d.seq - qb * BLOCK));
+        x.q.transposed(&d, q0, rows, sc.qt);
         x.q.rows(&d, q0, rows, sc.q);
+        y.g.transposed(&d, q0, rows, sc.gt);
         y.g.rows(&d, q0, rows, sc.g);
         sc.lse[..rows].copy_from_slice(&lse[q0..][..rows]);
         for (r, dot) in sc.dots[..rows].iter_mut().enumerate() {
+            prefetch_row(y.o.data, (q0 + r + PREFETCH) * y.o.stride, d.size);
             *dot = Lanes::sum_of_pairs(y.g.row(&d, q0 + r), y.o.row(&d, q0 + r), |g, o| g * o);
         }
     }
@@ -933,36 +1014,49 @@ vectorized! {
         sc: &mut Backward<'_>,
     ) {
         x.k.rows(&d, span.j0, span.keys, sc.k);
-        x.v.transposed(&d, span.j0, span.keys, sc.vt);
+        x.v.rows(&d, span.j0, span.keys, sc.v);
         match kept {
             Some(kept) => {
-                for r in 0..span.rows {
-                    let row = &mut sc.p[r * BLOCK..][..BLOCK];
-                    let from = &kept[(span.q0 + r) * d.seq + span.j0..][..span.keys];
-                    row[..span.keys].copy_from_slice(from);
-                    row[span.keys..].fill(0.0);
+                for j in 0..span.key_tiles() {
+                    let row = &mut sc.p[j * d.keys..][..BLOCK];
+                    for (r, w) in row.iter_mut().enumerate() {
+                        *w = match j < span.keys && r < span.rows {
+                            true => kept[(span.q0 + r) * d.seq + span.j0 + j],
+                            false => 0.0,
+                        };
+                    }
                 }
             }
-            None => {
-                x.k.transposed(&d, span.j0, span.keys, sc.kt);
-                weights(d, sc.q, sc.kt, span, sc.lse, sc.p);
-            }
+            None => weights(d, sc.k, sc.qt, span, sc.lse, sc.p),
         }
-        // dp = dout v^T over the keys each tile reaches; then ds = p (dp - dot) scale over
-        // the keys each row sees, zeros after (where p is 0).
-        scores(d, sc.g, sc.vt, span, sc.dp);
-        for r in 0..span.rows {
-            let dot = sc.dots[r];
-            let (seen, after) = sc.dp[r * BLOCK..][..BLOCK].split_at_mut(span.seen(r));
-            for (g, &w) in seen.iter_mut().zip(&sc.p[r * BLOCK..]) {
-                *g = w * (*g - dot) * d.scale;
+        // dp = v dout^T, key by key; then ds = p (dp - dot) scale where a row sees the key,
+        // zeros elsewhere (as far as the key tiles read).
+        scores(d, sc.v, sc.gt, span, sc.dp);
+        for r0 in (0..span.rows).step_by(LANES) {
+            let (seen, all, last) = lanes_seen(&span, r0);
+            let dots: &[f32; LANES] = sc.dots[r0..][..LANES].try_into().expect("lanes");
+            for j in 0..last {
+                let at = j * d.keys + r0;
+                let (ds, p) = (&mut sc.dp[at..][..LANES], &sc.p[at..][..LANES]);
+                if j < all {
+                    for ((g, &w), &dot) in ds.iter_mut().zip(p).zip(dots) {
+                        *g = w * (*g - dot) * d.scale;
+                    }
+                } else {
+                    for (((g, &w), &dot), &seen) in ds.iter_mut().zip(p).zip(dots).zip(&seen) {
+                        let value = w * (*g - dot) * d.scale;
+                        *g = if (j as u32) < seen { value } else { 0.0 };
+                    }
+                }
             }
-            after.fill(0.0);
+            for j in last..span.key_tiles() {
+                sc.dp[j * d.keys + r0..][..LANES].fill(0.0);
+            }
         }
         let first = span.j0 == 0;
         for r0 in (0..span.rows).step_by(ROWS) {
             let tile = &mut sc.dq[r0 * d.head..][..ROWS * d.head];
-            let (ds, reach) = (&sc.dp[r0 * BLOCK..], span.reach(r0, ROWS));
+            let (ds, reach) = ((&*sc.dp, r0), span.reach(r0, ROWS));
             if first {
                 weighted_rows::<false>(d, ds, sc.k, reach, tile);
             } else {
