@@ -24,16 +24,18 @@ const PROCESS: u64 = 4 * MIB;
 const TILE: u64 = ((2 * MR * KC + MR * NR) * 4) as u64;
 
 /// The bytes a run of `args` sets aside for what stays outside the training's pool, in whole
-/// MiB. Per thread: the products' tile on its stack (49.5 KiB) and, for the GPT,
-/// the attention's scratch (a block of each operand, a function of the head's size alone). For the process, once: the products' packed panel (at most `KP x
+/// MiB. Per thread: the products' tile on its stack (49.5 KiB). For the GPT, per attention
+/// task that runs at once (as many as the threads, at most [`Heads::tasks`]: a small
+/// attention runs on fewer), a task's scratch (a block of each operand, a function of the
+/// head's size alone). For the process, once: the products' packed panel (at most `KP x
 /// NC` of the right operand, 2 MiB, whatever the threads: one product runs at a time and
 /// its threads share its panel), the bias gradients' partial sums (a row of the widest
 /// layer per block of [`ROW_BLOCK`] rows), and 4 MiB.
 pub fn reserve(args: &Args) -> u64 {
     let threads = args.threads() as u64;
     let f32s = |elements: usize| (elements as u64).saturating_mul(4);
-    // The largest panel a product packs (its depth and output width), the largest scratch
-    // a thread keeps besides its tile, and the bias gradients' partial sums.
+    // The largest panel a product packs (its depth and output width), the attention's
+    // scratch, and the bias gradients' partial sums.
     let (panel, scratch, sums) = match args.model {
         ModelKind::Gpt => {
             let (c, rows) = (args.width, args.batch.saturating_mul(args.context));
@@ -48,7 +50,9 @@ pub fn reserve(args: &Args) -> u64 {
             // logits against the tied embedding (`vocab` wide) or the `c x 4c` layer.
             let panel = panel_bytes(rows.max(c4), args.vocab().max(c4));
             let sums = rows.div_ceil(ROW_BLOCK).saturating_mul(c4);
-            (panel, f32s(heads.scratch_len()), f32s(sums))
+            let tasks = threads.min(heads.tasks() as u64);
+            let scratch = f32s(heads.scratch_len()).saturating_mul(tasks);
+            (panel, scratch, f32s(sums))
         }
         ModelKind::Mlp => {
             let hidden = args.hidden.max(crate::model::mlp::INPUT);
@@ -58,7 +62,8 @@ pub fn reserve(args: &Args) -> u64 {
         }
     };
     threads
-        .saturating_mul(TILE.saturating_add(scratch))
+        .saturating_mul(TILE)
+        .saturating_add(scratch)
         .saturating_add(panel)
         .saturating_add(sums)
         .saturating_add(PROCESS)
@@ -80,8 +85,34 @@ mod tests {
         let two = reserve(&args("--threads 2"));
         let eight = reserve(&args("--threads 8"));
         assert_eq!(two % MIB, 0);
-        assert!(eight > two && eight - two >= 6 * TILE, "{two} {eight}");
+        assert!(eight >= two, "{two} {eight}");
         assert!(reserve(&args("--threads 2 --width 512")) > two);
+        // Pairs of context 256 and head 32 are a task each (128 of them): every thread
+        // holds a tile and an attention task's scratch (104.5 KiB).
+        let gpt = "--context 256 --width 256 --heads 8 --batch 16";
+        let (one, many) = (
+            reserve(&args(&format!("--threads 1 {gpt}"))),
+            reserve(&args(&format!("--threads 32 {gpt}"))),
+        );
+        let task = 4 * Heads {
+            batch: 16,
+            seq: 256,
+            heads: 8,
+            size: 32,
+        }
+        .scratch_len() as u64;
+        assert!(
+            many - one >= (31 * (TILE + task)) / MIB * MIB,
+            "{one} {many}"
+        );
+        // Pairs of context 64 are small: 16 to a task, two tasks for 16 x 2 of them, so 32
+        // threads add their tiles and one more task's scratch.
+        let narrow = "--layers 16 --width 64 --heads 2";
+        let (one, many) = (
+            reserve(&args(&format!("--threads 1 {narrow}"))),
+            reserve(&args(&format!("--threads 32 {narrow}"))),
+        );
+        assert!(many - one <= 2 * MIB, "{one} {many}");
         assert!(reserve(&args("--model mlp --threads 2")) >= PROCESS + 2 * TILE);
         // The MLP keeps no scratch besides its tile: 32 threads cost 2 MiB at most more.
         let (one, many) = (

@@ -1,9 +1,11 @@
 //! Causal multi-head self-attention, fused as a CPU flash attention is, in a fixed tile of
-//! scratch per thread. Each (sequence, head) pair is one task. Its queries are taken a block
+//! scratch per task. A task takes one (sequence, head) pair, or several when a pair is small
+//! (at least [`TASK_WORK`] multiply-adds a task). A pair's queries are taken a block
 //! of [`BLOCK`] rows at a time, and for each such block its keys and values a block of
 //! [`BLOCK`] at a time, up to the block's own positions (the masked half is never computed):
-//! only those blocks are gathered into this thread's scratch (zero-padded to whole vectors),
-//! so what a thread holds depends on the head's size alone, not on the context.
+//! only those blocks are gathered into the task's scratch (zero-padded to whole vectors, from
+//! a [`Stash`] the threads share), so what a task holds depends on the head's size alone,
+//! not on the context, and a pass keeps at most [`Heads::tasks`] of them.
 //!
 //! The scores are laid out key by key (`s[key][row]`): a block of queries is transposed once,
 //! each block of keys and values is gathered as plain rows, and the softmax runs down
@@ -31,11 +33,19 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::scratch::with_scratch;
+use super::scratch::Stash;
 use super::simd::{exp, prefetch, vectorized, Lanes};
 
 /// Query rows, and keys, per block.
 pub const BLOCK: usize = 64;
+
+/// Multiply-adds a task's forward pass does at least (`2^21`, about a tenth of a millisecond
+/// here): a pass gives each task enough (sequence, head) pairs for it, so that a small
+/// attention runs on a few tasks, not on every thread, and keeps as few blocks of scratch.
+pub const TASK_WORK: usize = 1 << 21;
+
+/// The tasks' scratch: as many buffers as tasks ran at once.
+static SCRATCH: Stash = Stash::new();
 
 /// Rows of a tile of the output products (queries) and of the key and value gradients (keys).
 const ROWS: usize = 8;
@@ -90,6 +100,19 @@ impl Heads {
         self.batch.checked_mul(self.heads)?.checked_mul(self.seq)
     }
 
+    /// Pairs a task of a pass takes at least: enough for [`TASK_WORK`] multiply-adds (a
+    /// pair's forward pass does about `seq x seq x size`).
+    pub fn pairs_per_task(&self) -> usize {
+        let pair = self.seq.saturating_mul(self.seq).saturating_mul(self.size);
+        TASK_WORK.div_ceil(pair.max(1))
+    }
+
+    /// The most tasks of a pass that run at once, whatever the threads: so the most buffers
+    /// of scratch ([`Heads::scratch_len`] each) the passes keep.
+    pub fn tasks(&self) -> usize {
+        (self.batch.saturating_mul(self.heads) / self.pairs_per_task()).max(1)
+    }
+
     /// Panics unless `qkv` and an output of `out` elements fit the shape.
     fn check(&self, qkv: usize, out: usize) {
         let rows = self
@@ -101,7 +124,7 @@ impl Heads {
         assert!(ok, "operands too short for their shapes");
     }
 
-    /// Elements of scratch a thread takes for a pair, at most (the backward pass's): nine
+    /// Elements of scratch a task takes, at most (the backward pass's): nine
     /// blocks of the head (queries and the output's gradient, each transposed and as rows,
     /// keys, values, and the three gradients), two blocks of weights and two numbers a query
     /// row. A function of the head's size alone: `9 x 64 x 32 + 2 x 64 x 64 + 2 x 64` floats
@@ -504,9 +527,10 @@ pub fn forward(
     tasks
         .par_iter_mut()
         .enumerate()
+        .with_min_len(shape.pairs_per_task())
         .for_each(|(index, (stats, probs))| {
             let (pair, d) = (Pair::of(&shape, index), shape.dims());
-            with_scratch(Forward::len(&d), 0, |scratch, _| {
+            SCRATCH.with(Forward::len(&d), |scratch| {
                 let (mut sc, x) = (Forward::split(&d, scratch), Inputs::of(&shape, pair, qkv));
                 for qb in 0..blocks(t) {
                     attend(d, &x, qb, &mut sc);
@@ -941,39 +965,43 @@ pub fn backward(
         return;
     }
     let dqkv = Shared(dqkv.as_mut_ptr().cast());
-    (0..pairs).into_par_iter().for_each(|index| {
-        let (pair, d) = (Pair::of(&shape, index), shape.dims());
-        let kept = probs.map(|p| &p[index * t * t..][..t * t]);
-        let lse = &stats[index * t..][..t];
-        let x = Inputs::of(&shape, pair, qkv);
-        let y = Given {
-            o: pair.columns(&shape, out),
-            g: pair.columns(&shape, dout),
-        };
-        with_scratch(Backward::len(&d), 0, |scratch, _| {
-            let mut sc = Backward::split(&d, scratch);
-            for qb in 0..blocks(t) {
-                query_block(d, &x, &y, qb, lse, &mut sc);
-                for kb in 0..=qb {
-                    let span = Span::of(&d, qb, kb);
-                    block_backward(d, &x, span, kept, &mut sc);
-                    // Key block `kb` is first met by query block `kb` (the first that sees
-                    // it): written there, added to after.
-                    let add = qb != kb;
-                    for (part, from) in [(1, &*sc.dk), (2, &*sc.dv)] {
-                        let keys = (span.j0, span.keys);
-                        // SAFETY: each pair writes only its own head's columns of its own
-                        // sequence's rows of `dqkv` (`Shared`'s contract), inside it (checked
-                        // above); with `add`, query block `kb` wrote these rows before.
-                        unsafe { pair.scatter(&shape, &d, from, keys, dqkv, (3, part), add) };
+    let per_task = shape.pairs_per_task();
+    (0..pairs)
+        .into_par_iter()
+        .with_min_len(per_task)
+        .for_each(|index| {
+            let (pair, d) = (Pair::of(&shape, index), shape.dims());
+            let kept = probs.map(|p| &p[index * t * t..][..t * t]);
+            let lse = &stats[index * t..][..t];
+            let x = Inputs::of(&shape, pair, qkv);
+            let y = Given {
+                o: pair.columns(&shape, out),
+                g: pair.columns(&shape, dout),
+            };
+            SCRATCH.with(Backward::len(&d), |scratch| {
+                let mut sc = Backward::split(&d, scratch);
+                for qb in 0..blocks(t) {
+                    query_block(d, &x, &y, qb, lse, &mut sc);
+                    for kb in 0..=qb {
+                        let span = Span::of(&d, qb, kb);
+                        block_backward(d, &x, span, kept, &mut sc);
+                        // Key block `kb` is first met by query block `kb` (the first that sees
+                        // it): written there, added to after.
+                        let add = qb != kb;
+                        for (part, from) in [(1, &*sc.dk), (2, &*sc.dv)] {
+                            let keys = (span.j0, span.keys);
+                            // SAFETY: each pair writes only its own head's columns of its own
+                            // sequence's rows of `dqkv` (`Shared`'s contract), inside it (checked
+                            // above); with `add`, query block `kb` wrote these rows before.
+                            unsafe { pair.scatter(&shape, &d, from, keys, dqkv, (3, part), add) };
+                        }
                     }
+                    let rows = (qb * BLOCK, BLOCK.min(t - qb * BLOCK));
+                    // SAFETY: as above; the query rows are written once.
+                    unsafe { pair.scatter(&shape, &d, sc.dq, rows, dqkv, (3, 0), false) };
                 }
-                let rows = (qb * BLOCK, BLOCK.min(t - qb * BLOCK));
-                // SAFETY: as above; the query rows are written once.
-                unsafe { pair.scatter(&shape, &d, sc.dq, rows, dqkv, (3, 0), false) };
-            }
+            });
         });
-    });
 }
 
 vectorized! {
@@ -1071,5 +1099,78 @@ vectorized! {
             key_rows(d, sc.dp, sc.q, j, rows, sc.dk);
             key_rows(d, sc.p, sc.g, j, rows, sc.dv);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Forward and backward passes of `shape` on a pool of `threads`: the output, the
+    /// statistics and the input's gradient, as bits.
+    fn passes(shape: Heads, threads: usize) -> Vec<u32> {
+        let (n, c) = (shape.rows(), shape.width());
+        let value = |i: usize, seed: usize| ((i * 7919 + seed) % 1000) as f32 / 500.0 - 1.0;
+        let qkv: Vec<f32> = (0..3 * n * c).map(|i| value(i, 1)).collect();
+        let dout: Vec<f32> = (0..n * c).map(|i| value(i, 7)).collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut out = vec![MaybeUninit::new(0.0f32); n * c];
+        let mut stats = vec![MaybeUninit::new(0.0f32); shape.stats_len().unwrap()];
+        let mut dqkv = vec![MaybeUninit::new(0.0f32); 3 * n * c];
+        pool.install(|| {
+            forward(shape, &qkv, &mut out, Some(&mut stats), None);
+            // SAFETY: initialised floats (and every element written by `forward`).
+            let (out, stats): (&[f32], &[f32]) = unsafe {
+                (
+                    &*(std::ptr::from_ref(&out[..]) as *const [f32]),
+                    &*(std::ptr::from_ref(&stats[..]) as *const [f32]),
+                )
+            };
+            backward(shape, &qkv, (out, stats), &dout, None, &mut dqkv);
+        });
+        [out, stats, dqkv]
+            .iter()
+            .flatten()
+            // SAFETY: initialised floats.
+            .map(|v| unsafe { v.assume_init() }.to_bits())
+            .collect()
+    }
+
+    #[test]
+    fn tasks_of_several_pairs_give_the_same_bits_at_any_thread_count() {
+        // 16 pairs of context 128 (two blocks) and head 32: four pairs a task, four tasks.
+        let shape = Heads {
+            batch: 4,
+            seq: 128,
+            heads: 4,
+            size: 32,
+        };
+        assert_eq!((shape.pairs_per_task(), shape.tasks()), (4, 4));
+        let one = passes(shape, 1);
+        for threads in [2, 3, 8] {
+            assert!(passes(shape, threads) == one, "{threads} threads");
+        }
+    }
+
+    #[test]
+    fn a_task_takes_enough_pairs_for_its_work() {
+        let shape = |seq, size| Heads {
+            batch: 16,
+            seq,
+            heads: 8,
+            size,
+        };
+        // The main job's pairs (context 256, head 32) are a task each; GPT-2 small's too.
+        assert_eq!(shape(256, 32).tasks(), 128);
+        assert_eq!(shape(1024, 64).pairs_per_task(), 1);
+        // Context 64 at head 32: 16 pairs a task.
+        assert_eq!(shape(64, 32).pairs_per_task(), 16);
+        assert_eq!(shape(64, 32).tasks(), 8);
+        // Never no task, and no overflow.
+        assert_eq!(shape(1, 1).tasks(), 1);
+        assert_eq!(shape(usize::MAX, usize::MAX).pairs_per_task(), 1);
     }
 }

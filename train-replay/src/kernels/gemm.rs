@@ -14,10 +14,13 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::scratch::with_scratch;
+use super::scratch::Stash;
 use super::simd::vectorized;
 pub use super::tile::{Mat, Prologue};
 use super::tile::{Product, Start};
+
+/// The bias gradients' partial sums, a row per block of [`ROW_BLOCK`] rows.
+static SUMS: Stash = Stash::new();
 
 /// `c[m x n] = a[m x k] * b[k x n]`, `c` row-major, on `threads` threads of the current
 /// rayon pool (1: this thread), the same bits on any number (see the module's
@@ -282,7 +285,7 @@ pub fn column_sums(
     }
     let grad = &grad[..rows * n];
     let blocks = rows.div_ceil(ROW_BLOCK);
-    with_scratch(blocks * n, 0, |partial, _| {
+    SUMS.with(blocks * n, |partial| {
         let sum_block = |(sums, block): (&mut [f32], &[f32])| {
             sums.fill(0.0);
             for row in block.chunks_exact(n) {

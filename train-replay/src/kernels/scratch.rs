@@ -1,35 +1,79 @@
-//! Per-thread scratch for the attention kernel (a block of each operand and of the weights)
-//! and the bias gradients' partial sums. It lives as long as its thread and grows to
-//! the largest block the thread has seen, so after the first step it costs no allocation.
-//! Like the products' shared panel, it comes from the process's global allocator,
-//! not from the training's pool: what a step asks of the pool does not depend on which
-//! thread runs which block, so a budget holds the same tensors at any thread count.
+//! Scratch that kernels share across threads: the attention's blocks of operands and weights,
+//! the bias gradients' partial sums. A [`Stash`] keeps the buffers that calls gave back, and
+//! a call takes one (or makes one when none is free) and gives it back when it ends, so a
+//! stash holds as many buffers as calls ever ran at once, each as large as the largest call
+//! it served: after the first step no call allocates. Unlike per-thread scratch, a buffer is
+//! not held by every thread that ever ran a kernel: a kernel that runs on fewer tasks than
+//! there are threads keeps fewer buffers. Like the products' shared panel, it comes from the
+//! process's global allocator, not from the training's pool: what a step asks of the pool
+//! does not depend on which thread runs which block, so a budget holds the same tensors at
+//! any thread count.
 
-use std::cell::RefCell;
+use std::sync::{Mutex, PoisonError};
 
-thread_local! {
-    static SCRATCH: RefCell<[Vec<f32>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
-}
+/// Buffers of `f32` that calls take and give back; see the module's documentation.
+#[derive(Debug)]
+pub struct Stash(Mutex<Vec<Vec<f32>>>);
 
-/// Runs `f` with two scratch slices of `a` and `b` elements of this thread (their contents
-/// are left from earlier use: `f` writes before it reads). If this thread's scratch is in use
-/// (a kernel run from inside another's `f`), `f` gets fresh slices.
-pub fn with_scratch<R>(a: usize, b: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut buffers) => {
-            let [first, second] = &mut *buffers;
-            grow(first, a);
-            grow(second, b);
-            f(&mut first[..a], &mut second[..b])
+impl Stash {
+    /// An empty stash.
+    pub const fn new() -> Self {
+        Self(Mutex::new(Vec::new()))
+    }
+
+    /// Runs `f` with a scratch slice of `len` elements (its contents are left from earlier
+    /// use: `f` writes before it reads). The buffer goes back to the stash when `f` returns;
+    /// if `f` panics it is dropped (the lock is never held while `f` runs, so it is never
+    /// poisoned by it).
+    pub fn with<R>(&self, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+        let taken = self.0.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut buffer = taken.unwrap_or_default();
+        if buffer.len() < len {
+            // Zeros, written once: when a buffer first serves a call that large.
+            buffer.resize(len, 0.0);
         }
-        Err(_) => f(&mut vec![0.0; a], &mut vec![0.0; b]),
-    })
+        let result = f(&mut buffer[..len]);
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(buffer);
+        result
+    }
+
+    /// Buffers in the stash now and the elements they hold.
+    pub fn held(&self) -> (usize, usize) {
+        let buffers = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        (buffers.len(), buffers.iter().map(Vec::len).sum())
+    }
 }
 
-/// Grows `buffer` to at least `len` elements (zeros: written once, when the thread first
-/// needs that much).
-fn grow(buffer: &mut Vec<f32>, len: usize) {
-    if buffer.len() < len {
-        buffer.resize(len, 0.0);
+impl Default for Stash {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stash_keeps_as_many_buffers_as_calls_ran_at_once() {
+        let stash = Stash::new();
+        stash.with(10, |a| {
+            a.fill(1.0);
+            stash.with(20, |b| assert_eq!(b.len(), 20));
+        });
+        assert_eq!(stash.held(), (2, 30));
+        // One call after another: one buffer serves both, grown to the larger.
+        stash.with(25, |_| {});
+        stash.with(5, |_| {});
+        let (buffers, _) = stash.held();
+        assert_eq!(buffers, 2);
+        // A panicking call drops its buffer and leaves the stash usable.
+        let caught = std::panic::catch_unwind(|| stash.with(8, |_| panic!("a kernel's bug")));
+        assert!(caught.is_err());
+        assert_eq!(stash.held().0, 1);
+        assert_eq!(stash.with(3, |a| a.len()), 3);
     }
 }
