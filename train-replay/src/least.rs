@@ -23,8 +23,8 @@ pub fn below_least(
     let budget = args.budget.unwrap_or(u64::MAX);
     let share = format!(
         "{:.2} for the training's pool after {:.2} set aside for what stays outside it (the \
-         products' panel, and the product tile and attention scratch of {} thread(s), small \
-         allocations)",
+         products' panel, the product tiles of {} thread(s) and the attention scratch of the \
+         tasks they run at once, small allocations)",
         bytes(budget.saturating_sub(outside)),
         bytes(outside),
         args.threads()

@@ -1,7 +1,7 @@
 //! What a run keeps outside the training's pool, and the share of `--budget` set aside for
 //! it: the matrix products' packed panel (one, shared by all the threads: see
-//! [`tile`](crate::kernels::tile)), each thread's tile of the products on its stack and its
-//! attention scratch, the bias gradients' partial sums, and the small allocations of the
+//! [`tile`](crate::kernels::tile)), each thread's tile of the products on its stack, the
+//! attention's scratch of each task that runs at once, the bias gradients' partial sums, and the small allocations of the
 //! process. Those come and go as the threads run, so they stay out of the training's pool
 //! (whose requests come in the model's order at any thread count, which makes its least
 //! budget exact); but a budget a user sets to the container's memory must bound them too. So
@@ -121,7 +121,7 @@ mod tests {
         );
         assert!(many - one <= 2 * MIB, "{one} {many}");
         // GPT-2's head (147 MiB) is packed a panel at a time, shared by the threads: at GPT-2
-        // small's shape one thread sets aside the panel, its tile and its attention scratch
+        // small's shape one thread sets aside the panel, its tile and an attention task's scratch
         // (a block of each operand at a head of 64, 176.5 KiB), the sums and the process's
         // 4 MiB; 32 threads, 31 more tiles and scratches (6.8 MiB).
         let small = "--vocab 50257 --width 768 --heads 12 --context 1024 --batch 4";

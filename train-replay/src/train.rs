@@ -30,8 +30,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // The training's tensors, parameters and optimiser state come from a pool of their own,
     // with the budget if there is one. The process-wide pool, which the front end serves
     // every crate's allocations of 4 KiB and more from (the products' panel, the attention's
-    // scratch), stays outside it: those bytes come and go as the threads run (a thread's
-    // scratch appears at its first attention task), and inside the training's
+    // scratch), stays outside it: those bytes come and go as the threads run (a buffer of
+    // the attention's scratch appears when a task first runs beside the others), and inside the training's
     // pool they would move the least a run needs with the threads' timing. They count
     // against --budget all the same: a share bounded from the shapes and the threads is set
     // aside for them (`outside`), and the training's pool gets the rest. The table reports
@@ -40,8 +40,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(budget) = args.budget.filter(|&budget| budget < outside) {
         return Err(BadInput(format!(
             "--budget {:.2} is below the {:.2} set aside for what stays outside the training's \
-             pool (the products' panel, and the product tile and attention scratch of {} \
-             thread(s), small allocations): give a budget above it (a run below its least names that least, \
+             pool (the products' panel, the product tiles of {} thread(s) and the attention \
+             scratch of the tasks they run at once, small allocations): give a budget above it (a run below its least names that least, \
              which includes the share), or fewer --threads",
             bytes(budget),
             bytes(outside),

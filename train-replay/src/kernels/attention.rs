@@ -113,8 +113,15 @@ impl Heads {
         (self.batch.saturating_mul(self.heads) / self.pairs_per_task()).max(1)
     }
 
-    /// Panics unless `qkv` and an output of `out` elements fit the shape.
+    /// Panics unless `qkv` and an output of `out` elements fit the shape, the statistics'
+    /// and the pairs' counts fit a `usize` and the heads have elements.
     fn check(&self, qkv: usize, out: usize) {
+        assert!(self.size > 0, "heads of no elements");
+        let pairs = self.batch.checked_mul(self.heads);
+        assert!(
+            pairs.is_some() && self.stats_len().is_some(),
+            "more pairs than a usize counts"
+        );
         let rows = self
             .batch
             .checked_mul(self.seq)
@@ -130,7 +137,8 @@ impl Heads {
     /// row. A function of the head's size alone: `9 x 64 x 32 + 2 x 64 x 64 + 2 x 64` floats
     /// (104.5 KiB) at a head of 32, whatever the context.
     pub fn scratch_len(&self) -> usize {
-        Backward::len(&self.dims())
+        let d = self.dims();
+        Backward::len(&d).max(Forward::len(&d))
     }
 
     /// The scores' scale, `1 / sqrt(size)`.
@@ -450,7 +458,8 @@ fn split<'a, const N: usize, const M: usize>(
     )
 }
 
-/// A thread's scratch for a pair's forward pass: a block of queries (transposed), keys,
+/// A task's scratch for a pair's forward pass (the first [`Forward::len`] elements of a
+/// buffer of [`Heads::scratch_len`], so that the stash's buffers are alike): a block of queries (transposed), keys,
 /// values and output rows, a block of scores (key by key), and each query row's running
 /// maximum, sum and correction.
 struct Forward<'a> {
@@ -504,6 +513,9 @@ pub fn forward(
 ) {
     shape.check(qkv.len(), out.len());
     let (t, pairs) = (shape.seq, shape.batch * shape.heads);
+    if t == 0 || pairs == 0 {
+        return;
+    }
     // Each pair's rows of the statistics and of the kept weights, if asked for.
     let mut tasks: Vec<Outputs<'_>> = (0..pairs).map(|_| (None, None)).collect();
     if let Some(stats) = stats {
@@ -514,14 +526,13 @@ pub fn forward(
         }
     }
     if let Some(probs) = probs {
-        let len = shape.probs_len().expect("checked above");
+        let len = shape
+            .probs_len()
+            .expect("the kept weights' count overflows");
         assert!(probs.len() >= len, "the kept weights' buffer is too short");
         for (task, probs) in tasks.iter_mut().zip(probs.chunks_mut((t * t).max(1))) {
             task.1 = Some(probs);
         }
-    }
-    if t == 0 || pairs == 0 || shape.size == 0 {
-        return;
     }
     let out = Shared(out.as_mut_ptr().cast());
     tasks
@@ -530,7 +541,7 @@ pub fn forward(
         .with_min_len(shape.pairs_per_task())
         .for_each(|(index, (stats, probs))| {
             let (pair, d) = (Pair::of(&shape, index), shape.dims());
-            SCRATCH.with(Forward::len(&d), |scratch| {
+            SCRATCH.with(shape.scratch_len(), |scratch| {
                 let (mut sc, x) = (Forward::split(&d, scratch), Inputs::of(&shape, pair, qkv));
                 for qb in 0..blocks(t) {
                     attend(d, &x, qb, &mut sc);
@@ -888,7 +899,7 @@ struct Given<'a> {
     g: Source<'a>,
 }
 
-/// A thread's scratch for a pair's backward pass: a block of queries and of the output's
+/// A task's scratch for a pair's backward pass: a block of queries and of the output's
 /// gradient (each transposed and as rows), of the query gradient, of keys and values and of
 /// their gradients; a block of weights and of their gradients (key by key); and each query
 /// row's log-sum-exp and `dout . out`.
@@ -956,12 +967,15 @@ pub fn backward(
     assert!(stats.len() >= stats_len, "the statistics are too short");
     if let Some(probs) = probs {
         assert!(
-            probs.len() >= shape.probs_len().expect("checked"),
+            probs.len()
+                >= shape
+                    .probs_len()
+                    .expect("the kept weights' count overflows"),
             "kept weights too short"
         );
     }
     let (t, pairs) = (shape.seq, shape.batch * shape.heads);
-    if t == 0 || pairs == 0 || shape.size == 0 {
+    if t == 0 || pairs == 0 {
         return;
     }
     let dqkv = Shared(dqkv.as_mut_ptr().cast());
@@ -978,7 +992,7 @@ pub fn backward(
                 o: pair.columns(&shape, out),
                 g: pair.columns(&shape, dout),
             };
-            SCRATCH.with(Backward::len(&d), |scratch| {
+            SCRATCH.with(shape.scratch_len(), |scratch| {
                 let mut sc = Backward::split(&d, scratch);
                 for qb in 0..blocks(t) {
                     query_block(d, &x, &y, qb, lse, &mut sc);
@@ -1022,6 +1036,9 @@ vectorized! {
         y.g.transposed(&d, q0, rows, sc.gt);
         y.g.rows(&d, q0, rows, sc.g);
         sc.lse[..rows].copy_from_slice(&lse[q0..][..rows]);
+        // Rows past the block's are computed alongside (never read): give them values.
+        sc.lse[rows..].fill(0.0);
+        sc.dots[rows..].fill(0.0);
         for (r, dot) in sc.dots[..rows].iter_mut().enumerate() {
             prefetch_row(y.o.data, (q0 + r + PREFETCH) * y.o.stride, d.size);
             *dot = Lanes::sum_of_pairs(y.g.row(&d, q0 + r), y.o.row(&d, q0 + r), |g, o| g * o);
@@ -1117,9 +1134,10 @@ mod tests {
             .num_threads(threads)
             .build()
             .unwrap();
-        let mut out = vec![MaybeUninit::new(0.0f32); n * c];
-        let mut stats = vec![MaybeUninit::new(0.0f32); shape.stats_len().unwrap()];
-        let mut dqkv = vec![MaybeUninit::new(0.0f32); 3 * n * c];
+        // NaN where nothing is written: an element the kernels skip shows in the bits.
+        let mut out = vec![MaybeUninit::new(f32::NAN); n * c];
+        let mut stats = vec![MaybeUninit::new(f32::NAN); shape.stats_len().unwrap()];
+        let mut dqkv = vec![MaybeUninit::new(f32::NAN); 3 * n * c];
         pool.install(|| {
             forward(shape, &qkv, &mut out, Some(&mut stats), None);
             // SAFETY: initialised floats (and every element written by `forward`).
@@ -1131,12 +1149,17 @@ mod tests {
             };
             backward(shape, &qkv, (out, stats), &dout, None, &mut dqkv);
         });
-        [out, stats, dqkv]
+        let bits: Vec<u32> = [out, stats, dqkv]
             .iter()
             .flatten()
             // SAFETY: initialised floats.
             .map(|v| unsafe { v.assume_init() }.to_bits())
-            .collect()
+            .collect();
+        assert!(
+            bits.iter().all(|&b| !f32::from_bits(b).is_nan()),
+            "an element not written"
+        );
+        bits
     }
 
     #[test]
@@ -1149,9 +1172,23 @@ mod tests {
             size: 32,
         };
         assert_eq!((shape.pairs_per_task(), shape.tasks()), (4, 4));
-        let one = passes(shape, 1);
-        for threads in [2, 3, 8] {
-            assert!(passes(shape, threads) == one, "{threads} threads");
+        // 15 pairs of context 200 (four blocks, the last short) and head 17 (padded to 32):
+        // four pairs a task, the last task of three.
+        let odd = Heads {
+            batch: 3,
+            seq: 200,
+            heads: 5,
+            size: 17,
+        };
+        assert_eq!((odd.pairs_per_task(), odd.tasks()), (4, 3));
+        for shape in [shape, odd] {
+            let one = passes(shape, 1);
+            for threads in [2, 3, 8] {
+                assert!(
+                    passes(shape, threads) == one,
+                    "{shape:?}: {threads} threads"
+                );
+            }
         }
     }
 

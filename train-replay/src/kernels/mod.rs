@@ -3,7 +3,7 @@
 //! ([`elementwise`]), the optimisers ([`optim`]),
 //! layer norm ([`layernorm`]), causal attention ([`attention`]), the embeddings
 //! ([`embedding`]), softmax cross-entropy ([`loss`]); the vector dispatch and exact sums they
-//! share ([`simd`]) and their per-thread scratch ([`scratch`]).
+//! share ([`simd`]) and the scratch they share across threads ([`scratch`]).
 //!
 //! Every kernel gives the same bits at any thread count: its work is cut by the shapes, never
 //! by the threads, and every sum is taken in an order the code fixes. So the losses of a run

@@ -2,7 +2,9 @@
 //! the bias gradients' partial sums. A [`Stash`] keeps the buffers that calls gave back, and
 //! a call takes one (or makes one when none is free) and gives it back when it ends, so a
 //! stash holds as many buffers as calls ever ran at once, each as large as the largest call
-//! it served: after the first step no call allocates. Unlike per-thread scratch, a buffer is
+//! it served: once as many calls as ever will have run at once, no call allocates (the
+//! attention asks for the same size in both passes, so its buffers are alike). Unlike
+//! per-thread scratch, a buffer is
 //! not held by every thread that ever ran a kernel: a kernel that runs on fewer tasks than
 //! there are threads keeps fewer buffers. Like the products' shared panel, it comes from the
 //! process's global allocator, not from the training's pool: what a step asks of the pool

@@ -10,8 +10,9 @@
 //!
 //! Each line is one kernel ([`Op`]) that reads tensors kept for the backward pass and writes
 //! one, so that each kept tensor can be a value the pool evicts and recomputes from the ones
-//! it was computed from ([`Keeping::Evictable`]). The backward pass ([`Layer::backward`])
-//! reads `x`, `qkv`, `att`, `res2` and `fch` (computing the layer norms again from `x` and
+//! it was computed from ([`Keeping::Evictable`]); the attention also keeps each row's
+//! log-sum-exp, one number a row. The backward pass ([`Layer::backward`]) reads `x`, `qkv`,
+//! `att`, those statistics, `res2` and `fch` (computing the layer norms again from `x` and
 //! `res2`), and returns the block's input gradient and its parameters' gradients.
 
 use crate::backend::{Backend, Kernel};
@@ -248,19 +249,25 @@ impl<B: Backend> Layer<'_, '_, B> {
         let (out, stats) = with_all::<B, _>(&[qkv], |slices| {
             let mut out = None;
             // SAFETY: `attention::forward` writes every element of the statistics and of its
-            // output (the kept weights too); a dry step runs neither closure.
+            // output (the kept weights too); if the output cannot be had, the statistics are
+            // written zeros (and dropped below); a dry step runs neither closure.
             let stats = unsafe {
                 self.ops.written(1, len, |stats| {
-                    out = Some(self.ops.written(rows, cols, |out| {
+                    let written = self.ops.written(rows, cols, |out| {
                         let (out, probs) = out.split_at_mut(n * c);
                         let probs = keep_scores.then_some(probs);
                         attention::forward(heads, slices[0], out, Some(stats), probs);
-                    }));
+                    });
+                    if written.is_err() {
+                        stats.fill(std::mem::MaybeUninit::new(0.0));
+                    }
+                    out = Some(written);
                 })?
             };
             let out = match out {
                 Some(out) => out?,
-                None => self.ops.zeros(rows, cols)?,
+                None if self.ops.dry => self.ops.zeros(rows, cols)?,
+                None => anyhow::bail!("the attention's output was not written"),
             };
             Ok((out, stats))
         })?;

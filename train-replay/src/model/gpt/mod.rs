@@ -8,7 +8,8 @@
 //! What the forward pass keeps ([`Keep`]):
 //!
 //! - `--checkpoint-every 0`: every tensor each block's backward pass reads (its input,
-//!   `qkv`, the attention's output, the residual after it and the MLP's hidden layer);
+//!   `qkv`, the attention's output and its rows' log-sum-exps, the residual after it and the
+//!   MLP's hidden layer);
 //! - `--checkpoint-every k`: only the input of every k-th block; the backward pass
 //!   recomputes each segment of k blocks from its input, then runs back through it;
 //! - fitted to the budget: everything, each tensor a value the pool may evict and recompute
