@@ -296,11 +296,11 @@ impl Product<'_> {
             let strips = nc.div_ceil(NR);
             if k == 0 {
                 // No depth: each element is its start value.
-                let sliver = |s: usize| {
+                let mut buffers = Buffers::new();
+                for s in 0..m.div_ceil(MR) {
                     // SAFETY: as below, with an empty depth (no operand is read).
-                    unsafe { self.sliver(s, &[], 0, 0, j0, nc, out, c_rs, kernel) }
-                };
-                (0..m.div_ceil(MR)).for_each(sliver);
+                    unsafe { self.sliver(s, &[], 0, 0, j0, nc, out, c_rs, kernel, &mut buffers) }
+                }
                 continue;
             }
             for d0 in (0..k).step_by(KP) {
@@ -308,17 +308,22 @@ impl Product<'_> {
                 let panel = &mut panel[..strips * kp * NR];
                 pack_panel(self.b, d0, kp, j0, nc, panel, threads);
                 let panel = &*panel;
-                let sliver = |s: usize| {
+                let sliver = |buffers: &mut Buffers, s: usize| {
                     // SAFETY: the sliver's rows of `c` are its own (tasks take disjoint
                     // slivers), inside `m x n` (the caller's contract), and the panel holds
                     // `strips` strips of `kp x NR`.
-                    unsafe { self.sliver(s, panel, d0, kp, j0, nc, out, c_rs, kernel) }
+                    unsafe { self.sliver(s, panel, d0, kp, j0, nc, out, c_rs, kernel, buffers) }
                 };
+                // A task's buffers are made (and zeroed) once for all the slivers it runs,
+                // not once a sliver.
                 let tasks = m.div_ceil(MR);
                 if threads > 1 && tasks > 1 {
-                    (0..tasks).into_par_iter().for_each(sliver);
+                    (0..tasks)
+                        .into_par_iter()
+                        .for_each_init(Buffers::new, sliver);
                 } else {
-                    (0..tasks).for_each(sliver);
+                    let mut buffers = Buffers::new();
+                    (0..tasks).for_each(|s| sliver(&mut buffers, s));
                 }
             }
         }
@@ -332,7 +337,7 @@ impl Product<'_> {
     ///
     /// As [`Product::run`]'s, for the sliver's rows and the panel's columns of `c`, which no
     /// other task touches; `panel` holds `nc.div_ceil(NR)` strips of `kp x NR`.
-    #[allow(clippy::too_many_arguments)] // a sliver's place in the product
+    #[allow(clippy::too_many_arguments)] // a sliver's place in the product, its buffers
     unsafe fn sliver(
         &self,
         s: usize,
@@ -344,6 +349,7 @@ impl Product<'_> {
         out: Out,
         c_rs: usize,
         kernel: Kernels,
+        buffers: &mut Buffers,
     ) {
         let i0 = s * MR;
         let mr = MR.min(self.m - i0);
@@ -378,10 +384,11 @@ impl Product<'_> {
                 *moment = layernorm::moments(row);
             }
         }
-        let mut a = Sliver([0.0; MR * KC]);
+        let Buffers { sliver: a, rows } = buffers;
         for p0 in (0..kp).step_by(KC) {
             let kc = KC.min(kp - p0);
-            self.pack_sliver(i0, mr, d0 + p0, kc, &moments, &mut a.0, kernel.interleave);
+            let into = (&mut a.0, &mut *rows);
+            self.pack_sliver(i0, mr, d0 + p0, kc, &moments, into, kernel.interleave);
             let begins = d0 == 0 && p0 == 0;
             let relu = self.relu && d0 + p0 + kc == self.k;
             for t in 0..strips {
@@ -526,8 +533,9 @@ impl Product<'_> {
         }
     }
 
-    /// Packs rows `i0 .. i0 + mr` and depth `p0 .. p0 + kc` of `a`, through the prologue,
-    /// into `sliver` (`MR` per depth step; rows past `mr` are zeros).
+    /// Packs rows `i0 .. i0 + mr` and depth `p0 .. p0 + kc` of `a`, through the prologue
+    /// (into `prepared` first), into `sliver` (`MR` per depth step; rows past `mr` are
+    /// zeros). Neither is read before it is written here.
     #[allow(clippy::too_many_arguments)] // a sliver's place, the rows' moments, the kernel
     fn pack_sliver(
         &self,
@@ -536,7 +544,7 @@ impl Product<'_> {
         p0: usize,
         kc: usize,
         moments: &[(f32, f32); MR],
-        sliver: &mut [f32; MR * KC],
+        (sliver, prepared): (&mut [f32; MR * KC], &mut Rows),
         interleave: Interleave,
     ) {
         if mr < MR {
@@ -575,7 +583,6 @@ impl Product<'_> {
                 interleave_rows(&rows, mr, kc, sliver, interleave);
             }
             prologue => {
-                let mut prepared = Rows([[0.0f32; KC]; MR]);
                 for (i, (row, &(mean, rstd))) in
                     prepared.0.iter_mut().zip(moments).enumerate().take(mr)
                 {
@@ -711,6 +718,22 @@ fn copy(from: &[f32], to: &mut [f32]) {
 /// The rows of a sliver after their prologue, on a task's stack.
 #[repr(C, align(64))]
 struct Rows([[f32; KC]; MR]);
+
+/// A task's buffers for its slivers (on its stack, made once for every sliver it runs): the
+/// packed sliver and its rows after their prologue.
+struct Buffers {
+    sliver: Sliver,
+    rows: Rows,
+}
+
+impl Buffers {
+    fn new() -> Self {
+        Self {
+            sliver: Sliver([0.0; MR * KC]),
+            rows: Rows([[0.0; KC]; MR]),
+        }
+    }
+}
 
 /// The panel buffer the products share: one, kept between calls (a product takes it and
 /// gives it back), grown to the largest panel the run packs. A product that finds it taken
