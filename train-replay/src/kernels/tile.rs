@@ -4,8 +4,8 @@
 //! - **Shared panel.** `b` is packed a panel at a time (at most [`KP`] of its depth by [`NC`]
 //!   of its columns, in strips of [`NR`] columns) into one buffer that every thread reads:
 //!   the call packs it once, whatever the thread count, and it is the call's only buffer on
-//!   the heap ([`panel_bytes`]); products that run at once (from two threads, or one
-//!   inside another's task) each pack into a buffer of their own.
+//!   the heap ([`panel_bytes`]), kept between calls in a [`Stash`]; products that run at
+//!   once (from two threads, or one inside another's task) each take a buffer of their own.
 //! - **A tile per thread.** A task is a sliver of [`MR`] rows of `a`: it packs [`KC`] of
 //!   their depth at a time into a buffer on its own stack (24 KiB, and as much again for
 //!   the rows a prologue prepares), applying the prologue (a layer norm, a GELU) while it
@@ -19,12 +19,11 @@
 //!   how. So the results are the same bits at any thread count, and on any processor (a NaN's
 //!   payload aside).
 
-use std::sync::Mutex;
-
 use rayon::prelude::*;
 
 use super::elementwise::gelu_into;
 use super::layernorm;
+use super::scratch::Stash;
 
 /// Rows of a register tile: a sliver of `a`.
 pub const MR: usize = 12;
@@ -289,44 +288,48 @@ impl Product<'_> {
             return;
         }
         let out = Out(c);
-        let strips_max = n.min(NC).div_ceil(NR);
-        let mut panel = Panel::take(k.clamp(1, KP) * strips_max * NR);
-        for j0 in (0..n).step_by(NC) {
-            let nc = NC.min(n - j0);
-            let strips = nc.div_ceil(NR);
-            if k == 0 {
-                // No depth: each element is its start value.
-                let mut buffers = Buffers::new();
+        if k == 0 {
+            // No depth: each element is its start value.
+            let mut buffers = Buffers::new();
+            for j0 in (0..n).step_by(NC) {
+                let nc = NC.min(n - j0);
                 for s in 0..m.div_ceil(MR) {
                     // SAFETY: as below, with an empty depth (no operand is read).
                     unsafe { self.sliver(s, &[], 0, 0, j0, nc, out, c_rs, kernel, &mut buffers) }
                 }
-                continue;
             }
-            for d0 in (0..k).step_by(KP) {
-                let kp = KP.min(k - d0);
-                let panel = &mut panel[..strips * kp * NR];
-                pack_panel(self.b, d0, kp, j0, nc, panel, threads);
-                let panel = &*panel;
-                let sliver = |buffers: &mut Buffers, s: usize| {
-                    // SAFETY: the sliver's rows of `c` are its own (tasks take disjoint
-                    // slivers), inside `m x n` (the caller's contract), and the panel holds
-                    // `strips` strips of `kp x NR`.
-                    unsafe { self.sliver(s, panel, d0, kp, j0, nc, out, c_rs, kernel, buffers) }
-                };
-                // A task's buffers are made (and zeroed) once for all the slivers it runs,
-                // not once a sliver.
-                let tasks = m.div_ceil(MR);
-                if threads > 1 && tasks > 1 {
-                    (0..tasks)
-                        .into_par_iter()
-                        .for_each_init(Buffers::new, sliver);
-                } else {
-                    let mut buffers = Buffers::new();
-                    (0..tasks).for_each(|s| sliver(&mut buffers, s));
+            return;
+        }
+        let strips_max = n.min(NC).div_ceil(NR);
+        PANEL.with(k.min(KP) * strips_max * NR, |panel| {
+            for j0 in (0..n).step_by(NC) {
+                let nc = NC.min(n - j0);
+                let strips = nc.div_ceil(NR);
+                for d0 in (0..k).step_by(KP) {
+                    let kp = KP.min(k - d0);
+                    let panel = &mut panel[..strips * kp * NR];
+                    pack_panel(self.b, d0, kp, j0, nc, panel, threads);
+                    let panel = &*panel;
+                    let sliver = |buffers: &mut Buffers, s: usize| {
+                        // SAFETY: the sliver's rows of `c` are its own (tasks take disjoint
+                        // slivers), inside `m x n` (the caller's contract), and the panel
+                        // holds `strips` strips of `kp x NR`.
+                        unsafe { self.sliver(s, panel, d0, kp, j0, nc, out, c_rs, kernel, buffers) }
+                    };
+                    // A task's buffers are made (and zeroed) once for all the slivers it
+                    // runs, not once a sliver.
+                    let tasks = m.div_ceil(MR);
+                    if threads > 1 && tasks > 1 {
+                        (0..tasks)
+                            .into_par_iter()
+                            .for_each_init(Buffers::new, sliver);
+                    } else {
+                        let mut buffers = Buffers::new();
+                        (0..tasks).for_each(|s| sliver(&mut buffers, s));
+                    }
                 }
             }
-        }
+        });
     }
 
     /// Sliver `s` (rows `s * MR ..`) against a packed panel of depth `d0 .. d0 + kp` and
@@ -735,51 +738,10 @@ impl Buffers {
     }
 }
 
-/// The panel buffer the products share: one, kept between calls (a product takes it and
-/// gives it back), grown to the largest panel the run packs. A product that finds it taken
-/// (one running inside another's task) packs into a buffer of its own.
-static PANEL: Mutex<Vec<f32>> = Mutex::new(Vec::new());
-
-/// A product's panel buffer, given back when dropped.
-struct Panel(Vec<f32>);
-
-impl Panel {
-    /// The shared buffer (or a fresh one if another product holds it) of at least `len`
-    /// elements.
-    fn take(len: usize) -> Self {
-        let mut buffer = PANEL
-            .try_lock()
-            .map(|mut shared| std::mem::take(&mut *shared))
-            .unwrap_or_default();
-        if buffer.len() < len {
-            buffer.resize(len, 0.0);
-        }
-        Self(buffer)
-    }
-}
-
-impl std::ops::Deref for Panel {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Panel {
-    fn deref_mut(&mut self) -> &mut [f32] {
-        &mut self.0
-    }
-}
-
-impl Drop for Panel {
-    fn drop(&mut self) {
-        if let Ok(mut shared) = PANEL.try_lock() {
-            if shared.capacity() < self.0.capacity() {
-                *shared = std::mem::take(&mut self.0);
-            }
-        }
-    }
-}
+/// The panel buffers the products share, kept between calls: one while products run one at
+/// a time (a product takes it and gives it back), grown to the largest panel the run packs;
+/// a product running beside another (inside its task, or on another thread) takes one more.
+static PANEL: Stash = Stash::new();
 
 /// A sliver of `a` on a task's stack, aligned for the kernels' broadcasts.
 #[repr(C, align(64))]
