@@ -31,6 +31,7 @@
 
 use std::mem::MaybeUninit;
 
+use rayon::iter::Either;
 use rayon::prelude::*;
 
 use super::scratch::Stash;
@@ -459,9 +460,9 @@ fn split<'a, const N: usize, const M: usize>(
 }
 
 /// A task's scratch for a pair's forward pass (the first [`Forward::len`] elements of a
-/// buffer of [`Heads::scratch_len`], so that the stash's buffers are alike): a block of queries (transposed), keys,
-/// values and output rows, a block of scores (key by key), and each query row's running
-/// maximum, sum and correction.
+/// buffer of [`Heads::scratch_len`], so that the stash's buffers are alike): a block of
+/// queries (transposed), keys, values and output rows, a block of scores (key by key), and
+/// each query row's running maximum, sum and correction.
 struct Forward<'a> {
     qt: &'a mut [f32],
     k: &'a mut [f32],
@@ -517,29 +518,30 @@ pub fn forward(
         return;
     }
     // Each pair's rows of the statistics and of the kept weights, if asked for.
-    let mut tasks: Vec<Outputs<'_>> = (0..pairs).map(|_| (None, None)).collect();
-    if let Some(stats) = stats {
-        let len = shape.stats_len().expect("checked above");
-        assert!(stats.len() >= len, "the statistics' buffer is too short");
-        for (task, stats) in tasks.iter_mut().zip(stats.chunks_mut(t.max(1))) {
-            task.0 = Some(stats);
+    let stats = match stats {
+        Some(stats) => {
+            let len = shape.stats_len().expect("checked above");
+            assert!(stats.len() >= len, "the statistics' buffer is too short");
+            Either::Left(stats[..len].par_chunks_mut(t).map(Some))
         }
-    }
-    if let Some(probs) = probs {
-        let len = shape
-            .probs_len()
-            .expect("the kept weights' count overflows");
-        assert!(probs.len() >= len, "the kept weights' buffer is too short");
-        for (task, probs) in tasks.iter_mut().zip(probs.chunks_mut((t * t).max(1))) {
-            task.1 = Some(probs);
+        None => Either::Right((0..pairs).into_par_iter().map(|_| None)),
+    };
+    let probs = match probs {
+        Some(probs) => {
+            let len = shape
+                .probs_len()
+                .expect("the kept weights' count overflows");
+            assert!(probs.len() >= len, "the kept weights' buffer is too short");
+            Either::Left(probs[..len].par_chunks_mut(t * t).map(Some))
         }
-    }
+        None => Either::Right((0..pairs).into_par_iter().map(|_| None)),
+    };
     let out = Shared(out.as_mut_ptr().cast());
-    tasks
-        .par_iter_mut()
+    stats
+        .zip(probs)
         .enumerate()
         .with_min_len(shape.pairs_per_task())
-        .for_each(|(index, (stats, probs))| {
+        .for_each(|(index, (mut stats, mut probs))| {
             let (pair, d) = (Pair::of(&shape, index), shape.dims());
             SCRATCH.with(shape.scratch_len(), |scratch| {
                 let (mut sc, x) = (Forward::split(&d, scratch), Inputs::of(&shape, pair, qkv));
@@ -561,12 +563,6 @@ pub fn forward(
             });
         });
 }
-
-/// A pair's rows of the statistics and of the kept weights, each if asked for.
-type Outputs<'a> = (
-    Option<&'a mut [MaybeUninit<f32>]>,
-    Option<&'a mut [MaybeUninit<f32>]>,
-);
 
 vectorized! {
     /// Query block `qb` of a pair's forward pass: its output rows into `sc.o`, each row
@@ -639,15 +635,12 @@ vectorized! {
 }
 
 /// Sixteen query rows from `r0` side by side: the keys each sees (`u32`, so that a mask of
-/// sixteen is one vector), the keys all of them see, and the keys any of them sees.
+/// sixteen is one vector), the keys every one of them in the block sees (the first's), and
+/// the keys any of them sees (the last's in the block).
 #[inline(always)]
 fn lanes_seen(span: &Span, r0: usize) -> ([u32; LANES], usize, usize) {
     let seen = std::array::from_fn(|i| span.seen(r0 + i) as u32);
-    (
-        seen,
-        span.seen(r0).min(span.reach(r0, LANES)),
-        span.reach(r0, LANES),
-    )
+    (seen, span.seen(r0), span.reach(r0, LANES))
 }
 
 /// Folds a block's scores `s` (key by key: `s[j x BLOCK + r]`) into each query row's running
