@@ -191,8 +191,8 @@ pub struct Args {
     /// completes and below which it does not; with --checkpoint-every, a run whose tensors do
     /// not fit stops with an error that says what it needed.
     /// What stays outside the training's pool counts against the budget too: the products'
-    /// packed panel (one, shared by the threads), each thread's product tile and attention
-    /// scratch, and the process's small allocations. A share bounded from the
+    /// packed panel (one, shared by the threads), each thread's product tile, the attention's
+    /// scratch of each task that runs at once, and the process's small allocations. A share bounded from the
     /// shapes and the threads is set aside for them, the training's pool gets the rest, and
     /// the least named includes the share (so it grows with the threads). The binary and the
     /// stacks stay outside.

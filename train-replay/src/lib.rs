@@ -3,7 +3,8 @@
 //!
 //! - [`model`]: the two models behind one trait, their training steps, the checkpointed
 //!   forward pass and the replayed backward pass on a rayon pool;
-//! - [`kernels`]: matrix products (a blocked GEMM of the job's own), attention, layer norm and the element-wise pieces;
+//! - [`kernels`]: matrix products (a blocked GEMM of the job's own), attention, layer norm
+//!   and the element-wise pieces;
 //! - [`data`]: the GPT's text and batches;
 //! - [`backend`]: where a step's tensors live (the pool, or plain `Vec<f32>`);
 //! - [`allocator`]: the process's global allocator (ferropool's front end, glibc or mimalloc);

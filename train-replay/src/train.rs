@@ -31,8 +31,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // with the budget if there is one. The process-wide pool, which the front end serves
     // every crate's allocations of 4 KiB and more from (the products' panel, the attention's
     // scratch), stays outside it: those bytes come and go as the threads run (a buffer of
-    // the attention's scratch appears when a task first runs beside the others), and inside the training's
-    // pool they would move the least a run needs with the threads' timing. They count
+    // the attention's scratch appears when a task first runs beside the others), and inside
+    // the training's pool they would move the least a run needs with the threads' timing. They count
     // against --budget all the same: a share bounded from the shapes and the threads is set
     // aside for them (`outside`), and the training's pool gets the rest. The table reports
     // the share and that pool's peak. A tensor the budget refuses ends the run with an error.
@@ -41,8 +41,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         return Err(BadInput(format!(
             "--budget {:.2} is below the {:.2} set aside for what stays outside the training's \
              pool (the products' panel, the product tiles of {} thread(s) and the attention \
-             scratch of the tasks they run at once, small allocations): give a budget above it (a run below its least names that least, \
-             which includes the share), or fewer --threads",
+             scratch of the tasks they run at once, small allocations): give a budget above \
+             it (a run below its least names that least, which includes the share), or fewer \
+             --threads",
             bytes(budget),
             bytes(outside),
             args.threads()

@@ -152,7 +152,9 @@ impl Heads {
         Dims {
             seq: self.seq,
             size: self.size,
-            head: self.size.next_multiple_of(LANES),
+            // Saturating: a head too large for memory (which `check` refuses before any
+            // kernel runs) gives sizes no buffer meets, not a wrapped small one.
+            head: self.size.saturating_add(LANES - 1) / LANES * LANES,
             keys: BLOCK,
             scale: self.scale(),
         }
@@ -178,7 +180,7 @@ impl Dims {
     /// Elements of a block of the head: `BLOCK` rows of `head` (queries, keys, values,
     /// gradients) or its transpose (queries, the output's gradient).
     fn tile(&self) -> usize {
-        BLOCK * self.head
+        BLOCK.saturating_mul(self.head)
     }
 }
 
@@ -476,7 +478,9 @@ struct Forward<'a> {
 
 impl<'a> Forward<'a> {
     fn len(d: &Dims) -> usize {
-        4 * d.tile() + BLOCK * BLOCK + 3 * BLOCK
+        d.tile()
+            .saturating_mul(4)
+            .saturating_add(BLOCK * BLOCK + 3 * BLOCK)
     }
 
     fn split(d: &Dims, scratch: &'a mut [f32]) -> Self {
@@ -914,7 +918,9 @@ struct Backward<'a> {
 
 impl<'a> Backward<'a> {
     fn len(d: &Dims) -> usize {
-        9 * d.tile() + 2 * BLOCK * BLOCK + 2 * BLOCK
+        d.tile()
+            .saturating_mul(9)
+            .saturating_add(2 * BLOCK * BLOCK + 2 * BLOCK)
     }
 
     fn split(d: &Dims, scratch: &'a mut [f32]) -> Self {
@@ -1202,5 +1208,9 @@ mod tests {
         // Never no task, and no overflow.
         assert_eq!(shape(1, 1).tasks(), 1);
         assert_eq!(shape(usize::MAX, usize::MAX).pairs_per_task(), 1);
+        assert_eq!(shape(64, 0).tasks(), 1);
+        // A head too large for memory asks for more scratch than any buffer holds.
+        assert_eq!(shape(64, usize::MAX).scratch_len(), usize::MAX);
+        assert_eq!(shape(64, 32).scratch_len(), 26_752);
     }
 }

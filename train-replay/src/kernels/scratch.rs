@@ -26,7 +26,11 @@ impl Stash {
     /// Runs `f` with a scratch slice of `len` elements (its contents are left from earlier
     /// use: `f` writes before it reads). The buffer goes back to the stash when `f` returns;
     /// if `f` panics it is dropped (the lock is never held while `f` runs, so it is never
-    /// poisoned by it).
+    /// poisoned by it). `f` may call `with` again (it gets another buffer).
+    ///
+    /// # Panics
+    ///
+    /// If `len` elements cannot be allocated (a capacity overflow), before `f` runs.
     pub fn with<R>(&self, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
         let taken = self.0.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let mut buffer = taken.unwrap_or_default();
@@ -43,7 +47,8 @@ impl Stash {
     }
 
     /// Buffers in the stash now and the elements they hold.
-    pub fn held(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn held(&self) -> (usize, usize) {
         let buffers = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         (buffers.len(), buffers.iter().map(Vec::len).sum())
     }
